@@ -1,0 +1,152 @@
+"""The draft-and-verify loop: one generator that yields a `TokenEvent` per emitted token.
+
+Each round the drafter proposes d1..dK, the target scores [last, d1..dK] in one batch (K + 1 rows of
+logits), the longest acceptable prefix d1..dn is kept and one token from the target follows it: the
+correction at position n + 1, or the bonus token when n = K. With K = 0 (no drafter) the same loop is
+plain target-only decoding, which is what `--no-draft` measures against.
+
+Invariant between rounds: the target's cache holds every token of the sequence except the last one, whose
+logits the next round's batch asks for.
+"""
+
+from __future__ import annotations
+
+import codecs
+import time
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from spec_cli.drafters import Draft, Drafter
+from spec_cli.llama import Context
+from spec_cli.sampling import SamplingParams, accept, probabilities, residual, sample
+from spec_cli.stats import Stats
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """One emitted token: `from_draft` is True when a draft token was accepted, False for the target's."""
+
+    token: int
+    text: str
+    from_draft: bool
+
+
+class Generation:
+    """A generation in progress: iterate it for `TokenEvent`s; `stats`, `text` and `finish_reason` are
+    live while it runs and final once it has finished.
+
+    finish_reason is "stop" (end-of-generation token), "length" (max_tokens), "context" (the context is
+    full) or "interrupted" (the consumer stopped early, e.g. on Ctrl-C).
+    """
+
+    def __init__(self, target: Context, drafter: Drafter | None, prompt: Sequence[int],
+                 sampling: SamplingParams, seed: int, draft_max: int, max_tokens: int) -> None:
+        self.target = target
+        self.drafter = drafter
+        self.prompt = list(prompt)
+        self.sampling = sampling
+        self.seed = seed
+        self.draft_max = draft_max if drafter is not None else 0
+        self.max_tokens = max_tokens
+        self.stats = Stats(draft_max=self.draft_max, prompt_tokens=len(self.prompt))
+        self.token_ids: list[int] = []
+        self.text = ""
+        self.finish_reason: str | None = None
+
+    def __iter__(self) -> Iterator[TokenEvent]:
+        return self._run()
+
+    def _run(self) -> Iterator[TokenEvent]:
+        target, drafter, stats = self.target, self.drafter, self.stats
+        model = target.model
+        rng = np.random.default_rng(self.seed)
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        seq = list(self.prompt)
+
+        def rewind() -> None:
+            """Make both caches hold seq[:-1] again: drop drafted tokens the target did not keep.
+
+            The draft cache may be a token shorter (it never saw d_K after a fully accepted round);
+            `rewind` only ever shortens it, and the next catch-up feeds what it lacks.
+            """
+            target.trim(len(seq) - 1)
+            if drafter is not None:
+                drafter.rewind(len(seq) - 1)
+
+        def limit_reached() -> str | None:
+            if len(self.token_ids) >= self.max_tokens:
+                return "length"
+            if len(seq) >= target.n_ctx:
+                return "context"
+            return None
+
+        def draft_length() -> int:
+            """K for this round: room for K + 1 new tokens within max_tokens and the context."""
+            room = min(self.max_tokens - len(self.token_ids), target.n_ctx - len(seq))
+            return min(self.draft_max, room - 1)
+
+        def propose(k: int) -> Draft:
+            if drafter is None or k == 0:
+                return Draft()
+            started, busy = time.perf_counter(), drafter.busy_s
+            draft = drafter.propose(seq, k, self.sampling, rng)
+            stats.draft_s += time.perf_counter() - started
+            stats.llama_s += drafter.busy_s - busy
+            return draft
+
+        def verify(draft: Draft) -> tuple[int, int]:
+            """Score [last, d1..dK] in one target pass; return (n accepted, the target's token)."""
+            started, busy = time.perf_counter(), target.busy_s
+            rows = target.decode([seq[-1], *draft.tokens], len(draft.tokens) + 1)
+            stats.llama_s += target.busy_s - busy
+            result = accepted_prefix(rows, draft)
+            stats.verify_s += time.perf_counter() - started
+            return result
+
+        def accepted_prefix(rows: np.ndarray, draft: Draft) -> tuple[int, int]:
+            if self.sampling.greedy:
+                choices = rows.argmax(axis=1)
+                n = 0
+                while n < len(draft.tokens) and choices[n] == draft.tokens[n]:
+                    n += 1
+                return n, int(choices[n])
+            for n, (x, q) in enumerate(zip(draft.tokens, draft.q)):
+                p = probabilities(rows[n], self.sampling)
+                if not accept(p[x], q[x], rng):
+                    return n, sample(residual(p, q), rng)
+            return len(draft.tokens), sample(probabilities(rows[-1], self.sampling), rng)
+
+        def play_round(decode_start: float) -> Iterator[TokenEvent]:
+            draft = propose(draft_length())
+            n, token = verify(draft)
+            stats.record_round(len(draft.tokens), n)
+            for i, emitted in enumerate([*draft.tokens[:n], token]):
+                if model.is_end_of_generation(emitted):
+                    self.finish_reason = "stop"
+                    break
+                seq.append(emitted)
+                self.token_ids.append(emitted)
+                piece = decoder.decode(model.piece(emitted))
+                self.text += piece
+                stats.generated_tokens += 1
+                stats.decode_s = time.perf_counter() - decode_start
+                yield TokenEvent(emitted, piece, from_draft=i < n)
+            rewind()
+
+        try:
+            started = time.perf_counter()
+            target.prefill(seq[:-1])
+            if drafter is not None:
+                drafter.prefill(seq[:-1])
+            decode_start = time.perf_counter()
+            stats.prompt_s = decode_start - started
+            while self.finish_reason is None:
+                self.finish_reason = limit_reached()
+                if self.finish_reason is None:
+                    yield from play_round(decode_start)
+        finally:
+            if self.finish_reason is None:
+                self.finish_reason = "interrupted"
+            rewind()

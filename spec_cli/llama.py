@@ -1,0 +1,305 @@
+"""Adapter over llama-cpp-python's low-level API; the only module that imports `llama_cpp`.
+
+It offers exactly what speculative decoding needs: load a GGUF model, tokenize and detokenize, decode a
+batch asking for logits only at the last n positions, and trim a context's KV cache back to n tokens.
+llama-cpp-python's high-level `Llama` class is not used: it keeps logits for every position and offers no
+way to drive two models in lock-step.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+import llama_cpp
+from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+from spec_cli.errors import SpecError
+
+GGUF_MAGIC = b"GGUF"
+_GGML_LOG_LEVEL_ERROR = 3
+
+# Names accepted by `quantize`, mapped to llama.cpp's LLAMA_FTYPE values.
+FTYPES = {
+    "f32": 0,
+    "f16": 1,
+    "q4_0": 2,
+    "q4_1": 3,
+    "q8_0": 7,
+    "q5_0": 8,
+    "q5_1": 9,
+    "q2_k": 10,
+    "q3_k_m": 12,
+    "q4_k_s": 14,
+    "q4_k_m": 15,
+    "q5_k_s": 16,
+    "q5_k_m": 17,
+    "q6_k": 18,
+    "bf16": 32,
+}
+
+
+class _Backend:
+    """Initialises llama.cpp once and keeps its log quiet, remembering the last error for our messages."""
+
+    initialised = False
+    last_error = ""
+
+    @staticmethod
+    @llama_cpp.llama_log_callback
+    def _log(level: int, text: bytes, _user_data: ctypes.c_void_p) -> None:
+        if level == _GGML_LOG_LEVEL_ERROR:
+            _Backend.last_error = text.decode("utf-8", errors="replace").strip()
+
+    @classmethod
+    def ensure(cls) -> None:
+        if not cls.initialised:
+            llama_cpp.llama_log_set(cls._log, ctypes.c_void_p(0))
+            llama_cpp.llama_backend_init()
+            cls.initialised = True
+
+
+def check_gguf(path: Path) -> None:
+    """Fail with one line unless `path` is a readable file that starts with the GGUF magic."""
+    if not path.exists():
+        raise SpecError(f"model file not found: {path}")
+    if not path.is_file():
+        raise SpecError(f"not a file: {path}")
+    try:
+        with path.open("rb") as fh:
+            magic = fh.read(4)
+    except OSError as exc:
+        raise SpecError(f"cannot read {path}: {exc.strerror}") from exc
+    if magic != GGUF_MAGIC:
+        raise SpecError(f"not a GGUF file: {path}")
+
+
+def supports_gpu_offload() -> bool:
+    """True when this llama.cpp build can place layers on a GPU (CUDA, Metal, Vulkan …)."""
+    _Backend.ensure()
+    return bool(llama_cpp.llama_supports_gpu_offload())
+
+
+@dataclass(frozen=True)
+class VocabInfo:
+    """The vocabulary facts that decide whether two models can share token ids."""
+
+    vocab_type: int
+    n_tokens: int
+    bos: int
+    eos: int
+    add_bos: bool
+    add_eos: bool
+
+
+class Model:
+    """A loaded GGUF model: weights, vocabulary and metadata."""
+
+    def __init__(self, path: str | os.PathLike[str], gpu_layers: int = 0) -> None:
+        self.path = Path(path)
+        check_gguf(self.path)
+        _Backend.ensure()
+        params = llama_cpp.llama_model_default_params()
+        params.n_gpu_layers = gpu_layers
+        _Backend.last_error = ""
+        handle = llama_cpp.llama_model_load_from_file(str(self.path).encode(), params)
+        if not handle:
+            reason = _Backend.last_error or "unknown error"
+            raise SpecError(f"llama.cpp could not load {self.path}: {reason}")
+        self._handle = handle
+        self._vocab = llama_cpp.llama_model_get_vocab(handle)
+        self.n_vocab: int = llama_cpp.llama_vocab_n_tokens(self._vocab)
+        self.n_ctx_train: int = llama_cpp.llama_model_n_ctx_train(handle)
+
+    def vocab_info(self) -> VocabInfo:
+        v = self._vocab
+        return VocabInfo(
+            vocab_type=llama_cpp.llama_vocab_type(v),
+            n_tokens=self.n_vocab,
+            bos=llama_cpp.llama_vocab_bos(v),
+            eos=llama_cpp.llama_vocab_eos(v),
+            add_bos=bool(llama_cpp.llama_vocab_get_add_bos(v)),
+            add_eos=bool(llama_cpp.llama_vocab_get_add_eos(v)),
+        )
+
+    def token_text(self, token: int) -> bytes:
+        """The vocabulary entry of `token` as stored in the GGUF (not detokenized)."""
+        return llama_cpp.llama_vocab_get_text(self._vocab, token) or b""
+
+    def tokenize(self, text: str) -> list[int]:
+        """Tokens for `text`, with BOS added when the model asks for it and special tokens parsed."""
+        data = text.encode("utf-8")
+        capacity = len(data) + 8
+        buf = (llama_cpp.llama_token * capacity)()
+        n = llama_cpp.llama_tokenize(self._vocab, data, len(data), buf, capacity, True, True)
+        if n < 0:
+            capacity = -n
+            buf = (llama_cpp.llama_token * capacity)()
+            n = llama_cpp.llama_tokenize(self._vocab, data, len(data), buf, capacity, True, True)
+        return list(buf[:n])
+
+    def piece(self, token: int) -> bytes:
+        """The bytes `token` contributes to generated text (control tokens contribute none)."""
+        buf = ctypes.create_string_buffer(64)
+        n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
+        return buf.raw[:n]
+
+    def is_end_of_generation(self, token: int) -> bool:
+        """EOS, end-of-turn and the other tokens llama.cpp marks as ending generation."""
+        return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
+
+    def chat_template(self) -> str | None:
+        raw = llama_cpp.llama_model_chat_template(self._handle, None)
+        return raw.decode("utf-8") if raw else None
+
+    def format_chat(self, messages: Sequence[dict[str, str]]) -> str:
+        """Render `messages` with the model's own chat template, ready for `tokenize`.
+
+        Templates usually write the BOS text themselves; it is removed here when the tokenizer adds BOS
+        anyway, so the prompt never starts with two.
+        """
+        template = self.chat_template()
+        if template is None:
+            raise SpecError(f"{self.path.name} has no chat template in its GGUF metadata")
+        info = self.vocab_info()
+        bos_text = self.token_text(info.bos).decode("utf-8", errors="replace") if info.bos >= 0 else ""
+        eos_text = self.token_text(info.eos).decode("utf-8", errors="replace") if info.eos >= 0 else ""
+        formatter = Jinja2ChatFormatter(template=template, eos_token=eos_text, bos_token=bos_text)
+        try:
+            prompt = formatter(messages=list(messages)).prompt
+        except Exception as exc:  # a broken template is the model file's fault, not ours
+            raise SpecError(f"the chat template of {self.path.name} failed: {exc}") from exc
+        if info.add_bos and bos_text and prompt.startswith(bos_text):
+            prompt = prompt[len(bos_text):]
+        return prompt
+
+    def close(self) -> None:
+        if self._handle:
+            llama_cpp.llama_model_free(self._handle)
+            self._handle = None
+
+
+class Context:
+    """One KV cache over a `Model`, fed token batches at increasing positions of sequence 0."""
+
+    def __init__(self, model: Model, n_ctx: int, n_threads: int, n_batch: int = 512) -> None:
+        self.model = model
+        self.n_batch = min(n_batch, n_ctx)
+        params = llama_cpp.llama_context_default_params()
+        params.n_ctx = n_ctx
+        params.n_batch = self.n_batch
+        params.n_ubatch = self.n_batch
+        params.n_seq_max = 1
+        params.n_threads = n_threads
+        params.n_threads_batch = n_threads
+        params.no_perf = True
+        handle = llama_cpp.llama_init_from_model(model._handle, params)
+        if not handle:
+            raise SpecError(f"llama.cpp could not create a {n_ctx}-token context for {model.path.name}: "
+                            f"{_Backend.last_error or 'out of memory?'}")
+        self._handle = handle
+        self._memory = llama_cpp.llama_get_memory(handle)
+        self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
+        # llama.cpp rounds the size up (to 256s); the user's number is the limit we keep to.
+        self.n_ctx: int = min(n_ctx, llama_cpp.llama_n_ctx(handle))
+        self.tokens: list[int] = []
+        self.busy_s = 0.0
+
+    @property
+    def n_past(self) -> int:
+        return len(self.tokens)
+
+    def decode(self, tokens: Sequence[int], n_logits: int) -> np.ndarray:
+        """Append `tokens` to the cache; return logits for the last `n_logits` of them, one row each.
+
+        Asking only for the rows that will be used keeps llama.cpp from computing the output layer for the
+        rest (prompt prefill asks for none).
+        """
+        if self.n_past + len(tokens) > self.n_ctx:
+            raise RuntimeError(f"decode past the context: {self.n_past} + {len(tokens)} > {self.n_ctx}")
+        if n_logits > min(len(tokens), self.n_batch):
+            raise ValueError(f"cannot return {n_logits} logit rows for a batch of {len(tokens)}")
+        started = time.perf_counter()
+        first_output = len(tokens) - n_logits
+        for start in range(0, len(tokens), self.n_batch):
+            chunk = tokens[start:start + self.n_batch]
+            self._fill_batch(chunk, first_output - start)
+            status = llama_cpp.llama_decode(self._handle, self._batch)
+            if status != 0:
+                raise RuntimeError(f"llama_decode failed with status {status}")
+            self.tokens.extend(chunk)
+        if n_logits == 0:
+            rows = np.empty((0, self.model.n_vocab), dtype=np.float32)
+        else:
+            logits = llama_cpp.llama_get_logits(self._handle)
+            rows = np.ctypeslib.as_array(logits, shape=(n_logits, self.model.n_vocab)).copy()
+        self.busy_s += time.perf_counter() - started
+        return rows
+
+    def prefill(self, tokens: Sequence[int]) -> None:
+        """Make the cache hold exactly `tokens`, keeping the longest prefix it already holds.
+
+        A new prompt that extends the last one (the next turn of a chat, the same system prompt) then
+        costs only its new tokens.
+        """
+        keep = 0
+        for cached, token in zip(self.tokens, tokens):
+            if cached != token:
+                break
+            keep += 1
+        self.trim(keep)
+        self.decode(tokens[keep:], 0)
+
+    def _fill_batch(self, chunk: Sequence[int], first_output: int) -> None:
+        batch = self._batch
+        batch.n_tokens = len(chunk)
+        for i, token in enumerate(chunk):
+            batch.token[i] = token
+            batch.pos[i] = self.n_past + i
+            batch.n_seq_id[i] = 1
+            batch.seq_id[i][0] = 0
+            batch.logits[i] = i >= first_output
+
+    def trim(self, n_keep: int) -> None:
+        """Forget every cached position from `n_keep` on, so decoding resumes at position `n_keep`.
+
+        The removal runs even when nothing seems to be beyond `n_keep`: a Ctrl-C that lands between
+        `llama_decode` and the bookkeeping above leaves llama.cpp holding positions that `tokens` lacks.
+        """
+        del self.tokens[n_keep:]
+        llama_cpp.llama_memory_seq_rm(self._memory, 0, len(self.tokens), -1)
+
+    def close(self) -> None:
+        if self._handle:
+            llama_cpp.llama_batch_free(self._batch)
+            llama_cpp.llama_free(self._handle)
+            self._handle = None
+
+
+def quantize(source: Path, dest: Path, ftype: str, n_threads: int) -> None:
+    """Re-encode the GGUF `source` as `ftype` into `dest` with llama.cpp's quantizer.
+
+    Writes `dest` directly; callers that need atomicity write to a temporary name and rename.
+    """
+    check_gguf(source)
+    if ftype not in FTYPES:
+        raise SpecError(f"unknown type {ftype!r}; choose one of: {', '.join(FTYPES)}")
+    _Backend.ensure()
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = FTYPES[ftype]
+    params.nthread = n_threads
+    params.allow_requantize = True
+    _Backend.last_error = ""
+    status = llama_cpp.llama_model_quantize(str(source).encode(), str(dest).encode(), ctypes.byref(params))
+    if status != 0:
+        raise SpecError(f"llama.cpp could not re-encode {source} as {ftype}: "
+                        f"{_Backend.last_error or f'status {status}'}")

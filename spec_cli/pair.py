@@ -1,0 +1,118 @@
+"""The public Python API: load a target (and a draft), generate from a prompt, read the statistics.
+
+    from spec_cli import load_pair, SamplingParams
+
+    with load_pair("target.gguf", "draft.gguf") as pair:
+        generation = pair.generate("Why is the sky blue?", sampling=SamplingParams(temperature=0.7), seed=1)
+        for event in generation:
+            print(event.text, end="", flush=True)
+        print(generation.finish_reason, generation.stats.acceptance_rate)
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+from typing import Sequence
+
+from spec_cli import vocab
+from spec_cli.drafters import ModelDrafter
+from spec_cli.engine import Generation
+from spec_cli.errors import SpecError
+from spec_cli.llama import Context, Model
+from spec_cli.sampling import SamplingParams
+
+DEFAULT_CTX = 2048
+
+
+class Pair:
+    """A target model and an optional draft model, each with its own KV cache."""
+
+    def __init__(self, target: Model, draft: Model | None, n_ctx: int, n_threads: int) -> None:
+        self.target = target
+        self.draft = draft
+        self._contexts: list[Context] = []
+        self._models = [m for m in (target, draft) if m is not None]
+        try:
+            self.target_context = self._context(target, n_ctx, n_threads)
+            self.drafter = ModelDrafter(self._context(draft, n_ctx, n_threads)) if draft else None
+        except BaseException:
+            self.close()
+            raise
+
+    def _context(self, model: Model, n_ctx: int, n_threads: int) -> Context:
+        context = Context(model, n_ctx, n_threads)
+        self._contexts.append(context)
+        return context
+
+    @property
+    def n_ctx(self) -> int:
+        return self.target_context.n_ctx
+
+    @property
+    def has_chat_template(self) -> bool:
+        return self.target.chat_template() is not None
+
+    def prompt_tokens(self, prompt: str, raw: bool = False) -> list[int]:
+        """Tokens of `prompt`: verbatim when `raw`, else wrapped as a user message by the chat template."""
+        if not prompt.strip():
+            raise SpecError("the prompt is empty")
+        text = prompt if raw else self.target.format_chat([{"role": "user", "content": prompt}])
+        return self.target.tokenize(text)
+
+    def generate(self, prompt: str | Sequence[int], *, sampling: SamplingParams = SamplingParams(),
+                 seed: int | None = None, draft_max: int = 4, max_tokens: int = 256,
+                 raw: bool = False) -> Generation:
+        """Start a generation; nothing runs until it is iterated.
+
+        `prompt` is text (see `prompt_tokens`) or token ids. `seed` fixes the one random generator used
+        for drafting, acceptance and correction, so the same seed gives the same text; without one a
+        random seed is drawn and kept on the returned `Generation`.
+        """
+        if draft_max < 0:
+            raise SpecError(f"draft-max must be >= 0, got {draft_max}")
+        if max_tokens < 1:
+            raise SpecError(f"max-tokens must be >= 1, got {max_tokens}")
+        tokens = self.prompt_tokens(prompt, raw) if isinstance(prompt, str) else list(prompt)
+        if not tokens:
+            raise SpecError("the prompt is empty")
+        if len(tokens) >= self.n_ctx:
+            raise SpecError(f"the prompt is {len(tokens)} tokens but the context holds {self.n_ctx}; "
+                            f"shorten it or raise --ctx")
+        if seed is None:
+            seed = secrets.randbits(32)
+        return Generation(self.target_context, self.drafter, tokens, sampling, seed, draft_max, max_tokens)
+
+    def close(self) -> None:
+        for context in self._contexts:
+            context.close()
+        for model in self._models:
+            model.close()
+
+    def __enter__(self) -> Pair:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+
+def load_pair(target: str | os.PathLike[str], draft: str | os.PathLike[str] | None = None, *,
+              n_ctx: int = DEFAULT_CTX, n_threads: int | None = None, gpu_layers: int = 0,
+              draft_gpu_layers: int = 0) -> Pair:
+    """Load a target and (unless `draft` is None) a draft, checking that their vocabularies agree."""
+    if n_ctx < 16:
+        raise SpecError(f"the context must hold at least 16 tokens, got {n_ctx}")
+    threads = n_threads or os.cpu_count() or 1
+    target_model = Model(Path(target), gpu_layers)
+    draft_model = None
+    try:
+        if draft is not None:
+            draft_model = Model(Path(draft), draft_gpu_layers)
+            vocab.check(target_model, draft_model)
+        return Pair(target_model, draft_model, n_ctx, threads)
+    except BaseException:
+        for model in (target_model, draft_model):
+            if model is not None:
+                model.close()
+        raise

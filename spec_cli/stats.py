@@ -1,0 +1,93 @@
+"""Counters of a speculative generation and the figures derived from them.
+
+Counts are exact; the derived figures are computed from them on demand so they can never disagree:
+α̂ = accepted / drafted (acceptance rate) and mean accepted length = 1 + accepted / rounds, the tokens each
+target pass yields (1 when nothing is drafted, K + 1 when every draft is accepted).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Stats:
+    """Live statistics; the engine updates them as it goes, so a UI can show them mid-generation."""
+
+    draft_max: int
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    rounds: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    accepted_at: list[int] = field(default_factory=list)
+    drafted_at: list[int] = field(default_factory=list)
+    prompt_s: float = 0.0
+    decode_s: float = 0.0
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    llama_s: float = 0.0
+
+    def record_round(self, drafted: int, accepted: int) -> None:
+        """Count one draft-and-verify round in which `accepted` of `drafted` tokens were kept."""
+        self.rounds += 1
+        self.drafted += drafted
+        self.accepted += accepted
+        for counts, n in ((self.drafted_at, drafted), (self.accepted_at, accepted)):
+            counts.extend([0] * (n - len(counts)))
+            for i in range(n):
+                counts[i] += 1
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        return 1.0 + self.accepted / self.rounds if self.rounds else 0.0
+
+    @property
+    def position_acceptance(self) -> list[float]:
+        """How often draft position i (0-based) was accepted when it was drafted."""
+        return [a / d for a, d in zip(self.accepted_at, self.drafted_at)]
+
+    @property
+    def tokens_per_second(self) -> float:
+        """Generated tokens over decode time (end of prompt processing to the last token)."""
+        return self.generated_tokens / self.decode_s if self.decode_s > 0 else 0.0
+
+    @property
+    def prompt_tokens_per_second(self) -> float:
+        return self.prompt_tokens / self.prompt_s if self.prompt_s > 0 else 0.0
+
+    @property
+    def elapsed_s(self) -> float:
+        return self.prompt_s + self.decode_s
+
+    @property
+    def overhead_s(self) -> float:
+        """Decode time spent outside llama.cpp's decode calls: sampling, acceptance tests, bookkeeping,
+        and whatever the consumer of the events does between tokens."""
+        return max(0.0, self.decode_s - self.llama_s)
+
+    def as_dict(self) -> dict[str, float | int | list[float]]:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "generated_tokens": self.generated_tokens,
+            "rounds": self.rounds,
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+            "acceptance_rate": self.acceptance_rate,
+            "mean_accepted_length": self.mean_accepted_length,
+            "position_acceptance": self.position_acceptance,
+            "tokens_per_second": self.tokens_per_second,
+            "prompt_tokens_per_second": self.prompt_tokens_per_second,
+            "elapsed_s": self.elapsed_s,
+            "prompt_s": self.prompt_s,
+            "decode_s": self.decode_s,
+            "draft_s": self.draft_s,
+            "verify_s": self.verify_s,
+            "llama_s": self.llama_s,
+            "overhead_s": self.overhead_s,
+            "draft_max": self.draft_max,
+        }

@@ -1,0 +1,39 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tiny_models import CHAT_TEMPLATE, write_model
+
+
+@pytest.fixture(autouse=True)
+def user_dirs(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """No test touches the real home: the cache and config live in a fresh temporary folder."""
+    home = tmp_path_factory.mktemp("home")
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("SPEC_CLI_CACHE", str(home / "cache"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(home / ".cache"))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(home / ".config"))
+    return home
+
+
+@pytest.fixture(scope="session")
+def models_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("models")
+
+
+@pytest.fixture(scope="session")
+def target_path(models_dir: Path) -> Path:
+    return write_model(models_dir / "target.gguf", seed=1)
+
+
+@pytest.fixture(scope="session")
+def other_draft_path(models_dir: Path) -> Path:
+    """Same vocabulary as the target, unrelated weights: few of its drafts are accepted."""
+    return write_model(models_dir / "other.gguf", seed=2)
+
+
+@pytest.fixture(scope="session")
+def chat_target_path(models_dir: Path) -> Path:
+    return write_model(models_dir / "chat.gguf", seed=1, chat_template=CHAT_TEMPLATE)

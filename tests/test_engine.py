@@ -1,0 +1,238 @@
+"""The draft-and-verify loop on tiny real models: greedy identity, sampling exactness, stopping."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import pytest
+
+from spec_cli import Generation, Pair, SamplingParams, load_pair
+from spec_cli.llama import Context
+from spec_cli.sampling import probabilities
+from tiny_models import write_model
+
+PROMPT = "the cat and the dog"
+SIGNIFICANCE = 0.001  # per χ² test; seeds are fixed, so a pass is reproducible
+
+
+def finish(generation: Generation) -> Generation:
+    for _ in generation:
+        pass
+    return generation
+
+
+@pytest.fixture(scope="module")
+def alone(target_path: Path) -> Iterator[Pair]:
+    with load_pair(target_path, None) as pair:
+        yield pair
+
+
+@pytest.fixture(scope="module")
+def same(target_path: Path) -> Iterator[Pair]:
+    """The target drafting for itself: every draft must be accepted."""
+    with load_pair(target_path, target_path) as pair:
+        yield pair
+
+
+@pytest.fixture(scope="module")
+def other(target_path: Path, other_draft_path: Path) -> Iterator[Pair]:
+    with load_pair(target_path, other_draft_path) as pair:
+        yield pair
+
+
+@pytest.fixture(scope="module")
+def reference(alone: Pair) -> Generation:
+    return finish(alone.generate(PROMPT, raw=True, max_tokens=48))
+
+
+@pytest.mark.parametrize("k", [1, 2, 4, 8])
+def test_greedy_with_perfect_draft_equals_target_alone(same: Pair, reference: Generation, k: int) -> None:
+    generation = finish(same.generate(PROMPT, raw=True, max_tokens=48, draft_max=k))
+    assert generation.token_ids == reference.token_ids
+    assert generation.text == reference.text
+    assert generation.stats.acceptance_rate == 1.0
+    assert generation.stats.drafted > 0
+
+
+@pytest.mark.parametrize("k", [1, 2, 4, 8])
+def test_greedy_with_unrelated_draft_equals_target_alone(other: Pair, reference: Generation, k: int) -> None:
+    generation = finish(other.generate(PROMPT, raw=True, max_tokens=48, draft_max=k))
+    assert generation.token_ids == reference.token_ids
+    assert generation.stats.acceptance_rate < 0.5
+
+
+def test_reference_is_long_enough_to_mean_something(reference: Generation) -> None:
+    assert reference.finish_reason == "length"
+    assert len(reference.token_ids) == 48
+    assert len(set(reference.token_ids)) > 3
+
+
+def test_events_carry_provenance_and_text(other: Pair) -> None:
+    generation = other.generate(PROMPT, raw=True, max_tokens=40, draft_max=4)
+    events = list(generation)
+    assert [e.token for e in events] == generation.token_ids
+    assert "".join(e.text for e in events) == generation.text
+    assert sum(e.from_draft for e in events) == generation.stats.accepted
+
+
+def test_statistics_arithmetic(same: Pair) -> None:
+    generation = finish(same.generate(PROMPT, raw=True, max_tokens=30, draft_max=4))
+    s = generation.stats
+    assert generation.finish_reason == "length"
+    # Every round emits its accepted drafts plus one target token.
+    assert s.generated_tokens == len(generation.token_ids) == s.accepted + s.rounds == 30
+    assert s.mean_accepted_length == pytest.approx(1 + s.accepted / s.rounds)
+    assert s.acceptance_rate == pytest.approx(s.accepted / s.drafted)
+    assert s.tokens_per_second == pytest.approx(s.generated_tokens / s.decode_s)
+    assert s.position_acceptance[0] == 1.0
+    assert s.drafted_at[0] == s.rounds
+
+
+def test_draft_length_shrinks_to_fit_max_tokens(same: Pair) -> None:
+    generation = finish(same.generate(PROMPT, raw=True, max_tokens=3, draft_max=8))
+    assert len(generation.token_ids) == 3
+    assert generation.stats.rounds == 1 and generation.stats.drafted == 2
+
+
+def test_context_full_is_a_finish_reason(target_path: Path) -> None:
+    with load_pair(target_path, target_path, n_ctx=24) as pair, load_pair(target_path, None, n_ctx=24) as solo:
+        prompt = pair.prompt_tokens(PROMPT, raw=True)
+        generation = finish(pair.generate(prompt, max_tokens=100, draft_max=4))
+        plain = finish(solo.generate(prompt, max_tokens=100))
+    assert generation.finish_reason == plain.finish_reason == "context"
+    assert len(prompt) + len(generation.token_ids) == 24
+    assert generation.token_ids == plain.token_ids
+
+
+def test_end_of_generation_token_stops_and_is_not_emitted(tmp_path: Path, reference: Generation) -> None:
+    stop_token = reference.token_ids[5]
+    first = reference.token_ids.index(stop_token)
+    stopping = write_model(tmp_path / "stopping.gguf", seed=1, eos=stop_token)
+    with load_pair(stopping, stopping) as pair:
+        generation = finish(pair.generate(PROMPT, raw=True, max_tokens=48, draft_max=4))
+    assert generation.finish_reason == "stop"
+    assert generation.token_ids == reference.token_ids[:first]
+
+
+def test_stopping_early_marks_interrupted_and_keeps_caches_consistent(same: Pair, reference: Generation) -> None:
+    generation = same.generate(PROMPT, raw=True, max_tokens=48, draft_max=4)
+    events = iter(generation)
+    for _ in range(7):
+        next(events)
+    events.close()
+    assert generation.finish_reason == "interrupted"
+    assert generation.token_ids == reference.token_ids[:len(generation.token_ids)]
+    # The next generation reuses the caches; it must be unaffected by the abandoned one.
+    again = finish(same.generate(PROMPT, raw=True, max_tokens=48, draft_max=4))
+    assert again.token_ids == reference.token_ids
+
+
+def test_same_seed_same_text(other: Pair) -> None:
+    sampling = SamplingParams(temperature=1.0)
+    first = finish(other.generate(PROMPT, raw=True, max_tokens=30, sampling=sampling, seed=7))
+    second = finish(other.generate(PROMPT, raw=True, max_tokens=30, sampling=sampling, seed=7))
+    third = finish(other.generate(PROMPT, raw=True, max_tokens=30, sampling=sampling, seed=8))
+    assert first.token_ids == second.token_ids
+    assert first.token_ids != third.token_ids
+
+
+def test_kv_trim_after_rejection_matches_fresh_evaluation(target_path: Path, alone: Pair) -> None:
+    """Decode prefix + 3 drafts, reject the last two (trim), feed a correction: its logits must be those
+    of a context that only ever saw prefix + first draft + correction."""
+    model = alone.target
+    prefix = model.tokenize(PROMPT)
+    drafted, correction = [40, 41, 42], 43
+    trimmed = Context(model, n_ctx=64, n_threads=1)
+    fresh = Context(model, n_ctx=64, n_threads=1)
+    try:
+        trimmed.decode(prefix + drafted, len(drafted))
+        trimmed.trim(len(prefix) + 1)
+        after_trim = trimmed.decode([correction], 1)[0]
+        expected = fresh.decode(prefix + drafted[:1] + [correction], 1)[0]
+    finally:
+        trimmed.close()
+        fresh.close()
+    np.testing.assert_allclose(after_trim, expected, rtol=1e-4, atol=1e-4)
+    assert int(after_trim.argmax()) == int(expected.argmax())
+
+
+# --- sampling exactness -------------------------------------------------------------------------------
+
+SAMPLED = SamplingParams(temperature=1.0, top_k=4)
+N_SAMPLES = 3000
+
+
+def exact_pair_distribution(pair: Pair, prompt: list[int]) -> dict[tuple[int, int], float]:
+    """P(x1, x2) = p(x1 | prompt) · p(x2 | prompt, x1) computed from the target's logits."""
+    context = Context(pair.target, n_ctx=64, n_threads=1)
+    try:
+        p1 = probabilities(context.decode(prompt, 1)[0], SAMPLED)
+        result = {}
+        for x1 in np.flatnonzero(p1):
+            context.trim(len(prompt))
+            p2 = probabilities(context.decode([int(x1)], 1)[0], SAMPLED)
+            for x2 in np.flatnonzero(p2):
+                result[(int(x1), int(x2))] = float(p1[x1] * p2[x2])
+        return result
+    finally:
+        context.close()
+
+
+def chi_square_p_value(observed: Counter, expected: dict, n: int) -> float:
+    """Goodness of fit of observed pair counts to exact probabilities; cells expecting < 5 are pooled."""
+    stat, pooled_obs, pooled_exp, cells = 0.0, 0, 0.0, 0
+    for key, prob in expected.items():
+        if prob * n >= 5:
+            stat += (observed[key] - prob * n) ** 2 / (prob * n)
+            cells += 1
+        else:
+            pooled_obs += observed[key]
+            pooled_exp += prob * n
+    pooled_obs += sum(count for key, count in observed.items() if key not in expected)
+    if pooled_exp > 0:
+        stat += (pooled_obs - pooled_exp) ** 2 / pooled_exp
+        cells += 1
+    return chi2_survival(stat, cells - 1)
+
+
+def chi2_survival(x: float, dof: int) -> float:
+    """P(χ²_dof > x) by the series of the regularised lower incomplete gamma function."""
+    a, z = dof / 2, x / 2
+    if z > a + 40 * math.sqrt(a) + 40:
+        return 0.0  # far in the tail (p < 1e-30); the series below would overflow
+    term = total = 1.0 / a
+    for n in range(1, 1000):
+        term *= z / (a + n)
+        total += term
+    return max(0.0, 1.0 - math.exp(-z + a * math.log(z) - math.lgamma(a)) * total) if z > 0 else 1.0
+
+
+@pytest.mark.parametrize("drafter, k", [("alone", 0), ("same", 2), ("other", 2), ("other", 1)])
+def test_sampled_first_two_tokens_follow_the_target(request: pytest.FixtureRequest, alone: Pair,
+                                                    drafter: str, k: int) -> None:
+    pair: Pair = request.getfixturevalue(drafter)
+    prompt = alone.prompt_tokens(PROMPT, raw=True)
+    expected = exact_pair_distribution(alone, prompt)
+    observed: Counter = Counter()
+    for seed in range(N_SAMPLES):
+        generation = finish(pair.generate(prompt, sampling=SAMPLED, seed=seed, max_tokens=max(k + 1, 2),
+                                          draft_max=k))
+        observed[tuple(generation.token_ids[:2])] += 1
+    assert sum(observed.values()) == N_SAMPLES
+    assert chi_square_p_value(observed, expected, N_SAMPLES) > SIGNIFICANCE
+
+
+def test_chi_square_detects_a_wrong_distribution(alone: Pair) -> None:
+    """The test above can fail: samples from a different temperature are rejected."""
+    prompt = alone.prompt_tokens(PROMPT, raw=True)
+    expected = exact_pair_distribution(alone, prompt)
+    wrong = SamplingParams(temperature=1.6, top_k=4)
+    observed: Counter = Counter()
+    for seed in range(N_SAMPLES):
+        generation = finish(alone.generate(prompt, sampling=wrong, seed=seed, max_tokens=2))
+        observed[tuple(generation.token_ids[:2])] += 1
+    assert chi_square_p_value(observed, expected, N_SAMPLES) < SIGNIFICANCE
