@@ -15,6 +15,7 @@ from typing import Annotated, Iterator, Optional
 import typer
 
 from spec_cli import __version__, registry, ui
+from spec_cli import bench as benchmark
 from spec_cli.errors import SpecError
 from spec_cli.llama import supports_gpu_offload
 from spec_cli.pair import DEFAULT_CTX, load_pair
@@ -169,6 +170,46 @@ def run(
             generation = loaded.generate(text, sampling=sampling, seed=seed, max_tokens=max_tokens, raw=raw,
                                          draft_max=choice.draft_max if draft_max is None else draft_max)
             _stream(generation, ui.make_view(as_json, quiet))
+
+
+BENCH_EXAMPLES = """\
+Examples:
+
+  spec bench
+
+  spec bench -k 6 -n 256 --repeat 3
+
+  spec bench --target big.gguf --draft small.gguf
+"""
+
+
+@app.command(epilog=BENCH_EXAMPLES)
+def bench(
+    target: TargetOpt = None,
+    draft: DraftOpt = None,
+    pair: PairOpt = None,
+    draft_max: DraftMaxOpt = None,
+    max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", min=1, help="Tokens generated per run.")] = 128,
+    repeat: Annotated[int, typer.Option("--repeat", "-r", min=1, help="Runs of each prompt on each side.")] = 1,
+    ctx: CtxOpt = None,
+    threads: ThreadsOpt = None,
+    gpu_layers: GpuLayersOpt = 0,
+    draft_gpu_layers: DraftGpuLayersOpt = 0,
+) -> None:
+    """Measure speculative against target-only decoding on the same pair, runs interleaved, ratio printed.
+
+    Greedy, on a built-in set of prompts; tokens/s counts decoding only (prompt processing excluded).
+    """
+    with _user_errors():
+        choice = _choose_models(target, draft, pair, no_draft=False, quiet=False)
+        _warn_cpu_only(gpu_layers, draft_gpu_layers)
+        with load_pair(choice.target, choice.draft, n_ctx=ctx or choice.ctx, n_threads=threads,
+                       gpu_layers=gpu_layers, draft_gpu_layers=draft_gpu_layers) as loaded:
+            k = choice.draft_max if draft_max is None else draft_max
+            with ui.progress(2 * repeat * len(benchmark.DEFAULT_PROMPTS)) as advance:
+                alone, speculative = benchmark.compare(loaded, k, max_tokens=max_tokens, repeat=repeat,
+                                                       raw=not loaded.has_chat_template, progress=advance)
+            ui.show_comparison(alone, speculative)
 
 
 def _stream(generation, view: ui.View) -> None:

@@ -35,6 +35,7 @@ def derive(source: Path, ftype: str, dest: Path | None = None, n_threads: int | 
     so an interrupted run leaves neither a half-written model nor a stray temporary file.
     """
     llama.check_gguf(source)
+    llama.check_ftype(ftype)
     dest = dest or derived_path(source, ftype)
     if dest.exists():
         return dest

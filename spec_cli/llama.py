@@ -285,14 +285,18 @@ class Context:
             self._handle = None
 
 
+def check_ftype(ftype: str) -> None:
+    if ftype not in FTYPES:
+        raise SpecError(f"unknown type {ftype!r}; choose one of: {', '.join(FTYPES)}")
+
+
 def quantize(source: Path, dest: Path, ftype: str, n_threads: int) -> None:
     """Re-encode the GGUF `source` as `ftype` into `dest` with llama.cpp's quantizer.
 
     Writes `dest` directly; callers that need atomicity write to a temporary name and rename.
     """
     check_gguf(source)
-    if ftype not in FTYPES:
-        raise SpecError(f"unknown type {ftype!r}; choose one of: {', '.join(FTYPES)}")
+    check_ftype(ftype)
     _Backend.ensure()
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = FTYPES[ftype]

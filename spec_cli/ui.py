@@ -10,12 +10,16 @@ from __future__ import annotations
 import json
 import sys
 import time
-from typing import Protocol
+from contextlib import contextmanager
+from typing import Callable, Iterator, Protocol
 
 from rich.console import Console, Group
 from rich.live import Live
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
 from rich.text import Text
 
+from spec_cli.bench import Side
 from spec_cli.engine import Generation, TokenEvent
 from spec_cli.stats import Stats
 
@@ -34,11 +38,11 @@ class View(Protocol):
 
 def note(message: str) -> None:
     """A one-line remark on stderr, dim where stderr is a terminal."""
-    Console(stderr=True, highlight=False).print(f"spec: {message}", style="dim", markup=False)
+    Console(stderr=True, highlight=False, soft_wrap=True).print(f"spec: {message}", style="dim", markup=False)
 
 
 def error(message: str) -> None:
-    Console(stderr=True, highlight=False).print(f"spec: error: {message}", style="bold red", markup=False)
+    Console(stderr=True, highlight=False, soft_wrap=True).print(f"spec: error: {message}", style="bold red", markup=False)
 
 
 def summary_line(generation: Generation) -> str:
@@ -138,14 +142,14 @@ class TerminalView:
 
     def _footer(self) -> Text:
         s = self.stats
-        footer = Text(style="dim")
+        footer = Text(style="dim", no_wrap=True, overflow="ellipsis")
         if s is None or s.rounds == 0:
             footer.append("processing the prompt…")
             return footer
         footer.append(f"{s.tokens_per_second:.1f} tok/s · {s.generated_tokens} tokens")
         if s.drafted:
-            footer.append(f" · acceptance {s.acceptance_rate:.0%} · mean accepted length "
-                          f"{s.mean_accepted_length:.2f} · drafted {s.drafted} · accepted {s.accepted}  ")
+            footer.append(f" · acceptance {s.acceptance_rate:.0%} ({s.accepted}/{s.drafted})"
+                          f" · mean accepted length {s.mean_accepted_length:.2f}  ")
             footer.append("■ draft", style=DRAFT_STYLE or None)
             footer.append(" ■ target")
         return footer
@@ -165,3 +169,40 @@ def make_view(as_json: bool, quiet: bool) -> View:
     if sys.stdout.isatty():
         return TerminalView(quiet)
     return PlainView(quiet)
+
+
+def show_comparison(alone: Side, speculative: Side) -> None:
+    """The benchmark's figures side by side, with the speed-up of speculative over target-only."""
+    console = Console(highlight=False)
+    table = Table(title="Greedy decoding, median over runs")
+    for column in ("", "tok/s", "acceptance", "mean accepted length", "drafting", "outside llama.cpp"):
+        table.add_column(column, justify="right" if column else "left")
+    for side in (alone, speculative):
+        drafted = side.draft_max > 0
+        table.add_row(
+            side.label,
+            f"{side.tokens_per_second:.1f}",
+            f"{side.acceptance_rate:.0%}" if drafted else "–",
+            f"{side.mean_accepted_length:.2f}",
+            f"{side.draft_share:.0%}" if drafted else "–",
+            f"{side.overhead_share:.1%}",
+        )
+    console.print(table)
+    ratio = speculative.tokens_per_second / alone.tokens_per_second if alone.tokens_per_second else 0.0
+    console.print(f"speed-up: [bold]{ratio:.2f}×[/] ({len(speculative.runs)} runs a side, interleaved)")
+
+
+@contextmanager
+def progress(total: int) -> Iterator[Callable[[str], None]]:
+    """A progress bar with an ETA on stderr; yields a function to call as each run starts."""
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
+    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task("starting", total=total)
+        started = False
+
+        def advance(label: str) -> None:
+            nonlocal started
+            bar.update(task, description=label, advance=1 if started else 0)
+            started = True
+
+        yield advance

@@ -1,0 +1,175 @@
+"""`spec run` and `spec bench` as a user meets them: output formats, stdin, errors, Ctrl-C, pipes."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from spec_cli.cli import app
+
+runner = CliRunner()
+
+
+def spec(*args: str, input: str | None = None):
+    return runner.invoke(app, list(args), input=input)
+
+
+@pytest.fixture()
+def pair_args(target_path: Path, other_draft_path: Path) -> list[str]:
+    return ["--target", str(target_path), "--draft", str(other_draft_path), "--raw"]
+
+
+def test_json_has_every_field_and_consistent_arithmetic(pair_args: list[str]) -> None:
+    result = spec("run", *pair_args, "-n", "24", "-k", "3", "--json", "the cat")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert set(data) >= {"text", "token_ids", "finish_reason", "stats"}
+    s = data["stats"]
+    assert set(s) >= {"prompt_tokens", "generated_tokens", "rounds", "drafted", "accepted", "acceptance_rate",
+                      "mean_accepted_length", "tokens_per_second", "elapsed_s", "draft_max"}
+    assert data["finish_reason"] == "length"
+    assert s["generated_tokens"] == len(data["token_ids"]) == 24
+    assert s["draft_max"] == 3
+    assert s["acceptance_rate"] == pytest.approx(s["accepted"] / s["drafted"])
+    assert s["mean_accepted_length"] == pytest.approx(1 + s["accepted"] / s["rounds"])
+    assert s["tokens_per_second"] == pytest.approx(s["generated_tokens"] / s["decode_s"])
+    assert s["elapsed_s"] == pytest.approx(s["prompt_s"] + s["decode_s"])
+    assert s["accepted"] + s["rounds"] == s["generated_tokens"]
+
+
+def test_speculative_and_no_draft_give_the_same_greedy_tokens(pair_args: list[str]) -> None:
+    fast = json.loads(spec("run", *pair_args, "-n", "32", "--json", "the dog").stdout)
+    plain = json.loads(spec("run", *pair_args, "-n", "32", "--json", "--no-draft", "the dog").stdout)
+    assert fast["token_ids"] == plain["token_ids"]
+    assert plain["stats"]["drafted"] == 0 and plain["stats"]["draft_max"] == 0
+
+
+def test_piped_output_is_text_only_with_summary_on_stderr(pair_args: list[str]) -> None:
+    result = spec("run", *pair_args, "-n", "16", "the cat")
+    assert result.exit_code == 0
+    assert "\x1b" not in result.stdout
+    data = json.loads(spec("run", *pair_args, "-n", "16", "--json", "the cat").stdout)
+    assert result.stdout == data["text"] + "\n"
+    assert "16 tokens" in result.stderr and "finish: length" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_quiet_prints_no_summary(pair_args: list[str]) -> None:
+    result = spec("run", *pair_args, "-n", "8", "--quiet", "the cat")
+    assert result.exit_code == 0 and result.stderr == ""
+
+
+@pytest.mark.parametrize("argument", [["-"], []])
+def test_prompt_from_stdin(pair_args: list[str], argument: list[str]) -> None:
+    from_stdin = spec("run", *pair_args, "-n", "8", "--json", *argument, input="the cat")
+    from_arg = spec("run", *pair_args, "-n", "8", "--json", "the cat")
+    assert json.loads(from_stdin.stdout)["token_ids"] == json.loads(from_arg.stdout)["token_ids"]
+
+
+def test_chat_template_wraps_the_prompt_unless_raw(chat_target_path: Path) -> None:
+    base = ["--target", str(chat_target_path), "--no-draft", "-n", "4", "--json"]
+    wrapped = json.loads(spec("run", *base, "hi").stdout)["stats"]["prompt_tokens"]
+    raw = json.loads(spec("run", *base, "--raw", "hi").stdout)["stats"]["prompt_tokens"]
+    assert wrapped > raw
+
+
+def test_model_without_template_falls_back_to_raw_with_a_note(target_path: Path) -> None:
+    result = spec("run", "--target", str(target_path), "--no-draft", "-n", "4", "hi")
+    assert result.exit_code == 0
+    assert "no chat template; sending the prompt as raw text" in result.stderr
+
+
+def user_error(result, message: str) -> None:
+    assert result.exit_code == 1, result.output
+    assert message in result.stderr
+    assert "Traceback" not in result.output
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_missing_model_file(tmp_path: Path, target_path: Path) -> None:
+    result = spec("run", "--target", str(target_path), "--draft", str(tmp_path / "nope.gguf"), "hi")
+    user_error(result, f"model file not found: {tmp_path / 'nope.gguf'}")
+
+
+def test_not_a_gguf_file(tmp_path: Path, target_path: Path) -> None:
+    text = tmp_path / "notes.txt"
+    text.write_text("hello")
+    user_error(spec("run", "--target", str(text), "--draft", str(target_path), "hi"), "not a GGUF file")
+
+
+def test_incompatible_pair(tmp_path: Path, target_path: Path) -> None:
+    from tiny_models import write_model
+
+    renamed = write_model(tmp_path / "renamed.gguf", seed=3, rename_token=300)
+    result = spec("run", "--target", str(target_path), "--draft", str(renamed), "hi")
+    user_error(result, "token texts differs (first difference at id 300")
+
+
+def test_empty_prompt(pair_args: list[str]) -> None:
+    user_error(spec("run", *pair_args, "   "), "the prompt is empty")
+
+
+def test_prompt_longer_than_context(pair_args: list[str]) -> None:
+    user_error(spec("run", *pair_args, "--ctx", "16", "the cat and the dog " * 10),
+               "but the context holds 16; shorten it or raise --ctx")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--draft", "d.gguf"], "--draft needs --target"),
+    (["--target", "t.gguf"], "--target needs a --draft"),
+    (["--pair", "nope"], "unknown pair 'nope'"),
+])
+def test_model_choice_mistakes(args: list[str], message: str) -> None:
+    user_error(spec("run", *args, "hi"), message)
+
+
+def test_help_shows_examples() -> None:
+    result = spec("run", "--help")
+    assert result.exit_code == 0
+    assert "Examples" in result.stdout and "spec run --temp 0.7" in result.stdout
+
+
+def test_bench_prints_both_sides_and_ratio(target_path: Path) -> None:
+    result = spec("bench", "--target", str(target_path), "--draft", str(target_path), "-n", "16", "-k", "3")
+    assert result.exit_code == 0, result.output
+    assert "target alone" in result.stdout and "speculative" in result.stdout
+    assert "speed-up:" in result.stdout
+
+
+def long_run(target_path: Path) -> list[str]:
+    return [sys.executable, "-m", "spec_cli", "run", "--target", str(target_path), "--draft", str(target_path),
+            "--raw", "--ctx", "60000", "-n", "59000", "the cat"]
+
+
+def test_ctrl_c_keeps_text_and_prints_statistics(target_path: Path) -> None:
+    process = subprocess.Popen(long_run(target_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    os.set_blocking(process.stdout.fileno(), False)
+    deadline, first = time.monotonic() + 60, b""
+    while not first and time.monotonic() < deadline:
+        first = process.stdout.read() or b""
+        time.sleep(0.1)
+    time.sleep(0.5)
+    process.send_signal(signal.SIGINT)
+    os.set_blocking(process.stdout.fileno(), True)
+    rest, err = process.communicate(timeout=60)
+    assert process.returncode == 130
+    assert first and b"Traceback" not in err
+    assert b"finish: interrupted" in err
+
+
+def test_closed_pipe_exits_quietly(target_path: Path, tmp_path: Path) -> None:
+    command = shlex.join(long_run(target_path)) + f" 2>{tmp_path}/err | head -c 20 > {tmp_path}/out"
+    completed = subprocess.run(["bash", "-c", command + "; echo ${PIPESTATUS[0]}"], capture_output=True,
+                               text=True, timeout=120)
+    assert completed.stdout.strip() == "0"
+    assert len((tmp_path / "out").read_bytes()) == 20
+    assert (tmp_path / "err").read_text() == ""

