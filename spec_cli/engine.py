@@ -54,8 +54,12 @@ class Generation:
         self.token_ids: list[int] = []
         self.text = ""
         self.finish_reason: str | None = None
+        self._started = False
 
     def __iter__(self) -> Iterator[TokenEvent]:
+        if self._started:
+            raise RuntimeError("a Generation runs once; call Pair.generate again for another")
+        self._started = True
         return self._run()
 
     def _run(self) -> Iterator[TokenEvent]:
