@@ -14,11 +14,13 @@ from typing import Annotated, Iterator, Optional
 
 import typer
 
-from spec_cli import __version__, registry, ui
+from spec_cli import __version__, models, registry, ui
 from spec_cli import bench as benchmark
+from spec_cli.derive import derive
 from spec_cli.errors import SpecError
-from spec_cli.llama import supports_gpu_offload
-from spec_cli.pair import DEFAULT_CTX, load_pair
+from spec_cli.llama import FTYPES, supports_gpu_offload
+from spec_cli.pair import DEFAULT_CTX, Pair, load_pair
+from spec_cli.paths import user_registry_path
 from spec_cli.sampling import SamplingParams
 
 DEFAULT_DRAFT_MAX = 4
@@ -45,8 +47,8 @@ SeedOpt = Annotated[Optional[int], typer.Option("--seed", help="Random seed; the
 MaxTokensOpt = Annotated[int, typer.Option("--max-tokens", "-n", min=1, help="Stop after this many generated tokens.")]
 CtxOpt = Annotated[Optional[int], typer.Option("--ctx", min=16, help=f"Context size in tokens (default: the pair's, else {DEFAULT_CTX}).", show_default=False)]
 ThreadsOpt = Annotated[Optional[int], typer.Option("--threads", min=1, help="CPU threads per model (default: all cores).", show_default=False)]
-GpuLayersOpt = Annotated[int, typer.Option("--gpu-layers", min=-1, help="Target layers to put on the GPU (-1: all).")]
-DraftGpuLayersOpt = Annotated[int, typer.Option("--draft-gpu-layers", min=-1, help="Draft layers to put on the GPU (-1: all).")]
+GpuLayersOpt = Annotated[Optional[int], typer.Option("--gpu-layers", min=-1, help="Target layers to put on the GPU, -1: all (default: the pair's, else 0).", show_default=False)]
+DraftGpuLayersOpt = Annotated[Optional[int], typer.Option("--draft-gpu-layers", min=-1, help="Draft layers to put on the GPU, -1: all (default: the pair's, else 0).", show_default=False)]
 NoDraftOpt = Annotated[bool, typer.Option("--no-draft", help="Run the target alone through the same code path, for comparison.")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No statistics, no notes: only the text.")]
 
@@ -78,14 +80,30 @@ def spec(
     """Exact speculative decoding for GGUF models: a small draft model proposes, the target verifies."""
 
 
-@dataclass(frozen=True)
-class ModelChoice:
-    """The files to load and the defaults that came with them."""
+models_app = typer.Typer(help="Model pairs: list, download, inspect, check and derive GGUF files.",
+                         no_args_is_help=True)
+app.add_typer(models_app, name="models")
 
-    target: Path
-    draft: Path | None
+
+@dataclass(frozen=True)
+class LoadOptions:
+    """The options every command that loads a pair shares, as the user gave them."""
+
+    target: Path | None = None
+    draft: Path | None = None
+    pair: str | None = None
+    no_draft: bool = False
+    quiet: bool = False
+    ctx: int | None = None
+    threads: int | None = None
+    gpu_layers: int | None = None
+    draft_gpu_layers: int | None = None
+
+
+@dataclass(frozen=True)
+class Loaded:
+    pair: Pair
     draft_max: int
-    ctx: int
 
 
 @contextmanager
@@ -98,6 +116,58 @@ def _user_errors() -> Iterator[None]:
         raise typer.Exit(EXIT_USER_ERROR) from None
 
 
+@contextmanager
+def _open_pair(options: LoadOptions) -> Iterator[Loaded]:
+    """Resolve the files (a named pair, or --target/--draft), load them, and close them afterwards.
+
+    Settings the user left out come from the pair's registry entry; GPU layers asked for on a build that
+    cannot offload get one warning line.
+    """
+    spec = _pair_spec(options)
+    if spec is None:
+        target, draft = options.target, options.draft
+    else:
+        target, draft = _resolve(spec, options.quiet)
+    if options.gpu_layers or options.draft_gpu_layers:
+        _warn_cpu_only()
+    defaults = spec or registry.PairSpec("", "", {}, {}, DEFAULT_DRAFT_MAX, DEFAULT_CTX, 0, 0, "")
+    with load_pair(target, None if options.no_draft else draft, n_ctx=options.ctx or defaults.ctx,
+                   n_threads=options.threads, gpu_layers=_given(options.gpu_layers, defaults.gpu_layers),
+                   draft_gpu_layers=_given(options.draft_gpu_layers, defaults.draft_gpu_layers)) as pair:
+        yield Loaded(pair, defaults.draft_max)
+
+
+def _pair_spec(options: LoadOptions) -> registry.PairSpec | None:
+    """The registry entry to use, or None when the user named the files directly."""
+    if options.target is None and options.draft is not None:
+        raise SpecError("--draft needs --target")
+    if options.target is None:
+        models = registry.load_registry()
+        return models.get(options.pair or models.default)
+    if options.pair is not None:
+        raise SpecError("give either --pair or --target/--draft, not both")
+    if options.draft is None and not options.no_draft:
+        raise SpecError("--target needs a --draft (or --no-draft to run the target alone)")
+    return None
+
+
+def _given(value: int | None, default: int) -> int:
+    return default if value is None else value
+
+
+def _resolve(spec: registry.PairSpec, quiet: bool, refresh: bool = False) -> tuple[Path, Path]:
+    """The pair's files, downloading (with progress bars) and deriving what is missing."""
+    notify = (lambda _m: None) if quiet else ui.note
+    with ui.download_progress() as bar:
+        return registry.resolve(spec, notify=notify, tqdm_class=bar, refresh=refresh)
+
+
+def _warn_cpu_only() -> None:
+    if not supports_gpu_offload():
+        ui.note("warning: this llama-cpp-python build has no GPU support; running on the CPU "
+                "(spec doctor says how to install a CUDA or Metal build)")
+
+
 def _read_prompt(prompt: str | None) -> str:
     """The prompt argument, or stdin when the argument is `-`, or absent with stdin not a terminal."""
     if prompt == "-" or (prompt is None and not sys.stdin.isatty()):
@@ -105,29 +175,6 @@ def _read_prompt(prompt: str | None) -> str:
     if prompt is None:
         raise SpecError('no prompt: give one as an argument (spec run "…") or pipe it in (… | spec run -)')
     return prompt
-
-
-def _choose_models(target: Path | None, draft: Path | None, pair: str | None, no_draft: bool,
-                   quiet: bool) -> ModelChoice:
-    if target is None and draft is not None:
-        raise SpecError("--draft needs --target")
-    if target is not None:
-        if pair is not None:
-            raise SpecError("give either --pair or --target/--draft, not both")
-        if draft is None and not no_draft:
-            raise SpecError("--target needs a --draft (or --no-draft to run the target alone)")
-        return ModelChoice(target, None if no_draft else draft, DEFAULT_DRAFT_MAX, DEFAULT_CTX)
-    models = registry.load_registry()
-    spec = models.get(pair or models.default)
-    notify = (lambda _m: None) if quiet else ui.note
-    target_path, draft_path = registry.resolve(spec, notify=notify)
-    return ModelChoice(target_path, None if no_draft else draft_path, spec.draft_max, spec.ctx)
-
-
-def _warn_cpu_only(gpu_layers: int, draft_gpu_layers: int) -> None:
-    if (gpu_layers or draft_gpu_layers) and not supports_gpu_offload():
-        ui.note("warning: this llama-cpp-python build has no GPU support; running on the CPU "
-                "(spec doctor says how to install a CUDA or Metal build)")
 
 
 @app.command(epilog=RUN_EXAMPLES)
@@ -145,8 +192,8 @@ def run(
     max_tokens: MaxTokensOpt = 256,
     ctx: CtxOpt = None,
     threads: ThreadsOpt = None,
-    gpu_layers: GpuLayersOpt = 0,
-    draft_gpu_layers: DraftGpuLayersOpt = 0,
+    gpu_layers: GpuLayersOpt = None,
+    draft_gpu_layers: DraftGpuLayersOpt = None,
     no_draft: NoDraftOpt = False,
     raw: Annotated[bool, typer.Option("--raw", help="Send the prompt verbatim instead of wrapping it in the model's chat template.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object: text, token ids, finish reason, statistics.")] = False,
@@ -159,16 +206,14 @@ def run(
     with _user_errors():
         text = _read_prompt(prompt)
         sampling = SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p)
-        choice = _choose_models(target, draft, pair, no_draft, quiet)
-        _warn_cpu_only(gpu_layers, draft_gpu_layers)
-        with load_pair(choice.target, choice.draft, n_ctx=ctx or choice.ctx, n_threads=threads,
-                       gpu_layers=gpu_layers, draft_gpu_layers=draft_gpu_layers) as loaded:
-            if not raw and not loaded.has_chat_template:
+        options = LoadOptions(target, draft, pair, no_draft, quiet, ctx, threads, gpu_layers, draft_gpu_layers)
+        with _open_pair(options) as loaded:
+            if not raw and not loaded.pair.has_chat_template:
                 if not quiet:
-                    ui.note(f"{choice.target.name} has no chat template; sending the prompt as raw text")
+                    ui.note(f"{loaded.pair.target.path.name} has no chat template; sending the prompt as raw text")
                 raw = True
-            generation = loaded.generate(text, sampling=sampling, seed=seed, max_tokens=max_tokens, raw=raw,
-                                         draft_max=choice.draft_max if draft_max is None else draft_max)
+            generation = loaded.pair.generate(text, sampling=sampling, seed=seed, max_tokens=max_tokens, raw=raw,
+                                              draft_max=_given(draft_max, loaded.draft_max))
             _stream(generation, ui.make_view(as_json, quiet))
 
 
@@ -193,23 +238,88 @@ def bench(
     repeat: Annotated[int, typer.Option("--repeat", "-r", min=1, help="Runs of each prompt on each side.")] = 1,
     ctx: CtxOpt = None,
     threads: ThreadsOpt = None,
-    gpu_layers: GpuLayersOpt = 0,
-    draft_gpu_layers: DraftGpuLayersOpt = 0,
+    gpu_layers: GpuLayersOpt = None,
+    draft_gpu_layers: DraftGpuLayersOpt = None,
 ) -> None:
     """Measure speculative against target-only decoding on the same pair, runs interleaved, ratio printed.
 
     Greedy, on a built-in set of prompts; tokens/s counts decoding only (prompt processing excluded).
     """
     with _user_errors():
-        choice = _choose_models(target, draft, pair, no_draft=False, quiet=False)
-        _warn_cpu_only(gpu_layers, draft_gpu_layers)
-        with load_pair(choice.target, choice.draft, n_ctx=ctx or choice.ctx, n_threads=threads,
-                       gpu_layers=gpu_layers, draft_gpu_layers=draft_gpu_layers) as loaded:
-            k = choice.draft_max if draft_max is None else draft_max
+        options = LoadOptions(target, draft, pair, False, False, ctx, threads, gpu_layers, draft_gpu_layers)
+        with _open_pair(options) as loaded:
+            k = _given(draft_max, loaded.draft_max)
             with ui.progress(2 * repeat * len(benchmark.DEFAULT_PROMPTS)) as advance:
-                alone, speculative = benchmark.compare(loaded, k, max_tokens=max_tokens, repeat=repeat,
-                                                       raw=not loaded.has_chat_template, progress=advance)
+                alone, speculative = benchmark.compare(loaded.pair, k, max_tokens=max_tokens, repeat=repeat,
+                                                       raw=not loaded.pair.has_chat_template, progress=advance)
             ui.show_comparison(alone, speculative)
+
+
+@models_app.command("list")
+def models_list() -> None:
+    """List the known pairs, which of their files are on disk, and how much space they take."""
+    with _user_errors():
+        known = registry.load_registry()
+        ui.show_pairs(models.pair_rows(known), known.default)
+
+
+@models_app.command("pull")
+def models_pull(name: Annotated[str, typer.Argument(help="Pair name (see spec models list).")]) -> None:
+    """Download a pair's files from the Hugging Face Hub into its cache (and derive a self-draft)."""
+    with _user_errors():
+        target, draft = _resolve(registry.load_registry().get(name), quiet=False, refresh=True)
+        ui.say(f"target {target}")
+        ui.say(f"draft  {draft}")
+
+
+@models_app.command("show")
+def models_show(name: Annotated[str, typer.Argument(help="Pair name (see spec models list).")]) -> None:
+    """Show a pair's sources, local files, sizes, and what their GGUF metadata says."""
+    with _user_errors():
+        spec = registry.load_registry().get(name)
+        settings = {"K": spec.draft_max, "ctx": spec.ctx, "gpu layers": spec.gpu_layers,
+                    "draft gpu layers": spec.draft_gpu_layers, "from": spec.origin}
+        ui.show_pair(spec.name, spec.description, settings, models.member_reports(spec))
+
+
+@models_app.command("check")
+def models_check(
+    target: Annotated[Path, typer.Argument(help="Target GGUF file.")],
+    draft: Annotated[Path, typer.Argument(help="Draft GGUF file.")],
+) -> None:
+    """Check whether DRAFT can draft for TARGET: every vocabulary rule, passed or failed."""
+    with _user_errors():
+        rules = models.check_files(target, draft)
+        ui.show_rules(rules)
+        if not all(rule.passed for rule in rules):
+            raise typer.Exit(EXIT_USER_ERROR)
+
+
+@models_app.command("derive")
+def models_derive(
+    source: Annotated[Path, typer.Argument(help="GGUF file to re-encode.")],
+    type_: Annotated[str, typer.Option("--type", help=f"Target encoding: {', '.join(FTYPES)}.")],
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Where to write it (default: the cache).", show_default=False)] = None,
+    threads: ThreadsOpt = None,
+) -> None:
+    """Re-encode a GGUF with llama.cpp's quantizer (e.g. a Q4_0 self-draft of an F16 target); prints the path."""
+    with _user_errors():
+        if out is not None and out.exists():
+            raise SpecError(f"{out} already exists; remove it or choose another --out")
+        ui.say(str(derive(source, type_.lower(), dest=out, n_threads=threads, notify=ui.note)))
+
+
+@models_app.command("path")
+def models_path() -> None:
+    """Print where your own pairs file is (set SPEC_CLI_MODELS to use another)."""
+    ui.say(str(user_registry_path()))
+
+
+@app.command()
+def doctor() -> None:
+    """Versions, the llama.cpp backend (CPU, CUDA, Metal), threads, memory, and where files are kept."""
+    with _user_errors():
+        ui.show_facts("spec doctor", models.doctor_facts())
 
 
 def _stream(generation, view: ui.View) -> None:

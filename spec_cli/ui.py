@@ -15,12 +15,15 @@ from typing import Callable, Iterator, Protocol
 
 from rich.console import Console, Group
 from rich.live import Live
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.progress import (BarColumn, DownloadColumn, MofNCompleteColumn, Progress, TextColumn,
+                           TimeRemainingColumn, TransferSpeedColumn)
 from rich.table import Table
 from rich.text import Text
 
 from spec_cli.bench import Side
 from spec_cli.engine import Generation, TokenEvent
+from spec_cli.models import MemberReport, PairRow
+from spec_cli.vocab import Rule
 from spec_cli.stats import Stats
 
 DRAFT_STYLE = "cyan"
@@ -206,3 +209,94 @@ def progress(total: int) -> Iterator[Callable[[str], None]]:
             started = True
 
         yield advance
+
+
+@contextmanager
+def download_progress() -> Iterator[type]:
+    """Yields a progress-bar class for huggingface_hub downloads, drawn by rich on stderr."""
+    columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+               TimeRemainingColumn())
+    with Progress(*columns, console=Console(stderr=True)) as bars:
+
+        class Bar:
+            """The part of tqdm's interface huggingface_hub uses: keyword construction, `with`, update."""
+
+            def __init__(self, *, desc: str = "", total: int | None = None, initial: int = 0, **_: object) -> None:
+                self.task = bars.add_task(desc, total=total, completed=initial)
+
+            def __enter__(self) -> "Bar":
+                return self
+
+            def __exit__(self, *_exc: object) -> None:
+                pass
+
+            def update(self, n: int = 1) -> None:
+                bars.advance(self.task, n)
+
+        yield Bar
+
+
+def show_pairs(rows: list[PairRow], default: str) -> None:
+    table = Table(title="Model pairs (spec models show NAME for details)")
+    for column in ("name", "target", "draft", "local", "size on disk"):
+        table.add_column(column, justify="right" if column == "size on disk" else "left", overflow="fold")
+    for row in rows:
+        name = f"{row.name} (default)" if row.name == default else row.name
+        table.add_row(name, row.target, row.draft, _presence(row.target_present, row.draft_present),
+                      _size(row.size_bytes) if row.size_bytes else "–")
+    Console(highlight=False).print(table)
+
+
+def _presence(target: bool, draft: bool) -> str:
+    if target and draft:
+        return "[green]both[/]"
+    if target or draft:
+        return f"[yellow]{'target' if target else 'draft'} only[/]"
+    return "[dim]none[/]"
+
+
+def _size(n_bytes: int) -> str:
+    size = float(n_bytes)
+    for unit in ("B", "KB", "MB", "GB"):
+        if size < 1000 or unit == "GB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1000
+    return f"{size:.1f} TB"
+
+
+def show_pair(name: str, description: str, settings: dict[str, object], members: list[MemberReport]) -> None:
+    console = Console(highlight=False)
+    console.print(f"[bold]{name}[/]: {description}")
+    console.print(" · ".join(f"{key} {value}" for key, value in settings.items()), style="dim")
+    for m in members:
+        facts = [("source", m.source),
+                 ("file", str(m.path) if m.path else "not on disk yet (spec models pull)")]
+        if m.info is not None:
+            facts += [("size", _size(m.size_bytes)), ("architecture", m.info.architecture),
+                      ("type", m.info.quantization), ("context length", str(m.info.context_length or "?")),
+                      ("vocabulary", str(m.info.vocab_size)),
+                      ("chat template", "yes" if m.info.has_chat_template else "no")]
+        show_facts(m.member, facts)
+
+
+def show_rules(rules: list[Rule]) -> None:
+    table = Table(title="Draft/target compatibility (llama.cpp's rules)")
+    for column in ("rule", "", "detail"):
+        table.add_column(column)
+    for rule in rules:
+        table.add_row(rule.name, "[green]pass[/]" if rule.passed else "[bold red]FAIL[/]", rule.detail)
+    Console(highlight=False).print(table)
+
+
+def show_facts(title: str, facts: list[tuple[str, str]]) -> None:
+    table = Table(title=title, show_header=False)
+    table.add_column(style="bold")
+    table.add_column(overflow="fold")
+    for key, value in facts:
+        table.add_row(key, value)
+    Console(highlight=False).print(table)
+
+
+def say(text: str) -> None:
+    """A plain line on stdout (paths and results that scripts may read)."""
+    Console(highlight=False, soft_wrap=True).print(text, markup=False)

@@ -35,15 +35,51 @@ def test_malformed_toml_names_file_and_line() -> None:
     ('[pairs.x]\ntarget = { path = "t.gguf" }\ndraft = { url = "d" }\n', "field 'draft' needs one of"),
     ('[pairs.x]\ntarget = { path = "t.gguf" }\ndraft = { package = "p" }\n', "needs 'file'"),
     ('[pairs.x]\ntarget = { path = "t.gguf" }\ndraft = { path = "d.gguf" }\ndraft_max = 0\n',
-     "field 'draft_max' must be a positive integer"),
+     "field 'draft_max' must be an integer >= 1, got 0"),
     ('[pairs.x]\ntarget = { derive = "target", type = "f16" }\ndraft = { path = "d.gguf" }\n',
      "cannot be derived from itself"),
 ])
 def test_pair_errors_name_the_pair_and_field(body: str, field: str) -> None:
     with pytest.raises(SpecError) as raised:
         parse_registry(body, origin="user.toml")
-    assert str(raised.value).startswith("user.toml: pair 'x'")
+    assert str(raised.value).startswith("user.toml, line 1: pair 'x'")
     assert field in str(raised.value)
+
+
+def test_error_line_points_at_the_pair() -> None:
+    text = '[pairs.a]\ntarget = { path = "t" }\ndraft = { path = "d" }\n\n[pairs."b.c"]\ndraft = { path = "d" }\n'
+    with pytest.raises(SpecError, match=r"^f.toml, line 5: pair 'b.c', field 'target' is missing"):
+        parse_registry(text, origin="f.toml")
+
+
+def test_user_pairs_merge_over_shipped_ones(user_dirs: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    user_file = user_dirs / ".config" / "spec-cli" / "models.toml"
+    user_file.parent.mkdir(parents=True)
+    user_file.write_text('default = "mine"\n'
+                         '[pairs.mine]\ntarget = { path = "t.gguf" }\ndraft = { path = "d.gguf" }\n'
+                         '[pairs.smollm2-demo]\ntarget = { path = "x.gguf" }\ndraft = { path = "y.gguf" }\n')
+    registry = load_registry()
+    assert registry.default == "mine"
+    assert registry.get("smollm2-demo").target == {"path": "x.gguf"}
+    assert registry.get("smollm2-demo").origin == str(user_file)
+    assert "qwen2.5-7b" in registry.pairs
+
+
+def test_environment_variable_names_another_user_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    other = tmp_path / "elsewhere.toml"
+    other.write_text("[pairs.broken]\ntarget = { path = 't' }\n")
+    monkeypatch.setenv("SPEC_CLI_MODELS", str(other))
+    with pytest.raises(SpecError, match=rf"^{other}, line 1: pair 'broken', field 'draft' is missing"):
+        load_registry()
+
+
+def test_shipped_pairs_are_well_formed() -> None:
+    pairs = load_registry().pairs
+    hub_pairs = [p for p in pairs.values() if "repo" in p.target]
+    assert len(hub_pairs) >= 6
+    assert any("derive" in p.draft for p in pairs.values())  # a self-draft
+    for pair in hub_pairs:
+        assert pair.target["file"].endswith(".gguf") and "/" in pair.target["repo"]
 
 
 def test_path_sources_resolve_to_their_files(tmp_path: Path) -> None:

@@ -1,0 +1,114 @@
+"""What `spec models` and `spec doctor` report, gathered as data for the UI to draw."""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from spec_cli import __version__, hub, llama, vocab
+from spec_cli.paths import cache_dir, user_registry_path
+from spec_cli.registry import MEMBERS, PairSpec, Registry, describe, locate
+
+
+@dataclass(frozen=True)
+class PairRow:
+    name: str
+    target: str
+    draft: str
+    target_present: bool
+    draft_present: bool
+    size_bytes: int
+
+
+@dataclass(frozen=True)
+class MemberReport:
+    member: str
+    source: str
+    path: Path | None
+    size_bytes: int
+    info: llama.ModelInfo | None
+
+
+def pair_rows(registry: Registry) -> list[PairRow]:
+    """One row per pair: its sources, which files are on disk now, and how much disk they take."""
+    rows = []
+    for spec in registry.pairs.values():
+        paths = {m: locate(spec, m) for m in MEMBERS}
+        rows.append(PairRow(spec.name, _short(spec.target), _short(spec.draft),
+                            paths["target"] is not None, paths["draft"] is not None,
+                            sum(p.stat().st_size for p in paths.values() if p is not None)))
+    return rows
+
+
+def _short(source: dict[str, object]) -> str:
+    """A member in a table cell: its file name, or how it is derived."""
+    if "derive" in source:
+        return f"{source['derive']} as {str(source['type']).upper()}"
+    return Path(str(source.get("file") or source.get("path"))).name
+
+
+def member_reports(spec: PairSpec) -> list[MemberReport]:
+    """Each member's source, local file and GGUF metadata (read without loading weights)."""
+    reports = []
+    for member in MEMBERS:
+        path = locate(spec, member)
+        reports.append(MemberReport(member, describe(spec.source(member)), path,
+                                    path.stat().st_size if path else 0,
+                                    llama.model_info(path) if path else None))
+    return reports
+
+
+def check_files(target: Path, draft: Path) -> list[vocab.Rule]:
+    """The compatibility report for two files, loading only their vocabularies."""
+    target_model = llama.Model(target, vocab_only=True)
+    try:
+        draft_model = llama.Model(draft, vocab_only=True)
+        try:
+            return vocab.compare(target_model, draft_model)
+        finally:
+            draft_model.close()
+    finally:
+        target_model.close()
+
+
+def gpu_install_command() -> str:
+    """The reinstall that gives llama-cpp-python a GPU backend on this platform."""
+    flag = "-DGGML_METAL=on" if sys.platform == "darwin" else "-DGGML_CUDA=on"
+    version, _ = llama.versions()
+    return (f'CMAKE_ARGS="{flag}" pip install --force-reinstall --no-cache-dir --no-binary llama-cpp-python '
+            f'llama-cpp-python=={version}')
+
+
+def backends(system_info: str) -> list[str]:
+    """Backend names from llama.cpp's system info ("CUDA : ARCHS = … | CPU : AVX2 = 1 | …")."""
+    names = []
+    for part in system_info.split("|"):
+        if " : " in part:
+            name = part.split(" : ", 1)[0].strip()
+            if name and name not in names:
+                names.append(name)
+    return names or ["CPU"]
+
+
+def doctor_facts() -> list[tuple[str, str]]:
+    version, system_info = llama.versions()
+    gpu = llama.supports_gpu_offload()
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else 0
+    registry_path = user_registry_path()
+    facts = [
+        ("spec-cli", __version__),
+        ("llama-cpp-python", version),
+        ("llama.cpp backends", ", ".join(backends(system_info))),
+        ("GPU offload", "yes" if gpu else "no (CPU-only build)"),
+        ("llama.cpp system info", system_info),
+        ("CPU threads", str(os.cpu_count())),
+        ("memory", f"{memory / 1e9:.1f} GB" if memory else "unknown"),
+        ("derived models cache", str(cache_dir() / "derived")),
+        ("Hugging Face cache", str(hub.cache_dir()) + (" (offline: HF_HUB_OFFLINE)" if hub.offline() else "")),
+        ("user pairs", f"{registry_path}" + ("" if registry_path.is_file() else " (not created yet)")),
+    ]
+    if not gpu:
+        facts.append(("enable GPU", gpu_install_command()))
+    return facts

@@ -1,0 +1,104 @@
+"""`spec models …` and `spec doctor`: what they print and how they fail."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from spec_cli.cli import app
+from spec_cli.llama import Model, supports_gpu_offload
+from spec_cli.models import backends
+from tiny_models import write_model
+
+runner = CliRunner()
+
+
+def spec(*args: str):
+    return runner.invoke(app, list(args))
+
+
+def test_path_prints_the_user_registry_location(user_dirs: Path) -> None:
+    result = spec("models", "path")
+    assert result.exit_code == 0
+    assert result.stdout.strip() == str(user_dirs / ".config" / "spec-cli" / "models.toml")
+
+
+def test_check_reports_every_rule_passed(target_path: Path, other_draft_path: Path) -> None:
+    result = spec("models", "check", str(target_path), str(other_draft_path))
+    assert result.exit_code == 0, result.output
+    for rule in ("vocabulary type", "BOS token id", "EOS token id", "vocabulary size", "token texts"):
+        assert rule in result.stdout
+    assert "FAIL" not in result.stdout
+
+
+def test_check_names_the_first_difference_and_fails(tmp_path: Path, target_path: Path) -> None:
+    renamed = write_model(tmp_path / "renamed.gguf", seed=4, rename_token=301, eos=1)
+    result = spec("models", "check", str(target_path), str(renamed))
+    assert result.exit_code == 1
+    assert result.stdout.count("FAIL") == 2
+    assert "first difference at id 301" in result.stdout and "_renamed" in result.stdout
+
+
+def test_check_on_a_missing_file_is_one_line(tmp_path: Path, target_path: Path) -> None:
+    result = spec("models", "check", str(target_path), str(tmp_path / "nope.gguf"))
+    assert result.exit_code == 1 and "model file not found" in result.stderr
+
+
+def test_show_reads_gguf_metadata(target_path: Path) -> None:
+    result = spec("models", "show", "smollm2-demo")
+    assert result.exit_code == 0, result.output
+    assert "Q4_1" in result.stdout and "llama" in result.stdout and "49152" in result.stdout
+    assert "not on disk yet" in result.stdout  # the derived F32 target is not made by `show`
+
+
+def test_show_unknown_pair() -> None:
+    result = spec("models", "show", "qwen-7b")
+    assert result.exit_code == 1 and "unknown pair 'qwen-7b'; did you mean" in result.stderr
+
+
+def test_derive_writes_a_loadable_file_and_prints_its_path(target_path: Path, tmp_path: Path) -> None:
+    out = tmp_path / "target.q8_0.gguf"
+    result = spec("models", "derive", str(target_path), "--type", "Q8_0", "--out", str(out))
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip() == str(out)
+    model = Model(out, vocab_only=True)
+    assert model.metadata("general.file_type") == "7"
+    model.close()
+    again = spec("models", "derive", str(target_path), "--type", "q8_0", "--out", str(out))
+    assert again.exit_code == 1 and "already exists" in again.stderr
+
+
+def test_derive_rejects_an_unknown_type(target_path: Path) -> None:
+    result = spec("models", "derive", str(target_path), "--type", "q3_x")
+    assert result.exit_code == 1 and "unknown type 'q3_x'; choose one of: f32, f16" in result.stderr
+
+
+def test_derive_into_the_cache_by_default(target_path: Path, user_dirs: Path) -> None:
+    result = spec("models", "derive", str(target_path), "--type", "f16")
+    assert result.exit_code == 0, result.output
+    assert Path(result.stdout.strip()).parent == user_dirs / "cache" / "derived"
+
+
+def test_doctor_reports_versions_backend_and_locations(user_dirs: Path) -> None:
+    result = spec("doctor")
+    assert result.exit_code == 0, result.output
+    for fact in ("llama-cpp-python", "0.3.36", "GPU offload", "CPU threads", "memory", "user pairs"):
+        assert fact in result.stdout
+    if not supports_gpu_offload():
+        assert "-DGGML_CUDA=on" in result.stdout
+
+
+def test_backends_are_read_from_system_info() -> None:
+    info = "CUDA : ARCHS = 890 | USE_GRAPHS = 1 | CPU : SSE3 = 1 | AVX = 1 |"
+    assert backends(info) == ["CUDA", "CPU"]
+    assert backends("") == ["CPU"]
+
+
+@pytest.mark.skipif(supports_gpu_offload(), reason="this build can offload to a GPU")
+def test_gpu_layers_on_a_cpu_build_warn_once_and_run(target_path: Path) -> None:
+    result = spec("run", "--target", str(target_path), "--no-draft", "--raw", "-n", "4", "--gpu-layers", "8", "hi")
+    assert result.exit_code == 0
+    warnings = [line for line in result.stderr.splitlines() if "no GPU support" in line]
+    assert len(warnings) == 1
