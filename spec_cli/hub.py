@@ -3,12 +3,15 @@
 The endpoint, cache folder and offline switch are read from the environment at call time (huggingface_hub
 reads them once, at import), so `HF_ENDPOINT`, `HF_HOME`, `HF_HUB_CACHE` and `HF_HUB_OFFLINE` set by a test
 or a wrapper script are honoured. huggingface_hub downloads into a temporary file that is renamed into the
-cache only when complete, and retries a dropped connection with a Range request from where it stopped.
+cache only when complete, and retries a dropped connection with a Range request from where it stopped;
+`download` then checks a fresh file against its SHA-256.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +22,7 @@ from huggingface_hub.errors import (EntryNotFoundError, HfHubHTTPError, LocalEnt
 from spec_cli.errors import SpecError
 
 DEFAULT_REVISION = "main"
+SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 def cache_dir() -> Path:
@@ -54,6 +58,7 @@ def download(repo: str, file: str, revision: str | None, pull_hint: str,
     `pull_hint` is the command that fetches the file (e.g. "spec models pull NAME"), named in errors.
     """
     where = describe(repo, file, revision)
+    before = cached(repo, file, revision)
     try:
         path = huggingface_hub.hf_hub_download(
             repo, file, revision=revision or DEFAULT_REVISION, cache_dir=cache_dir(),
@@ -66,7 +71,29 @@ def download(repo: str, file: str, revision: str | None, pull_hint: str,
         raise SpecError(f"{where} does not exist on the Hub (or needs a token: huggingface-cli login)") from exc
     except (HfHubHTTPError, OSError) as exc:
         raise SpecError(f"downloading {where} failed: {_first_line(exc)}") from exc
+    if before is None or before.resolve() != Path(path).resolve():
+        verify(Path(path), where)
     return Path(path)
+
+
+def verify(path: Path, where: str) -> None:
+    """Check a fresh download against its SHA-256, which the cache names its blob after for LFS files.
+
+    A mismatch removes the file from the cache (so the next pull starts clean) and fails in one line.
+    """
+    blob = path.resolve()
+    expected = blob.name
+    if not SHA256.fullmatch(expected):
+        return  # a small non-LFS file: its ETag is a git hash, not the content's SHA-256
+    digest = hashlib.sha256()
+    with blob.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    if digest.hexdigest() != expected:
+        blob.unlink(missing_ok=True)
+        path.unlink(missing_ok=True)
+        raise SpecError(f"{where} is corrupt (SHA-256 {digest.hexdigest()[:12]}…, expected {expected[:12]}…); "
+                        f"it was removed, pull it again")
 
 
 def _first_line(exc: Exception) -> str:

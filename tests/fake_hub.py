@@ -2,7 +2,7 @@
 
 HEAD answers with the commit, ETag and size headers the client expects; GET serves the bytes and honours
 `Range: bytes=N-`. `drop_after` makes the first GET of a file close the connection after that many bytes,
-as a flaky network would. Every request is recorded so tests can see what the client asked for.
+as a flaky network would; `corrupt` serves zeros of the right length under the true ETag. Every request is recorded so tests can see what the client asked for.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ COMMIT = "0123456789abcdef0123456789abcdef01234567"
 class FakeHub:
     files: dict[tuple[str, str], bytes] = field(default_factory=dict)
     drop_after: int | None = None
+    corrupt: bool = False
     requests: list[tuple[str, str, str | None]] = field(default_factory=list)
     url: str = ""
 
@@ -80,6 +81,8 @@ def serve(hub: FakeHub) -> ThreadingHTTPServer:
                               {"Content-Range": f"bytes {start}-{len(content) - 1}/{len(content)}"})
             else:
                 self._headers(content, 200, len(body), {})
+            if hub.corrupt:
+                body = bytes(len(body))
             if hub.drop_after is not None and start == 0:
                 hub.drop_after, cut = None, hub.drop_after
                 self.wfile.write(body[:cut])

@@ -96,6 +96,16 @@ def test_dropped_connection_is_retried_to_a_complete_file(fake_hub: FakeHub, tar
     assert leftovers(user_dirs / "hf") == []
 
 
+def test_corrupt_download_is_detected_and_removed(fake_hub: FakeHub, user_dirs: Path) -> None:
+    fake_hub.corrupt = True
+    result = spec("models", "pull", "tiny-hub")
+    assert result.exit_code == 1
+    assert "org/tiny-GGUF/target.gguf is corrupt" in result.stderr  # the target is fetched first
+    assert hub.cached("org/tiny-GGUF", "target.gguf", None) is None
+    fake_hub.corrupt = False
+    assert spec("models", "pull", "tiny-hub").exit_code == 0
+
+
 def test_interrupted_download_leaves_no_half_file(fake_hub: FakeHub, user_dirs: Path) -> None:
     class InterruptingBar:
         def __init__(self, **_kwargs: object) -> None:
