@@ -10,7 +10,7 @@ import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Iterator, Optional
+from typing import Annotated, Callable, Iterator, Optional, TypeVar
 
 import typer
 
@@ -19,11 +19,12 @@ from spec_cli import bench as benchmark
 from spec_cli.derive import derive
 from spec_cli.errors import SpecError
 from spec_cli.llama import FTYPES, supports_gpu_offload
-from spec_cli.pair import DEFAULT_CTX, Pair, load_pair
+from spec_cli.pair import DEFAULT_CTX, DRAFT_MODES, Pair, load_pair
 from spec_cli.paths import user_registry_path
 from spec_cli.sampling import SamplingParams
 
 DEFAULT_DRAFT_MAX = 4
+T = TypeVar("T")
 EXIT_USER_ERROR = 1
 EXIT_INTERRUPTED = 130
 
@@ -38,7 +39,9 @@ app = typer.Typer(
 TargetOpt = Annotated[Optional[Path], typer.Option("--target", "-t", help="Target GGUF file (the model you want output from).", show_default=False)]
 DraftOpt = Annotated[Optional[Path], typer.Option("--draft", "-d", help="Draft GGUF file (small, same vocabulary as the target).", show_default=False)]
 PairOpt = Annotated[Optional[str], typer.Option("--pair", "-p", help="A named pair from models.toml (default: the registry's default pair).", show_default=False)]
-DraftMaxOpt = Annotated[Optional[int], typer.Option("--draft-max", "-k", min=0, max=64, help="Draft tokens per round, K (default: the pair's, else 4).", show_default=False)]
+DraftMaxOpt = Annotated[Optional[str], typer.Option("--draft-max", "-k", help="Draft tokens per round, K: 0-64, or auto to choose K from measured acceptance and costs (default: the pair's, else 4).", show_default=False)]
+DraftModeOpt = Annotated[Optional[str], typer.Option("--draft-mode", help="How drafts are made: model (the draft model), ngram (prompt lookup, no draft model needed), hybrid (n-gram first, then the model) (default: model).", show_default=False)]
+DraftPMinOpt = Annotated[float, typer.Option("--draft-p-min", min=0.0, max=0.99, help="Confidence stop: the draft model stops a round when its top probability falls below this (0: off).")]
 TempOpt = Annotated[float, typer.Option("--temp", min=0.0, help="Temperature; 0 is greedy (output identical to the target alone).")]
 TopKOpt = Annotated[int, typer.Option("--top-k", min=0, help="Keep the k most likely tokens (0: off).")]
 TopPOpt = Annotated[float, typer.Option("--top-p", min=0.0, max=1.0, help="Keep the smallest set of tokens with this much probability.")]
@@ -62,6 +65,10 @@ Examples:
   echo "Summarise: ..." | spec run - > summary.txt
 
   spec run --target big.gguf --draft small.gguf -k 6 "Hello"
+
+  spec run -k auto --draft-mode hybrid "Rewrite this paragraph: ..."
+
+  spec run --target model.gguf --draft-mode ngram "Fix the typos: ..."
 
   spec run --no-draft --json "Hello" | jq .stats.tokens_per_second
 """
@@ -98,6 +105,7 @@ class LoadOptions:
     threads: int | None = None
     gpu_layers: int | None = None
     draft_gpu_layers: int | None = None
+    needs_draft: bool = True
 
 
 @dataclass(frozen=True)
@@ -131,7 +139,8 @@ def _open_pair(options: LoadOptions) -> Iterator[Loaded]:
     if options.gpu_layers or options.draft_gpu_layers:
         _warn_cpu_only()
     defaults = spec or registry.PairSpec("", "", {}, {}, DEFAULT_DRAFT_MAX, DEFAULT_CTX, 0, 0, "")
-    with load_pair(target, None if options.no_draft else draft, n_ctx=options.ctx or defaults.ctx,
+    load_draft = options.needs_draft and not options.no_draft
+    with load_pair(target, draft if load_draft else None, n_ctx=options.ctx or defaults.ctx,
                    n_threads=options.threads, gpu_layers=_given(options.gpu_layers, defaults.gpu_layers),
                    draft_gpu_layers=_given(options.draft_gpu_layers, defaults.draft_gpu_layers)) as pair:
         yield Loaded(pair, defaults.draft_max)
@@ -146,13 +155,28 @@ def _pair_spec(options: LoadOptions) -> registry.PairSpec | None:
         return models.get(options.pair or models.default)
     if options.pair is not None:
         raise SpecError("give either --pair or --target/--draft, not both")
-    if options.draft is None and not options.no_draft:
-        raise SpecError("--target needs a --draft (or --no-draft to run the target alone)")
+    if options.draft is None and options.needs_draft and not options.no_draft:
+        raise SpecError("--target needs a --draft (or --draft-mode ngram, or --no-draft for the target alone)")
     return None
 
 
-def _given(value: int | None, default: int) -> int:
+def _given(value: T | None, default: T) -> T:
     return default if value is None else value
+
+
+def _draft_max(value: str) -> int | str:
+    """-k as typed: a number of draft tokens (0-64) or "auto"."""
+    if value.lower() == "auto":
+        return "auto"
+    if not value.isdigit() or int(value) > 64:
+        raise SpecError(f"--draft-max must be a number from 0 to 64 or 'auto', got {value!r}")
+    return int(value)
+
+
+def _draft_mode(value: str) -> str:
+    if value not in DRAFT_MODES[:3]:
+        raise SpecError(f"unknown draft mode {value!r}; choose one of: {', '.join(DRAFT_MODES[:3])}")
+    return value
 
 
 def _resolve(spec: registry.PairSpec, quiet: bool, refresh: bool = False) -> tuple[Path, Path]:
@@ -184,6 +208,8 @@ def run(
     draft: DraftOpt = None,
     pair: PairOpt = None,
     draft_max: DraftMaxOpt = None,
+    draft_mode: DraftModeOpt = None,
+    draft_p_min: DraftPMinOpt = 0.0,
     temp: TempOpt = 0.0,
     top_k: TopKOpt = 0,
     top_p: TopPOpt = 1.0,
@@ -206,14 +232,18 @@ def run(
     with _user_errors():
         text = _read_prompt(prompt)
         sampling = SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p)
-        options = LoadOptions(target, draft, pair, no_draft, quiet, ctx, threads, gpu_layers, draft_gpu_layers)
+        mode = "none" if no_draft else _draft_mode(draft_mode or "model")
+        k = None if draft_max is None else _draft_max(draft_max)
+        options = LoadOptions(target, draft, pair, no_draft, quiet, ctx, threads, gpu_layers, draft_gpu_layers,
+                              needs_draft=mode in ("model", "hybrid"))
         with _open_pair(options) as loaded:
             if not raw and not loaded.pair.has_chat_template:
                 if not quiet:
                     ui.note(f"{loaded.pair.target.path.name} has no chat template; sending the prompt as raw text")
                 raw = True
             generation = loaded.pair.generate(text, sampling=sampling, seed=seed, max_tokens=max_tokens, raw=raw,
-                                              draft_max=_given(draft_max, loaded.draft_max))
+                                              draft_max=_given(k, loaded.draft_max), draft_mode=mode,
+                                              draft_p_min=draft_p_min)
             _stream(generation, ui.make_view(as_json, quiet))
 
 
@@ -222,9 +252,11 @@ Examples:
 
   spec bench
 
-  spec bench -k 6 -n 256 --repeat 3
+  spec bench --k 3,5,8,auto --repeat 3
 
-  spec bench --target big.gguf --draft small.gguf
+  spec bench --task rewrite --modes model,ngram,hybrid
+
+  spec bench --target big.gguf --draft small.gguf -n 256
 """
 
 
@@ -233,26 +265,42 @@ def bench(
     target: TargetOpt = None,
     draft: DraftOpt = None,
     pair: PairOpt = None,
-    draft_max: DraftMaxOpt = None,
+    modes: Annotated[str, typer.Option("--modes", help="Draft modes to compare, comma-separated: model, ngram, hybrid.")] = "model",
+    ks: Annotated[Optional[str], typer.Option("--k", "-k", help="Draft lengths to compare, comma-separated numbers or auto (default: the pair's K).", show_default=False)] = None,
+    task: Annotated[str, typer.Option("--task", help=f"Built-in prompt set: {', '.join(benchmark.TASKS)}.")] = "chat",
     max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", min=1, help="Tokens generated per run.")] = 128,
-    repeat: Annotated[int, typer.Option("--repeat", "-r", min=1, help="Runs of each prompt on each side.")] = 1,
+    repeat: Annotated[int, typer.Option("--repeat", "-r", min=1, help="Runs of each prompt in each configuration.")] = 1,
     ctx: CtxOpt = None,
     threads: ThreadsOpt = None,
     gpu_layers: GpuLayersOpt = None,
     draft_gpu_layers: DraftGpuLayersOpt = None,
 ) -> None:
-    """Measure speculative against target-only decoding on the same pair, runs interleaved, ratio printed.
+    """Measure speculative configurations against the target alone on the same pair, interleaved.
 
-    Greedy, on a built-in set of prompts; tokens/s counts decoding only (prompt processing excluded).
+    Greedy; tokens/s counts decoding only (prompt processing excluded); speed-up is against the target alone in the same run.
     """
     with _user_errors():
-        options = LoadOptions(target, draft, pair, False, False, ctx, threads, gpu_layers, draft_gpu_layers)
+        mode_list = _csv(modes, parse=_draft_mode)
+        if task not in benchmark.TASKS:
+            raise SpecError(f"unknown task {task!r}; choose one of: {', '.join(benchmark.TASKS)}")
+        needs_model = any(mode != "ngram" for mode in mode_list)
+        options = LoadOptions(target, draft, pair, False, False, ctx, threads, gpu_layers, draft_gpu_layers,
+                              needs_draft=needs_model)
         with _open_pair(options) as loaded:
-            k = _given(draft_max, loaded.draft_max)
-            with ui.progress(2 * repeat * len(benchmark.DEFAULT_PROMPTS)) as advance:
-                alone, speculative = benchmark.compare(loaded.pair, k, max_tokens=max_tokens, repeat=repeat,
-                                                       raw=not loaded.pair.has_chat_template, progress=advance)
-            ui.show_comparison(alone, speculative)
+            k_list = _csv(ks, parse=_draft_max) if ks else [loaded.draft_max]
+            configs = [benchmark.TARGET_ALONE] + [benchmark.Config(m, k) for m in mode_list for k in k_list]
+            prompts = benchmark.TASKS[task]
+            with ui.progress(len(configs) * repeat * len(prompts)) as advance:
+                sides = benchmark.compare(loaded.pair, configs, prompts, max_tokens=max_tokens, repeat=repeat,
+                                          raw=not loaded.pair.has_chat_template, progress=advance)
+            ui.show_comparison(sides, task)
+
+
+def _csv(text: str, parse: Callable[[str], T]) -> list[T]:
+    items = [parse(item.strip()) for item in text.split(",") if item.strip()]
+    if not items:
+        raise SpecError(f"expected a comma-separated list, got {text!r}")
+    return items
 
 
 @models_app.command("list")

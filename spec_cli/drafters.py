@@ -2,7 +2,9 @@
 
 A drafter sees the whole sequence so far (prompt + accepted output) and proposes up to K tokens, each with
 the distribution q it was drawn from (None when drafting greedily), so the engine can run the acceptance
-test min(1, p/q). After verification the engine tells it how much of the sequence is still valid.
+test min(1, p/q). A deterministic proposal (n-gram lookup) has q = 1 at its token, which keeps sampling
+exact: the token is kept with probability p(x), and a rejection draws from norm(max(0, p − q)), that is p
+without x. After verification the engine tells the drafter how much of the sequence is still valid.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ class Drafter(Protocol):
     """Seconds spent inside llama.cpp so far (0 for drafters without a model); for honest time splits."""
 
     def prefill(self, tokens: Sequence[int]) -> None:
-        """Process a prompt ahead of the first round (work that would otherwise land in round one)."""
+        """Take in a new prompt before the first round (work that would otherwise land in round one)."""
 
     def propose(self, tokens: Sequence[int], k: int, sampling: SamplingParams,
                 rng: np.random.Generator) -> Draft:
@@ -40,10 +42,16 @@ class Drafter(Protocol):
 
 
 class ModelDrafter:
-    """Drafts with a small model that shares the target's vocabulary, on its own KV cache."""
+    """Drafts with a small model that shares the target's vocabulary, on its own KV cache.
 
-    def __init__(self, context: Context) -> None:
+    Confidence stop: drafting ends early once the draft's most likely next token has probability below
+    `p_min`, since such a token is unlikely to be accepted and each draft step costs time. The stop depends
+    only on the draft model, so exactness is untouched.
+    """
+
+    def __init__(self, context: Context, p_min: float = 0.0) -> None:
         self.context = context
+        self.p_min = p_min
 
     @property
     def busy_s(self) -> float:
@@ -65,8 +73,12 @@ class ModelDrafter:
             logits = self.context.decode(pending, 1)[0]
             if sampling.greedy:
                 token = int(np.argmax(logits))
+                if self.p_min > 0 and _top_probability(logits) < self.p_min:
+                    break
             else:
                 q = probabilities(logits, sampling)
+                if q.max() < self.p_min:
+                    break
                 token = sample(q, rng)
                 draft.q.append(q)
             draft.tokens.append(token)
@@ -76,3 +88,92 @@ class ModelDrafter:
     def rewind(self, n_keep: int) -> None:
         self.context.trim(min(n_keep, self.context.n_past))
 
+
+def _top_probability(logits: np.ndarray) -> float:
+    """max softmax(logits), without normalising the whole vector twice."""
+    shifted = np.exp(logits - logits.max())
+    return float(1.0 / shifted.sum())
+
+
+class NgramDrafter:
+    """Prompt lookup: find the latest earlier occurrence of the sequence's last n tokens and propose what
+    followed it. No second model; it shines when the output copies its input (edits, rewrites, code).
+
+    Tries n = n_max down to n_min, longest match first. An index of n-gram → latest end position is
+    extended as the sequence grows, so a round costs O(new tokens), not O(sequence).
+    """
+
+    busy_s = 0.0
+
+    def __init__(self, n_vocab: int, n_max: int = 4, n_min: int = 2) -> None:
+        self.n_vocab = n_vocab
+        self.n_max = n_max
+        self.n_min = n_min
+        self._tokens: list[int] = []
+        self._index: dict[tuple[int, ...], int] = {}
+
+    def prefill(self, tokens: Sequence[int]) -> None:
+        self._tokens, self._index = [], {}
+        self._extend(tokens)
+
+    def propose(self, tokens: Sequence[int], k: int, sampling: SamplingParams,
+                rng: np.random.Generator) -> Draft:
+        self._extend(tokens)
+        draft = Draft(tokens=self.lookup(k))
+        if not sampling.greedy:
+            draft.q = [_one_hot(token, self.n_vocab) for token in draft.tokens]
+        return draft
+
+    def rewind(self, n_keep: int) -> None:
+        if n_keep < len(self._tokens):
+            self.prefill(self._tokens[:n_keep])
+
+    def lookup(self, k: int) -> list[int]:
+        """Up to k tokens that followed the latest earlier occurrence of the longest matching suffix."""
+        tokens = self._tokens
+        for n in range(min(self.n_max, len(tokens) - 1), self.n_min - 1, -1):
+            end = self._index.get(tuple(tokens[-n:]))
+            if end is not None:
+                return tokens[end + 1:end + 1 + k]
+        return []
+
+    def _extend(self, tokens: Sequence[int]) -> None:
+        """Index every n-gram that ends before the last token (so each indexed match has a continuation)."""
+        start = len(self._tokens)
+        self._tokens.extend(tokens[start:])
+        for end in range(max(start - 1, 0), len(self._tokens) - 1):
+            for n in range(self.n_min, self.n_max + 1):
+                if end + 1 >= n:
+                    self._index[tuple(self._tokens[end + 1 - n:end + 1])] = end
+
+
+def _one_hot(token: int, n_vocab: int) -> np.ndarray:
+    """q for a deterministic proposal: all probability on the proposed token."""
+    q = np.zeros(n_vocab)
+    q[token] = 1.0
+    return q
+
+
+class HybridDrafter:
+    """N-gram lookup when the sequence repeats itself, the draft model otherwise."""
+
+    def __init__(self, ngram: NgramDrafter, model: ModelDrafter) -> None:
+        self.ngram = ngram
+        self.model = model
+
+    @property
+    def busy_s(self) -> float:
+        return self.model.busy_s
+
+    def prefill(self, tokens: Sequence[int]) -> None:
+        self.ngram.prefill(tokens)
+        self.model.prefill(tokens)
+
+    def propose(self, tokens: Sequence[int], k: int, sampling: SamplingParams,
+                rng: np.random.Generator) -> Draft:
+        draft = self.ngram.propose(tokens, k, sampling, rng)
+        return draft if draft.tokens else self.model.propose(tokens, k, sampling, rng)
+
+    def rewind(self, n_keep: int) -> None:
+        self.ngram.rewind(n_keep)
+        self.model.rewind(n_keep)

@@ -18,6 +18,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
+from spec_cli.draft_length import AdaptiveK, DraftLength, FixedK
 from spec_cli.drafters import Draft, Drafter
 from spec_cli.llama import Context
 from spec_cli.sampling import SamplingParams, accept, probabilities, residual, sample
@@ -42,15 +43,16 @@ class Generation:
     """
 
     def __init__(self, target: Context, drafter: Drafter | None, prompt: Sequence[int],
-                 sampling: SamplingParams, seed: int, draft_max: int, max_tokens: int) -> None:
+                 sampling: SamplingParams, seed: int, draft_length: DraftLength, max_tokens: int) -> None:
         self.target = target
         self.drafter = drafter
         self.prompt = list(prompt)
         self.sampling = sampling
         self.seed = seed
-        self.draft_max = draft_max if drafter is not None else 0
+        self.draft_length = draft_length if drafter is not None else FixedK(0)
         self.max_tokens = max_tokens
-        self.stats = Stats(draft_max=self.draft_max, prompt_tokens=len(self.prompt))
+        self.stats = Stats(draft_max=self.draft_length.k_max, prompt_tokens=len(self.prompt),
+                           adaptive=isinstance(self.draft_length, AdaptiveK))
         self.token_ids: list[int] = []
         self.text = ""
         self.finish_reason: str | None = None
@@ -87,27 +89,31 @@ class Generation:
             return None
 
         def draft_length() -> int:
-            """K for this round: room for K + 1 new tokens within max_tokens and the context."""
+            """K for this round: the controller's choice, shrunk to leave room for K + 1 new tokens within
+            max_tokens and the context."""
             room = min(self.max_tokens - len(self.token_ids), target.n_ctx - len(seq))
-            return min(self.draft_max, room - 1)
+            stats.current_k = self.draft_length.next_k()
+            return min(stats.current_k, room - 1)
 
-        def propose(k: int) -> Draft:
+        def propose(k: int) -> tuple[Draft, float]:
             if drafter is None or k == 0:
-                return Draft()
+                return Draft(), 0.0
             started, busy = time.perf_counter(), drafter.busy_s
             draft = drafter.propose(seq, k, self.sampling, rng)
-            stats.draft_s += time.perf_counter() - started
+            elapsed = time.perf_counter() - started
+            stats.draft_s += elapsed
             stats.llama_s += drafter.busy_s - busy
-            return draft
+            return draft, elapsed
 
-        def verify(draft: Draft) -> tuple[int, int]:
-            """Score [last, d1..dK] in one target pass; return (n accepted, the target's token)."""
+        def verify(draft: Draft) -> tuple[int, int, float]:
+            """Score [last, d1..dK] in one target pass; return (n accepted, the target's token, seconds)."""
             started, busy = time.perf_counter(), target.busy_s
             rows = target.decode([seq[-1], *draft.tokens], len(draft.tokens) + 1)
             stats.llama_s += target.busy_s - busy
-            result = accepted_prefix(rows, draft)
-            stats.verify_s += time.perf_counter() - started
-            return result
+            n, token = accepted_prefix(rows, draft)
+            elapsed = time.perf_counter() - started
+            stats.verify_s += elapsed
+            return n, token, elapsed
 
         def accepted_prefix(rows: np.ndarray, draft: Draft) -> tuple[int, int]:
             if self.sampling.greedy:
@@ -123,9 +129,10 @@ class Generation:
             return len(draft.tokens), sample(probabilities(rows[-1], self.sampling), rng)
 
         def play_round(decode_start: float) -> Iterator[TokenEvent]:
-            draft = propose(draft_length())
-            n, token = verify(draft)
+            draft, draft_s = propose(draft_length())
+            n, token, verify_s = verify(draft)
             stats.record_round(len(draft.tokens), n)
+            self.draft_length.update(len(draft.tokens), n, draft_s, verify_s)
             for i, emitted in enumerate([*draft.tokens[:n], token]):
                 if model.is_end_of_generation(emitted):
                     self.finish_reason = "stop"

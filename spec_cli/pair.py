@@ -17,13 +17,25 @@ from pathlib import Path
 from typing import Sequence
 
 from spec_cli import vocab
-from spec_cli.drafters import ModelDrafter
+from spec_cli.draft_length import AdaptiveK, DraftLength, FixedK
+from spec_cli.drafters import Drafter, HybridDrafter, ModelDrafter, NgramDrafter
 from spec_cli.engine import Generation
 from spec_cli.errors import SpecError
 from spec_cli.llama import Context, Model
 from spec_cli.sampling import SamplingParams
 
 DEFAULT_CTX = 2048
+DRAFT_MODES = ("model", "ngram", "hybrid", "none")
+AUTO_K_MAX = 16
+
+
+def draft_length(draft_max: int | str) -> DraftLength:
+    """K as given: a number of tokens, or "auto" for K chosen each round from acceptance and costs."""
+    if draft_max == "auto":
+        return AdaptiveK(k_max=AUTO_K_MAX)
+    if not isinstance(draft_max, int) or isinstance(draft_max, bool) or draft_max < 0:
+        raise SpecError(f"draft-max must be a number >= 0 or 'auto', got {draft_max!r}")
+    return FixedK(draft_max)
 
 
 class Pair:
@@ -36,7 +48,7 @@ class Pair:
         self._models = [m for m in (target, draft) if m is not None]
         try:
             self.target_context = self._context(target, n_ctx, n_threads)
-            self.drafter = ModelDrafter(self._context(draft, n_ctx, n_threads)) if draft else None
+            self.draft_context = self._context(draft, n_ctx, n_threads) if draft else None
         except BaseException:
             self.close()
             raise
@@ -62,16 +74,17 @@ class Pair:
         return self.target.tokenize(text)
 
     def generate(self, prompt: str | Sequence[int], *, sampling: SamplingParams = SamplingParams(),
-                 seed: int | None = None, draft_max: int = 4, max_tokens: int = 256,
-                 raw: bool = False) -> Generation:
+                 seed: int | None = None, draft_max: int | str = 4, max_tokens: int = 256, raw: bool = False,
+                 draft_mode: str | None = None, draft_p_min: float = 0.0) -> Generation:
         """Start a generation; nothing runs until it is iterated.
 
         `prompt` is text (see `prompt_tokens`) or token ids. `seed` fixes the one random generator used
         for drafting, acceptance and correction, so the same seed gives the same text; without one a
-        random seed is drawn and kept on the returned `Generation`.
+        random seed is drawn and kept on the returned `Generation`. `draft_max` is K, or "auto" to let
+        `AdaptiveK` choose K each round; `draft_mode` is "model" (the default with a draft model), "ngram"
+        (prompt lookup, no draft model needed), "hybrid", or "none" (the default without a draft model); `draft_p_min` is
+        the draft model's confidence stop.
         """
-        if draft_max < 0:
-            raise SpecError(f"draft-max must be >= 0, got {draft_max}")
         if max_tokens < 1:
             raise SpecError(f"max-tokens must be >= 1, got {max_tokens}")
         tokens = self.prompt_tokens(prompt, raw) if isinstance(prompt, str) else list(prompt)
@@ -82,7 +95,23 @@ class Pair:
                             f"shorten it or raise --ctx")
         if seed is None:
             seed = secrets.randbits(32)
-        return Generation(self.target_context, self.drafter, tokens, sampling, seed, draft_max, max_tokens)
+        drafter = self._drafter(draft_mode, draft_p_min)
+        return Generation(self.target_context, drafter, tokens, sampling, seed, draft_length(draft_max), max_tokens)
+
+    def _drafter(self, mode: str | None, p_min: float) -> Drafter | None:
+        mode = mode or ("model" if self.draft_context else "none")
+        if mode not in DRAFT_MODES:
+            raise SpecError(f"unknown draft mode {mode!r}; choose one of: {', '.join(DRAFT_MODES)}")
+        if not 0 <= p_min < 1:
+            raise SpecError(f"draft-p-min must be in [0, 1), got {p_min}")
+        if mode == "none":
+            return None
+        if mode == "ngram":
+            return NgramDrafter(self.target.n_vocab)
+        if self.draft_context is None:
+            raise SpecError(f"draft mode {mode!r} needs a draft model; give one, or use --draft-mode ngram")
+        model = ModelDrafter(self.draft_context, p_min)
+        return model if mode == "model" else HybridDrafter(NgramDrafter(self.target.n_vocab), model)
 
     def close(self) -> None:
         for context in self._contexts:

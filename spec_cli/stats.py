@@ -15,6 +15,8 @@ class Stats:
     """Live statistics; the engine updates them as it goes, so a UI can show them mid-generation."""
 
     draft_max: int
+    adaptive: bool = False
+    current_k: int = 0
     prompt_tokens: int = 0
     generated_tokens: int = 0
     rounds: int = 0
@@ -90,4 +92,6 @@ class Stats:
             "llama_s": self.llama_s,
             "overhead_s": self.overhead_s,
             "draft_max": self.draft_max,
+            "adaptive_k": self.adaptive,
+            "current_k": self.current_k,
         }

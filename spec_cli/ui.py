@@ -55,6 +55,8 @@ def summary_line(generation: Generation) -> str:
     if s.drafted:
         parts += [f"acceptance {s.acceptance_rate:.0%} ({s.accepted}/{s.drafted})",
                   f"mean accepted length {s.mean_accepted_length:.2f}"]
+        if s.adaptive:
+            parts.append(f"K auto, last {s.current_k}")
     else:
         parts.append("no draft")
     parts += [f"prompt {s.prompt_tokens} tokens in {s.prompt_s:.2f}s", f"finish: {generation.finish_reason}"]
@@ -152,7 +154,11 @@ class TerminalView:
         footer.append(f"{s.tokens_per_second:.1f} tok/s · {s.generated_tokens} tokens")
         if s.drafted:
             footer.append(f" · acceptance {s.acceptance_rate:.0%} ({s.accepted}/{s.drafted})"
-                          f" · mean accepted length {s.mean_accepted_length:.2f}  ")
+                          f" · mean accepted length {s.mean_accepted_length:.2f}")
+            if s.adaptive:
+                footer.append(f" · K {s.current_k} (auto)")
+            by_position = " ".join(f"{rate:.0%}" for rate in s.position_acceptance[:8])
+            footer.append(f" · by position {by_position}  ")
             footer.append("■ draft", style=DRAFT_STYLE or None)
             footer.append(" ■ target")
         return footer
@@ -174,25 +180,27 @@ def make_view(as_json: bool, quiet: bool) -> View:
     return PlainView(quiet)
 
 
-def show_comparison(alone: Side, speculative: Side) -> None:
-    """The benchmark's figures side by side, with the speed-up of speculative over target-only."""
+def show_comparison(sides: list[Side], task: str) -> None:
+    """The benchmark's figures side by side; speed-up is against the first side (the target alone)."""
     console = Console(highlight=False)
-    table = Table(title="Greedy decoding, median over runs")
-    for column in ("", "tok/s", "acceptance", "mean accepted length", "drafting", "outside llama.cpp"):
-        table.add_column(column, justify="right" if column else "left")
-    for side in (alone, speculative):
-        drafted = side.draft_max > 0
+    table = Table(title=f"Greedy decoding, {task} prompts, median over runs")
+    for column in ("", "tok/s", "speed-up", "acceptance", "mean accepted length", "drafting", "outside llama.cpp"):
+        table.add_column(column, justify="right" if column else "left", no_wrap=not column)
+    baseline = sides[0].tokens_per_second
+    for side in sides:
+        drafted = side.drafted > 0
         table.add_row(
             side.label,
             f"{side.tokens_per_second:.1f}",
+            f"{side.tokens_per_second / baseline:.2f}×" if baseline else "–",
             f"{side.acceptance_rate:.0%}" if drafted else "–",
             f"{side.mean_accepted_length:.2f}",
-            f"{side.draft_share:.0%}" if drafted else "–",
-            f"{side.overhead_share:.1%}",
+            f"{side.share('draft_s'):.0%}" if drafted else "–",
+            f"{side.share('overhead_s'):.1%}",
         )
     console.print(table)
-    ratio = speculative.tokens_per_second / alone.tokens_per_second if alone.tokens_per_second else 0.0
-    console.print(f"speed-up: [bold]{ratio:.2f}×[/] ({len(speculative.runs)} runs a side, interleaved)")
+    console.print(f"{len(sides[0].runs)} runs a configuration, interleaved; tokens/s counts decoding only",
+                  style="dim")
 
 
 @contextmanager

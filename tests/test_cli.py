@@ -138,11 +138,34 @@ def test_help_shows_examples() -> None:
     assert "Examples" in result.stdout and "spec run --temp 0.7" in result.stdout
 
 
-def test_bench_prints_both_sides_and_ratio(target_path: Path) -> None:
-    result = spec("bench", "--target", str(target_path), "--draft", str(target_path), "-n", "16", "-k", "3")
+def test_bench_prints_every_configuration_against_the_target_alone(target_path: Path) -> None:
+    result = spec("bench", "--target", str(target_path), "--draft", str(target_path), "-n", "16",
+                  "-k", "3,auto", "--modes", "model,ngram")
     assert result.exit_code == 0, result.output
-    assert "target alone" in result.stdout and "speculative" in result.stdout
-    assert "speed-up:" in result.stdout
+    for label in ("target alone", "model K=3", "model K=auto", "ngram K=3", "ngram K=auto"):
+        assert label in result.stdout
+    assert "1.00×" in result.stdout  # the target alone against itself
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--modes", "model,fast"], "unknown draft mode 'fast'"),
+    (["-k", "3,lots"], "--draft-max must be a number from 0 to 64 or 'auto', got 'lots'"),
+    (["--task", "poetry"], "unknown task 'poetry'"),
+])
+def test_bench_option_mistakes(target_path: Path, args: list[str], message: str) -> None:
+    user_error(spec("bench", "--target", str(target_path), "--draft", str(target_path), *args), message)
+
+
+def test_ngram_mode_runs_with_a_target_alone(target_path: Path) -> None:
+    result = spec("run", "--target", str(target_path), "--draft-mode", "ngram", "--raw", "-n", "40", "--json",
+                  "the cat")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["stats"]["drafted"] > 0
+
+
+def test_auto_k_in_json(pair_args: list[str]) -> None:
+    data = json.loads(spec("run", *pair_args, "-k", "auto", "-n", "20", "--json", "the cat").stdout)
+    assert data["stats"]["adaptive_k"] is True and data["stats"]["current_k"] >= 1
 
 
 def long_run(target_path: Path) -> list[str]:

@@ -10,7 +10,7 @@ from typing import Iterator
 import numpy as np
 import pytest
 
-from spec_cli import Generation, Pair, SamplingParams, load_pair
+from spec_cli import Generation, Pair, SamplingParams, SpecError, load_pair
 from spec_cli.llama import Context
 from spec_cli.sampling import probabilities
 from tiny_models import write_model
@@ -46,7 +46,7 @@ def other(target_path: Path, other_draft_path: Path) -> Iterator[Pair]:
 
 @pytest.fixture(scope="module")
 def reference(alone: Pair) -> Generation:
-    return finish(alone.generate(PROMPT, raw=True, max_tokens=48))
+    return finish(alone.generate(PROMPT, raw=True, max_tokens=48, draft_mode="none"))
 
 
 @pytest.mark.parametrize("k", [1, 2, 4, 8])
@@ -63,6 +63,47 @@ def test_greedy_with_unrelated_draft_equals_target_alone(other: Pair, reference:
     generation = finish(other.generate(PROMPT, raw=True, max_tokens=48, draft_max=k))
     assert generation.token_ids == reference.token_ids
     assert generation.stats.acceptance_rate < 0.5
+
+
+@pytest.mark.parametrize("drafter", ["same", "other"])
+@pytest.mark.parametrize("mode, k, p_min", [
+    ("ngram", 4, 0.0), ("hybrid", 4, 0.0), ("model", "auto", 0.0), ("hybrid", "auto", 0.0), ("model", 4, 0.5),
+])
+def test_greedy_in_every_mode_equals_target_alone(request: pytest.FixtureRequest, reference: Generation,
+                                                  drafter: str, mode: str, k: int | str, p_min: float) -> None:
+    pair: Pair = request.getfixturevalue(drafter)
+    generation = finish(pair.generate(PROMPT, raw=True, max_tokens=48, draft_max=k, draft_mode=mode,
+                                      draft_p_min=p_min))
+    assert generation.token_ids == reference.token_ids
+    assert generation.stats.drafted > 0
+
+
+def test_ngram_needs_no_draft_model(alone: Pair, reference: Generation) -> None:
+    generation = finish(alone.generate(PROMPT, raw=True, max_tokens=48, draft_max=6, draft_mode="ngram"))
+    assert generation.token_ids == reference.token_ids
+    assert generation.stats.accepted > 0  # the tiny model repeats itself, so lookups pay off
+
+
+def test_confidence_stop_drafts_fewer_tokens(other: Pair) -> None:
+    eager = finish(other.generate(PROMPT, raw=True, max_tokens=48, draft_max=4))
+    cautious = finish(other.generate(PROMPT, raw=True, max_tokens=48, draft_max=4, draft_p_min=0.6))
+    assert cautious.token_ids == eager.token_ids
+    assert cautious.stats.drafted < eager.stats.drafted
+
+
+def test_modes_needing_a_draft_model_say_so(alone: Pair) -> None:
+    with pytest.raises(SpecError, match="draft mode 'hybrid' needs a draft model"):
+        alone.generate(PROMPT, raw=True, draft_mode="hybrid")
+    with pytest.raises(SpecError, match="unknown draft mode 'fast'"):
+        alone.generate(PROMPT, raw=True, draft_mode="fast")
+    with pytest.raises(SpecError, match="draft-max must be a number >= 0 or 'auto'"):
+        alone.generate(PROMPT, raw=True, draft_max="many")
+
+
+def test_auto_k_reports_its_current_k(same: Pair) -> None:
+    generation = finish(same.generate(PROMPT, raw=True, max_tokens=60, draft_max="auto"))
+    assert generation.stats.adaptive and generation.stats.draft_max == 16
+    assert 1 <= generation.stats.current_k <= 16
 
 
 def test_reference_is_long_enough_to_mean_something(reference: Generation) -> None:
@@ -164,6 +205,7 @@ def test_kv_trim_after_rejection_matches_fresh_evaluation(target_path: Path, alo
 
 SAMPLED = SamplingParams(temperature=1.0, top_k=4)
 N_SAMPLES = 3000
+REPETITIVE = "the cat sat. the cat sat. the cat"  # so that n-gram lookup proposes tokens too
 
 
 def exact_pair_distribution(pair: Pair, prompt: list[int]) -> dict[tuple[int, int], float]:
@@ -211,24 +253,30 @@ def chi2_survival(x: float, dof: int) -> float:
     return max(0.0, 1.0 - math.exp(-z + a * math.log(z) - math.lgamma(a)) * total) if z > 0 else 1.0
 
 
-@pytest.mark.parametrize("drafter, k", [("alone", 0), ("same", 2), ("other", 2), ("other", 1)])
+@pytest.mark.parametrize("drafter, k, mode", [
+    ("alone", 0, "none"), ("same", 2, "model"), ("other", 2, "model"), ("other", 1, "model"),
+    ("alone", 2, "ngram"), ("other", 2, "hybrid"),
+])
 def test_sampled_first_two_tokens_follow_the_target(request: pytest.FixtureRequest, alone: Pair,
-                                                    drafter: str, k: int) -> None:
+                                                    drafter: str, k: int, mode: str) -> None:
     pair: Pair = request.getfixturevalue(drafter)
-    prompt = alone.prompt_tokens(PROMPT, raw=True)
+    prompt = alone.prompt_tokens(REPETITIVE, raw=True)
     expected = exact_pair_distribution(alone, prompt)
     observed: Counter = Counter()
+    drafted = 0
     for seed in range(N_SAMPLES):
         generation = finish(pair.generate(prompt, sampling=SAMPLED, seed=seed, max_tokens=max(k + 1, 2),
-                                          draft_max=k))
+                                          draft_max=k, draft_mode=mode))
         observed[tuple(generation.token_ids[:2])] += 1
+        drafted += generation.stats.drafted
     assert sum(observed.values()) == N_SAMPLES
+    assert (drafted > 0) == (k > 0)
     assert chi_square_p_value(observed, expected, N_SAMPLES) > SIGNIFICANCE
 
 
 def test_chi_square_detects_a_wrong_distribution(alone: Pair) -> None:
     """The test above can fail: samples from a different temperature are rejected."""
-    prompt = alone.prompt_tokens(PROMPT, raw=True)
+    prompt = alone.prompt_tokens(REPETITIVE, raw=True)
     expected = exact_pair_distribution(alone, prompt)
     wrong = SamplingParams(temperature=1.6, top_k=4)
     observed: Counter = Counter()

@@ -1,0 +1,105 @@
+"""How many tokens to draft next round: a fixed K, or K chosen from measured acceptance and costs.
+
+With per-token acceptance probability α, a round that drafts K tokens emits on average
+E[tokens](K) = (1 − α^(K+1)) / (1 − α) (Leviathan et al. 2023) and costs K·c_d + c_v(K), where c_d is a draft
+step and c_v(K) a target pass over K + 1 tokens. `AdaptiveK` estimates α and both costs as it goes and
+picks the K that maximises E[tokens](K) / (K·c_d + c_v(K)); until it has measured enough it follows the
+transformers heuristic (K + 2 after a fully accepted round, K − 1 otherwise), which also explores K.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+
+
+class DraftLength(Protocol):
+    k_max: int
+    """The most tokens a round may draft."""
+
+    def next_k(self) -> int:
+        """K for the next round (the engine still shrinks it to fit max_tokens and the context)."""
+
+    def update(self, drafted: int, accepted: int, draft_s: float, verify_s: float) -> None:
+        """Learn from a finished round: `accepted` of `drafted` kept; seconds spent drafting and verifying."""
+
+
+class FixedK:
+    def __init__(self, k: int) -> None:
+        self.k_max = k
+
+    def next_k(self) -> int:
+        return self.k_max
+
+    def update(self, drafted: int, accepted: int, draft_s: float, verify_s: float) -> None:
+        pass
+
+
+def expected_tokens(alpha: float, k: int) -> float:
+    """E[tokens per round] = (1 − α^(K+1)) / (1 − α): accepted drafts plus the target's own token."""
+    if alpha >= 1.0:
+        return k + 1.0
+    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+
+
+class AdaptiveK:
+    """Chooses K to maximise expected tokens per second from running estimates of α, c_d and c_v(K).
+
+    α̂ is the truncated-geometric estimate Σ accepted / (Σ accepted + rounds that ended in a rejection),
+    with older rounds decayed by `decay` so the estimate follows the text (code and prose differ).
+    c_v(K) is fitted as a + b·(K + 1) over the verify times seen so far, and never taken below half the
+    cheapest verify measured (a fit through few, noisy points can dip towards zero for small K).
+    """
+
+    def __init__(self, k_max: int, k_start: int = 4, warmup_rounds: int = 8, decay: float = 0.95) -> None:
+        self.k_max = k_max
+        self.k = min(k_start, k_max)
+        self.warmup_rounds = warmup_rounds
+        self.decay = decay
+        self.rounds = 0
+        self.accepted = 0.0
+        self.rejections = 0.0
+        self.draft_time = 0.0
+        self.drafted = 0.0
+        self.verify_samples: dict[int, tuple[float, int]] = {}
+
+    @property
+    def alpha(self) -> float:
+        total = self.accepted + self.rejections
+        return self.accepted / total if total else 0.5
+
+    def next_k(self) -> int:
+        return self.k
+
+    def update(self, drafted: int, accepted: int, draft_s: float, verify_s: float) -> None:
+        if drafted == 0:
+            return
+        self.rounds += 1
+        self.accepted = self.accepted * self.decay + accepted
+        self.rejections = self.rejections * self.decay + (1 if accepted < drafted else 0)
+        self.draft_time += draft_s
+        self.drafted += drafted
+        total, count = self.verify_samples.get(drafted, (0.0, 0))
+        self.verify_samples[drafted] = (total + verify_s, count + 1)
+        self.k = self._heuristic(drafted, accepted) if self.rounds < self.warmup_rounds else self._best_k()
+
+    def _heuristic(self, drafted: int, accepted: int) -> int:
+        return min(self.k_max, self.k + 2) if accepted == drafted else max(1, self.k - 1)
+
+    def verify_cost(self) -> tuple[float, float]:
+        """(a, b) of c_v(K) = a + b·(K + 1), least squares over the mean verify time of each K seen."""
+        ks = np.array([k + 1 for k in self.verify_samples], dtype=float)
+        means = np.array([total / count for total, count in self.verify_samples.values()])
+        if len(ks) < 2:
+            return float(means[0]), 0.0
+        b, a = np.polyfit(ks, means, 1)
+        return float(a), max(float(b), 0.0)
+
+    def _best_k(self) -> int:
+        a, b = self.verify_cost()
+        floor = 0.5 * min(total / count for total, count in self.verify_samples.values())
+        draft_step = self.draft_time / self.drafted
+        rates = [expected_tokens(self.alpha, k) / (k * draft_step + max(a + b * (k + 1), floor))
+                 for k in range(1, self.k_max + 1)]
+        return int(np.argmax(rates)) + 1
