@@ -16,6 +16,7 @@ import typer
 
 from spec_cli import __version__, models, registry, ui
 from spec_cli import bench as benchmark
+from spec_cli import chat as chat_module
 from spec_cli.derive import derive
 from spec_cli.errors import SpecError
 from spec_cli.llama import FTYPES, supports_gpu_offload
@@ -301,6 +302,62 @@ def _csv(text: str, parse: Callable[[str], T]) -> list[T]:
     if not items:
         raise SpecError(f"expected a comma-separated list, got {text!r}")
     return items
+
+
+CHAT_EXAMPLES = """\
+Examples:
+
+  spec chat
+
+  spec chat --system "You are a terse assistant." --temp 0.7
+
+  spec chat --pair qwen2.5-7b -k auto
+
+  printf 'Hi!\\nWhat is 2+2?\\n' | spec chat > answers.txt
+"""
+
+
+@app.command(epilog=CHAT_EXAMPLES)
+def chat(
+    target: TargetOpt = None,
+    draft: DraftOpt = None,
+    pair: PairOpt = None,
+    system: Annotated[Optional[str], typer.Option("--system", "-s", help="System message.", show_default=False)] = None,
+    chat_format: Annotated[Optional[str], typer.Option("--chat-format", help="Chat template when the model has none: chatml, or a Jinja template file.", show_default=False)] = None,
+    draft_max: DraftMaxOpt = None,
+    draft_mode: DraftModeOpt = None,
+    draft_p_min: DraftPMinOpt = 0.0,
+    temp: TempOpt = 0.0,
+    top_k: TopKOpt = 0,
+    top_p: TopPOpt = 1.0,
+    min_p: MinPOpt = 0.0,
+    seed: SeedOpt = None,
+    max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", min=1, help="Longest answer, in tokens.")] = 512,
+    ctx: CtxOpt = None,
+    threads: ThreadsOpt = None,
+    gpu_layers: GpuLayersOpt = None,
+    draft_gpu_layers: DraftGpuLayersOpt = None,
+    no_draft: NoDraftOpt = False,
+    quiet: QuietOpt = False,
+) -> None:
+    """Talk with a model in the terminal, with speculative decoding and per-answer statistics.
+
+    Each turn evaluates only its new tokens: both models keep the conversation in their caches. Type /help for commands. When stdin is not a terminal, each input line is one message and answers are written plainly.
+    """
+    with _user_errors():
+        mode = _draft_mode(draft_mode or "model")
+        k = None if draft_max is None else _draft_max(draft_max)
+        template = chat_module.chat_template(chat_format)
+        options = LoadOptions(target, draft, pair, no_draft, quiet, ctx, threads, gpu_layers, draft_gpu_layers,
+                              needs_draft=mode in ("model", "hybrid"))
+        with _open_pair(options) as loaded:
+            loaded.pair.target.format_chat([{"role": "user", "content": "hi"}], template=template)
+            settings = chat_module.Settings(
+                sampling=SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p),
+                draft_max=_given(k, loaded.draft_max), draft_mode=mode, draft_p_min=draft_p_min,
+                max_tokens=max_tokens, use_draft=not no_draft)
+            session = chat_module.ChatSession(loaded.pair, settings, system=system, seed=seed, template=template)
+            ui.chat_loop(session, interactive=sys.stdin.isatty(), quiet=quiet)
 
 
 @models_app.command("list")

@@ -148,7 +148,7 @@ class Generation:
 
         try:
             started = time.perf_counter()
-            target.prefill(seq[:-1])
+            stats.prompt_cached = target.prefill(seq[:-1])
             if drafter is not None:
                 drafter.prefill(seq[:-1])
             decode_start = time.perf_counter()

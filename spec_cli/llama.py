@@ -165,16 +165,17 @@ class Model:
         """The vocabulary entry of `token` as stored in the GGUF (not detokenized)."""
         return llama_cpp.llama_vocab_get_text(self._vocab, token) or b""
 
-    def tokenize(self, text: str) -> list[int]:
-        """Tokens for `text`, with BOS added when the model asks for it and special tokens parsed."""
+    def tokenize(self, text: str, add_special: bool = True) -> list[int]:
+        """Tokens for `text`, special tokens parsed; BOS is added when the model asks for it, unless
+        `add_special` is False (text that continues a conversation already under way)."""
         data = text.encode("utf-8")
         capacity = len(data) + 8
         buf = (llama_cpp.llama_token * capacity)()
-        n = llama_cpp.llama_tokenize(self._vocab, data, len(data), buf, capacity, True, True)
+        n = llama_cpp.llama_tokenize(self._vocab, data, len(data), buf, capacity, add_special, True)
         if n < 0:
             capacity = -n
             buf = (llama_cpp.llama_token * capacity)()
-            n = llama_cpp.llama_tokenize(self._vocab, data, len(data), buf, capacity, True, True)
+            n = llama_cpp.llama_tokenize(self._vocab, data, len(data), buf, capacity, add_special, True)
         return list(buf[:n])
 
     def piece(self, token: int) -> bytes:
@@ -205,19 +206,23 @@ class Model:
         raw = llama_cpp.llama_model_chat_template(self._handle, None)
         return raw.decode("utf-8") if raw else None
 
-    def format_chat(self, messages: Sequence[dict[str, str]]) -> str:
-        """Render `messages` with the model's own chat template, ready for `tokenize`.
+    def format_chat(self, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True,
+                    template: str | None = None) -> str:
+        """Render `messages` with `template` (a Jinja chat template), by default the model's own, ready
+        for `tokenize`.
 
         Templates usually write the BOS text themselves; it is removed here when the tokenizer adds BOS
         anyway, so the prompt never starts with two.
         """
-        template = self.chat_template()
+        template = template or self.chat_template()
         if template is None:
-            raise SpecError(f"{self.path.name} has no chat template in its GGUF metadata")
+            raise SpecError(f"{self.path.name} has no chat template in its GGUF metadata; give one with "
+                            f"--chat-format (chatml, or a Jinja file)")
         info = self.vocab_info()
         bos_text = self.token_text(info.bos).decode("utf-8", errors="replace") if info.bos >= 0 else ""
         eos_text = self.token_text(info.eos).decode("utf-8", errors="replace") if info.eos >= 0 else ""
-        formatter = Jinja2ChatFormatter(template=template, eos_token=eos_text, bos_token=bos_text)
+        formatter = Jinja2ChatFormatter(template=template, eos_token=eos_text, bos_token=bos_text,
+                                        add_generation_prompt=add_generation_prompt)
         try:
             prompt = formatter(messages=list(messages)).prompt
         except Exception as exc:  # a broken template is the model file's fault, not ours
@@ -289,8 +294,9 @@ class Context:
         self.busy_s += time.perf_counter() - started
         return rows
 
-    def prefill(self, tokens: Sequence[int]) -> None:
-        """Make the cache hold exactly `tokens`, keeping the longest prefix it already holds.
+    def prefill(self, tokens: Sequence[int]) -> int:
+        """Make the cache hold exactly `tokens`, keeping the longest prefix it already holds; return how
+        many tokens were reused.
 
         A new prompt that extends the last one (the next turn of a chat, the same system prompt) then
         costs only its new tokens.
@@ -302,6 +308,7 @@ class Context:
             keep += 1
         self.trim(keep)
         self.decode(tokens[keep:], 0)
+        return keep
 
     def _fill_batch(self, chunk: Sequence[int], first_output: int) -> None:
         batch = self._batch

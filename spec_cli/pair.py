@@ -29,13 +29,10 @@ DRAFT_MODES = ("model", "ngram", "hybrid", "none")
 AUTO_K_MAX = 16
 
 
-def draft_length(draft_max: int | str) -> DraftLength:
-    """K as given: a number of tokens, or "auto" for K chosen each round from acceptance and costs."""
-    if draft_max == "auto":
-        return AdaptiveK(k_max=AUTO_K_MAX)
+def check_draft_max(draft_max: object) -> int:
     if not isinstance(draft_max, int) or isinstance(draft_max, bool) or draft_max < 0:
         raise SpecError(f"draft-max must be a number >= 0 or 'auto', got {draft_max!r}")
-    return FixedK(draft_max)
+    return draft_max
 
 
 class Pair:
@@ -46,6 +43,9 @@ class Pair:
         self.draft = draft
         self._contexts: list[Context] = []
         self._models = [m for m in (target, draft) if m is not None]
+        # One K controller per draft mode, kept across generations: what it learns of this machine's
+        # costs and of the pair's acceptance carries over from one prompt (or chat turn) to the next.
+        self._adaptive: dict[str, AdaptiveK] = {}
         try:
             self.target_context = self._context(target, n_ctx, n_threads)
             self.draft_context = self._context(draft, n_ctx, n_threads) if draft else None
@@ -96,7 +96,13 @@ class Pair:
         if seed is None:
             seed = secrets.randbits(32)
         drafter = self._drafter(draft_mode, draft_p_min)
-        return Generation(self.target_context, drafter, tokens, sampling, seed, draft_length(draft_max), max_tokens)
+        return Generation(self.target_context, drafter, tokens, sampling, seed,
+                          self._draft_length(draft_max, draft_mode or ""), max_tokens)
+
+    def _draft_length(self, draft_max: int | str, mode: str) -> DraftLength:
+        if draft_max != "auto":
+            return FixedK(check_draft_max(draft_max))
+        return self._adaptive.setdefault(mode, AdaptiveK(k_max=AUTO_K_MAX))
 
     def _drafter(self, mode: str | None, p_min: float) -> Drafter | None:
         mode = mode or ("model" if self.draft_context else "none")

@@ -18,6 +18,7 @@ class Stats:
     adaptive: bool = False
     current_k: int = 0
     prompt_tokens: int = 0
+    prompt_cached: int = 0  # prompt tokens already in the target's cache, not evaluated again
     generated_tokens: int = 0
     rounds: int = 0
     drafted: int = 0
@@ -29,6 +30,16 @@ class Stats:
     draft_s: float = 0.0
     verify_s: float = 0.0
     llama_s: float = 0.0
+
+    def merge(self, other: Stats) -> None:
+        """Add another generation's counts and times to these (a chat session's totals)."""
+        for name in ("prompt_tokens", "prompt_cached", "generated_tokens", "rounds", "drafted", "accepted",
+                     "prompt_s", "decode_s", "draft_s", "verify_s", "llama_s"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        for mine, theirs in ((self.drafted_at, other.drafted_at), (self.accepted_at, other.accepted_at)):
+            mine.extend([0] * (len(theirs) - len(mine)))
+            for i, count in enumerate(theirs):
+                mine[i] += count
 
     def record_round(self, drafted: int, accepted: int) -> None:
         """Count one draft-and-verify round in which `accepted` of `drafted` tokens were kept."""
@@ -75,6 +86,7 @@ class Stats:
     def as_dict(self) -> dict[str, float | int | list[float]]:
         return {
             "prompt_tokens": self.prompt_tokens,
+            "prompt_cached": self.prompt_cached,
             "generated_tokens": self.generated_tokens,
             "rounds": self.rounds,
             "drafted": self.drafted,

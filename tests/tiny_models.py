@@ -22,8 +22,8 @@ N_CTX_TRAIN = 512
 UNKNOWN, CONTROL, NORMAL, BYTE = 2, 3, 1, 6
 
 CHAT_TEMPLATE = (
-    "{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
-    "{% if add_generation_prompt %}assistant:{% endif %}"
+    "{{ bos_token }}{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}</s>{% endfor %}"
+    "{% if add_generation_prompt %}[assistant] {% endif %}"
 )
 
 

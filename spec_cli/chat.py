@@ -1,0 +1,230 @@
+"""A conversation with a pair: history, the chat template, turns, slash commands. No terminal I/O here.
+
+Each turn is tokenized as an extension of the exact tokens already in the caches (the prompt and generated
+ids of earlier turns), so both models evaluate only the new text: the chat template renders the whole
+conversation, and the part after what was already evaluated is tokenized on its own. When a template
+rewrites earlier text (some trim whitespace), the whole conversation is tokenized instead and the caches
+keep their longest common prefix. When the conversation outgrows the context, the oldest turns are dropped
+(the system message stays).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Iterator
+
+from spec_cli.engine import Generation, TokenEvent
+from spec_cli.errors import SpecError
+from spec_cli.pair import Pair
+from spec_cli.sampling import SamplingParams
+from spec_cli.stats import Stats
+
+
+CHAT_FORMATS = {
+    "chatml": ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+               "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"),
+}
+
+
+def chat_template(chat_format: str | None) -> str | None:
+    """--chat-format as given: a known name, a Jinja template file, or None for the model's own."""
+    if chat_format is None:
+        return None
+    if chat_format in CHAT_FORMATS:
+        return CHAT_FORMATS[chat_format]
+    path = Path(chat_format).expanduser()
+    if not path.is_file():
+        raise SpecError(f"--chat-format {chat_format!r} is neither {', '.join(CHAT_FORMATS)} nor a template file")
+    return path.read_text(encoding="utf-8")
+
+
+@dataclass
+class Settings:
+    """What `/set` and `/draft` change between turns."""
+
+    sampling: SamplingParams
+    draft_max: int | str
+    draft_mode: str
+    draft_p_min: float
+    max_tokens: int
+    use_draft: bool = True
+
+
+@dataclass
+class Turn:
+    role: str
+    content: str
+    interrupted: bool = False
+
+
+@dataclass
+class ChatSession:
+    pair: Pair
+    settings: Settings
+    system: str | None = None
+    seed: int | None = None
+    template: str | None = None  # a Jinja chat template overriding the target's own
+    turns: list[Turn] = field(default_factory=list)
+    totals: Stats = field(default_factory=lambda: Stats(draft_max=0))
+    last: Generation | None = None
+    notices: list[str] = field(default_factory=list)
+    _tokens: list[int] = field(default_factory=list)
+    _text: str = ""
+    _rendered: str = ""
+
+    def messages(self, turns: list[Turn] | None = None) -> list[dict[str, str]]:
+        system = [{"role": "system", "content": self.system}] if self.system else []
+        return system + [{"role": t.role, "content": t.content} for t in (self.turns if turns is None else turns)]
+
+    def reply(self, text: str) -> Iterator[TokenEvent]:
+        """Answer a user message, streaming events; the answer joins the history even if cut short."""
+        if not text.strip():
+            raise SpecError("the message is empty")
+        s = self.settings
+        turns = self.turns
+        self.turns = turns + [Turn("user", text)]
+        try:
+            prompt = self._prompt_tokens()
+            generation = self.pair.generate(prompt, sampling=s.sampling, seed=self.seed, max_tokens=s.max_tokens,
+                                            draft_max=s.draft_max, draft_p_min=s.draft_p_min,
+                                            draft_mode=s.draft_mode if s.use_draft else "none")
+        except SpecError:
+            self.turns = turns
+            raise
+        self.last = generation
+        try:
+            yield from generation
+        finally:
+            self.turns.append(Turn("assistant", generation.text, interrupted=generation.finish_reason == "interrupted"))
+            self._tokens = prompt + generation.token_ids
+            self._text = self._rendered + generation.text
+            self.totals.merge(generation.stats)
+
+    def _prompt_tokens(self) -> list[int]:
+        """The conversation's tokens, extending the exact tokens of earlier turns where the template allows,
+        after dropping the oldest turns if it would not leave room to answer."""
+        model = self.pair.target
+        room = self.pair.n_ctx - min(self.settings.max_tokens, self.pair.n_ctx // 2)
+        dropped = 0
+        while True:
+            self._rendered = model.format_chat(self.messages(), template=self.template)
+            if self._text and self._rendered.startswith(self._text):
+                tokens = self._tokens + model.tokenize(self._rendered[len(self._text):], add_special=False)
+            else:
+                tokens = model.tokenize(self._rendered)
+            if len(tokens) <= room:
+                break
+            if len(self.turns) <= 1:
+                raise SpecError(f"the message is {len(tokens)} tokens; with room for the answer the context holds "
+                                f"{room} (raise --ctx or lower --max-tokens)")
+            self.turns = self.turns[2:] if self.turns[0].role == "user" else self.turns[1:]
+            self._tokens, self._text = [], ""
+            dropped += 1
+        if dropped:
+            self.notices.append(f"the conversation outgrew the {self.pair.n_ctx}-token context: "
+                                f"dropped the {dropped} oldest turn{'s' * (dropped > 1)}")
+        return tokens
+
+    def reset(self) -> None:
+        self.turns, self._tokens, self._text = [], [], ""
+
+    def set_system(self, text: str) -> None:
+        self.system = text or None
+        self._tokens, self._text = [], ""
+
+    def save(self, path: Path) -> None:
+        """The conversation as JSON (.json) or Markdown (anything else); interrupted answers are marked."""
+        if path.suffix.lower() == ".json":
+            turns = [{"role": t.role, "content": t.content, **({"interrupted": True} if t.interrupted else {})}
+                     for t in self.turns]
+            body = json.dumps({"system": self.system, "turns": turns}, indent=2, ensure_ascii=False) + "\n"
+        else:
+            parts = [f"**system:** {self.system}\n"] if self.system else []
+            parts += [f"**{t.role}:**{' _(interrupted)_' if t.interrupted else ''} {t.content}\n" for t in self.turns]
+            body = "\n".join(parts)
+        try:
+            path.write_text(body, encoding="utf-8")
+        except OSError as exc:
+            raise SpecError(f"cannot write {path}: {exc.strerror}") from exc
+
+
+COMMANDS = {
+    "/help": "this list",
+    "/stats": "totals for the session and acceptance by draft position",
+    "/reset": "forget the conversation (the system message stays)",
+    "/system TEXT": "set the system message (empty: none) and start over",
+    "/set NAME VALUE": "k (number or auto), temp, top-k, top-p, min-p, max-tokens, mode, p-min",
+    "/draft on|off": "speculate, or let the target answer alone, to compare",
+    "/save FILE": "write the conversation as JSON (.json) or Markdown",
+    "/exit": "leave (Ctrl-D too)",
+}
+
+
+class Exit(Exception):
+    """/exit was asked for."""
+
+
+def run_command(session: ChatSession, line: str) -> str | None:
+    """Carry out a slash command; return what to tell the user (None for /stats and /help, drawn by the UI)."""
+    name, _, argument = line.strip().partition(" ")
+    argument = argument.strip()
+    if name == "/exit":
+        raise Exit
+    if name in ("/help", "/stats"):
+        return None
+    if name == "/reset":
+        session.reset()
+        return "conversation cleared"
+    if name == "/system":
+        session.set_system(argument)
+        session.reset()
+        return f"system message {'set' if argument else 'removed'}; conversation cleared"
+    if name == "/draft":
+        if argument not in ("on", "off"):
+            raise SpecError("usage: /draft on|off")
+        if argument == "on" and session.pair.draft is None and session.settings.draft_mode != "ngram":
+            raise SpecError("no draft model is loaded (start spec chat with one, or /set mode ngram)")
+        session.settings.use_draft = argument == "on"
+        return f"drafting {argument}"
+    if name == "/set":
+        return _set(session.settings, argument)
+    if name == "/save":
+        if not argument:
+            raise SpecError("usage: /save FILE (.json or .md)")
+        session.save(Path(argument).expanduser())
+        return f"saved to {argument}"
+    raise SpecError(f"unknown command {name}; known: {', '.join(c.split()[0] for c in COMMANDS)}")
+
+
+def _set(settings: Settings, argument: str) -> str:
+    key, _, value = argument.partition(" ")
+    value = value.strip()
+    sampling_fields = {"temp": "temperature", "top-k": "top_k", "top-p": "top_p", "min-p": "min_p"}
+    try:
+        if key in sampling_fields:
+            field_name = sampling_fields[key]
+            number = int(value) if key == "top-k" else float(value)
+            settings.sampling = replace(settings.sampling, **{field_name: number})
+        elif key == "k":
+            if value != "auto" and not 0 <= int(value) <= 64:
+                raise ValueError
+            settings.draft_max = value if value == "auto" else int(value)
+        elif key == "max-tokens":
+            if int(value) < 1:
+                raise ValueError
+            settings.max_tokens = int(value)
+        elif key == "mode":
+            if value not in ("model", "ngram", "hybrid"):
+                raise SpecError("mode is one of: model, ngram, hybrid")
+            settings.draft_mode = value
+        elif key == "p-min":
+            if not 0 <= float(value) < 1:
+                raise ValueError
+            settings.draft_p_min = float(value)
+        else:
+            raise SpecError("usage: /set k|temp|top-k|top-p|min-p|max-tokens|mode|p-min VALUE")
+    except ValueError:
+        raise SpecError(f"bad value for {key}: {value!r}") from None
+    return f"{key} = {value}"

@@ -1,0 +1,202 @@
+"""`spec chat`: the session (KV reuse, history, overflow, commands) and the REPL through a pseudo-terminal."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Iterator
+
+import pexpect
+import pytest
+
+from spec_cli import Pair, SamplingParams, SpecError, load_pair
+from spec_cli.chat import ChatSession, Settings, run_command
+
+
+def settings(**changes: object) -> Settings:
+    base = dict(sampling=SamplingParams(), draft_max=4, draft_mode="model", draft_p_min=0.0, max_tokens=12)
+    base.update(changes)
+    return Settings(**base)
+
+
+def say(session: ChatSession, text: str) -> str:
+    for _ in session.reply(text):
+        pass
+    return session.turns[-1].content
+
+
+@pytest.fixture()
+def pair(chat_target_path: Path, other_draft_path: Path) -> Iterator[Pair]:
+    with load_pair(chat_target_path, other_draft_path) as loaded:
+        yield loaded
+
+
+def test_second_turn_evaluates_only_its_new_tokens(pair: Pair) -> None:
+    session = ChatSession(pair, settings(), system="be brief")
+    say(session, "hello")
+    first = session.last
+    say(session, "and again")
+    second = session.last.stats
+    # Everything the caches held after turn one (the prompt and the answer but its last token) is reused.
+    assert second.prompt_cached == first.stats.prompt_tokens + len(first.token_ids) - 1
+    new_text = "</s>[user] and again</s>[assistant] "  # what the template adds after the first answer
+    assert second.prompt_tokens - second.prompt_cached == len(pair.target.tokenize(new_text, add_special=False)) + 1
+    assert pair.draft_context.n_past >= second.prompt_cached  # the draft kept the conversation too
+
+
+def test_greedy_answers_equal_answers_without_drafting(pair: Pair) -> None:
+    speculative = ChatSession(pair, settings())
+    alone = ChatSession(pair, settings(use_draft=False))
+    for message in ("hello", "tell me more", "thanks"):
+        assert say(speculative, message) == say(alone, message)
+    assert speculative.totals.drafted > 0 and alone.totals.drafted == 0
+
+
+def test_overflow_drops_the_oldest_turns_and_keeps_the_system_message(chat_target_path: Path) -> None:
+    with load_pair(chat_target_path, chat_target_path, n_ctx=96) as small:
+        session = ChatSession(small, settings(max_tokens=16), system="sys")
+        for i in range(8):
+            say(session, f"message number {i}")
+        assert any("dropped the" in notice for notice in session.notices)
+        assert session.turns[0].content != "message number 0"
+        assert session.messages()[0] == {"role": "system", "content": "sys"}
+        assert session.last.stats.prompt_tokens + 16 <= 96
+
+
+def test_a_message_too_long_for_the_context_is_refused_and_history_kept(chat_target_path: Path) -> None:
+    with load_pair(chat_target_path, None, n_ctx=64) as small:
+        session = ChatSession(small, settings(max_tokens=8, use_draft=False))
+        say(session, "hi")
+        with pytest.raises(SpecError, match="raise --ctx or lower --max-tokens"):
+            say(session, "the cat and the dog " * 20)
+        assert [t.content for t in session.turns][0] == "hi" and len(session.turns) == 2
+
+
+def test_interrupted_answer_stays_marked(pair: Pair, tmp_path: Path) -> None:
+    session = ChatSession(pair, settings(max_tokens=40))
+    events = session.reply("hello")
+    next(events)
+    events.close()
+    assert session.turns[-1].role == "assistant" and session.turns[-1].interrupted
+    run_command(session, f"/save {tmp_path / 'c.json'}")
+    saved = json.loads((tmp_path / "c.json").read_text())
+    assert saved["turns"][-1]["interrupted"] is True
+    run_command(session, f"/save {tmp_path / 'c.md'}")
+    assert "_(interrupted)_" in (tmp_path / "c.md").read_text()
+    say(session, "go on")  # the next turn still works on consistent caches
+    assert len(session.turns) == 4
+
+
+def test_slash_commands_change_settings(pair: Pair) -> None:
+    session = ChatSession(pair, settings())
+    assert run_command(session, "/set temp 0.7") == "temp = 0.7"
+    assert session.settings.sampling.temperature == 0.7
+    run_command(session, "/set k auto")
+    assert session.settings.draft_max == "auto"
+    run_command(session, "/set top-k 5")
+    assert session.settings.sampling.top_k == 5
+    run_command(session, "/draft off")
+    assert session.settings.use_draft is False
+    say(session, "hi")
+    run_command(session, "/system pirate")
+    assert session.system == "pirate" and session.turns == []
+    say(session, "hi")
+    run_command(session, "/reset")
+    assert session.turns == [] and session.system == "pirate"
+
+
+@pytest.mark.parametrize("line, message", [
+    ("/set temp hot", "bad value for temp: 'hot'"),
+    ("/set k -3", "bad value for k"),
+    ("/set colour red", "usage: /set"),
+    ("/draft maybe", "usage: /draft on|off"),
+    ("/save", "usage: /save FILE"),
+    ("/frobnicate", "unknown command /frobnicate; known: /help, /stats, /reset, /system, /set, /draft, /save, /exit"),
+])
+def test_slash_command_mistakes(pair: Pair, line: str, message: str) -> None:
+    with pytest.raises(SpecError, match=message.replace("(", r"\(").replace("|", r"\|")):
+        run_command(ChatSession(pair, settings()), line)
+
+
+# --- the REPL ------------------------------------------------------------------------------------------
+
+
+def chat_command(model: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "spec_cli", "chat", "--target", str(model), "--draft", str(model), *extra]
+
+
+def spawn(model: Path, *extra: str) -> pexpect.spawn:
+    command = chat_command(model, *extra)
+    child = pexpect.spawn(command[0], command[1:], encoding="utf-8", timeout=60, dimensions=(40, 200),
+                          env={"NO_COLOR": "1", "PATH": "/usr/bin:/bin", "HOME": str(model.parent)})
+    child.expect("/help for commands")
+    return child
+
+
+def test_repl_streams_answers_with_a_summary_and_commands(chat_target_path: Path) -> None:
+    child = spawn(chat_target_path, "-n", "12")
+    child.sendline("hello")
+    child.expect(r"12 tokens · [\d.]+ tok/s · acceptance \d+% · mean accepted length [\d.]+")
+    child.sendline("/stats")
+    child.expect("session statistics")
+    child.expect("by draft position")
+    child.sendline("/nope")
+    child.expect("unknown command /nope; known: /help")
+    child.sendline("/exit")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+
+
+def test_repl_ctrl_c_cancels_the_answer_and_returns_to_the_prompt(chat_target_path: Path, tmp_path: Path) -> None:
+    child = spawn(chat_target_path, "-n", "20000", "--ctx", "30000")
+    child.sendline("hello")
+    child.expect(".{40}")  # the answer is streaming
+    child.sendintr()
+    child.expect("answer interrupted")
+    child.expect(">>> ")
+    child.sendline(f"/save {tmp_path / 'conversation.json'}")
+    child.expect("saved to")
+    child.sendeof()
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+    turns = json.loads((tmp_path / "conversation.json").read_text())["turns"]
+    assert turns[0] == {"role": "user", "content": "hello"} and turns[1]["interrupted"] is True
+
+
+def test_repl_joins_continued_lines_into_one_message(chat_target_path: Path, tmp_path: Path) -> None:
+    child = spawn(chat_target_path, "-n", "4")
+    child.sendline("first line\\")
+    child.expect(r"\.\.\. ")
+    child.sendline("second line")
+    child.expect("4 tokens")
+    child.sendline(f"/save {tmp_path / 'c.json'}")
+    child.expect("saved to")
+    child.sendline("/exit")
+    child.expect(pexpect.EOF)
+    turns = json.loads((tmp_path / "c.json").read_text())["turns"]
+    assert turns[0]["content"] == "first line\nsecond line" and len(turns) == 2
+
+
+def test_piped_chat_answers_each_line_plainly(chat_target_path: Path) -> None:
+    completed = subprocess.run(chat_command(chat_target_path, "-n", "6", "--temp", "0"), input="hello\nhow are you\n",
+                               capture_output=True, text=True, timeout=120)
+    assert completed.returncode == 0, completed.stderr
+    answers = completed.stdout.split("\n")
+    assert len(answers) == 3 and answers[2] == ""
+    assert "\x1b" not in completed.stdout
+    with load_pair(chat_target_path, None) as alone:
+        session = ChatSession(alone, settings(max_tokens=6, use_draft=False))
+        assert [say(session, "hello"), say(session, "how are you")] == answers[:2]
+
+
+def test_model_without_template_needs_a_chat_format(target_path: Path) -> None:
+    completed = subprocess.run(chat_command(target_path), input="hi\n", capture_output=True, text=True, timeout=60)
+    assert completed.returncode == 1
+    assert "has no chat template in its GGUF metadata; give one with --chat-format" in completed.stderr
+    with_format = subprocess.run(chat_command(target_path, "--chat-format", "chatml", "-n", "3"), input="hi\n",
+                                 capture_output=True, text=True, timeout=60)
+    assert with_format.returncode == 0, with_format.stderr
