@@ -40,7 +40,7 @@ app = typer.Typer(
 TargetOpt = Annotated[Optional[Path], typer.Option("--target", "-t", help="Target GGUF file (the model you want output from).", show_default=False)]
 DraftOpt = Annotated[Optional[Path], typer.Option("--draft", "-d", help="Draft GGUF file (small, same vocabulary as the target).", show_default=False)]
 PairOpt = Annotated[Optional[str], typer.Option("--pair", "-p", help="A named pair from models.toml (default: the registry's default pair).", show_default=False)]
-DraftMaxOpt = Annotated[Optional[str], typer.Option("--draft-max", "-k", help="Draft tokens per round, K: 0-64, or auto to choose K from measured acceptance and costs (default: the pair's, else 4).", show_default=False)]
+DraftMaxOpt = Annotated[Optional[str], typer.Option("--draft-max", "-k", help="Draft tokens per round, K: 0-64, or auto to choose K each round from measured acceptance and costs.")]
 DraftModeOpt = Annotated[Optional[str], typer.Option("--draft-mode", help="How drafts are made: model (the draft model), ngram (prompt lookup, no draft model needed), hybrid (n-gram first, then the model) (default: model).", show_default=False)]
 DraftPMinOpt = Annotated[float, typer.Option("--draft-p-min", min=0.0, max=0.99, help="Confidence stop: the draft model stops a round when its top probability falls below this (0: off).")]
 TempOpt = Annotated[float, typer.Option("--temp", min=0.0, help="Temperature; 0 is greedy (output identical to the target alone).")]
@@ -208,7 +208,7 @@ def run(
     target: TargetOpt = None,
     draft: DraftOpt = None,
     pair: PairOpt = None,
-    draft_max: DraftMaxOpt = None,
+    draft_max: DraftMaxOpt = "auto",
     draft_mode: DraftModeOpt = None,
     draft_p_min: DraftPMinOpt = 0.0,
     temp: TempOpt = 0.0,
@@ -234,7 +234,7 @@ def run(
         text = _read_prompt(prompt)
         sampling = SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p)
         mode = "none" if no_draft else _draft_mode(draft_mode or "model")
-        k = None if draft_max is None else _draft_max(draft_max)
+        k = _draft_max(draft_max)
         options = LoadOptions(target, draft, pair, no_draft, quiet, ctx, threads, gpu_layers, draft_gpu_layers,
                               needs_draft=mode in ("model", "hybrid"))
         with _open_pair(options) as loaded:
@@ -243,7 +243,7 @@ def run(
                     ui.note(f"{loaded.pair.target.path.name} has no chat template; sending the prompt as raw text")
                 raw = True
             generation = loaded.pair.generate(text, sampling=sampling, seed=seed, max_tokens=max_tokens, raw=raw,
-                                              draft_max=_given(k, loaded.draft_max), draft_mode=mode,
+                                              draft_max=k, draft_mode=mode,
                                               draft_p_min=draft_p_min)
             _stream(generation, ui.make_view(as_json, quiet))
 
@@ -267,7 +267,7 @@ def bench(
     draft: DraftOpt = None,
     pair: PairOpt = None,
     modes: Annotated[str, typer.Option("--modes", help="Draft modes to compare, comma-separated: model, ngram, hybrid.")] = "model",
-    ks: Annotated[Optional[str], typer.Option("--k", "-k", help="Draft lengths to compare, comma-separated numbers or auto (default: the pair's K).", show_default=False)] = None,
+    ks: Annotated[Optional[str], typer.Option("--k", "-k", help="Draft lengths to compare, comma-separated numbers or auto (default: the pair's recommended K, and auto).", show_default=False)] = None,
     task: Annotated[str, typer.Option("--task", help=f"Built-in prompt set: {', '.join(benchmark.TASKS)}.")] = "chat",
     max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", min=1, help="Tokens generated per run.")] = 128,
     repeat: Annotated[int, typer.Option("--repeat", "-r", min=1, help="Runs of each prompt in each configuration.")] = 1,
@@ -288,7 +288,7 @@ def bench(
         options = LoadOptions(target, draft, pair, False, False, ctx, threads, gpu_layers, draft_gpu_layers,
                               needs_draft=needs_model)
         with _open_pair(options) as loaded:
-            k_list = _csv(ks, parse=_draft_max) if ks else [loaded.draft_max]
+            k_list = _csv(ks, parse=_draft_max) if ks else [loaded.draft_max, "auto"]
             configs = [benchmark.TARGET_ALONE] + [benchmark.Config(m, k) for m in mode_list for k in k_list]
             prompts = benchmark.TASKS[task]
             with ui.progress(len(configs) * repeat * len(prompts)) as advance:
@@ -324,7 +324,7 @@ def chat(
     pair: PairOpt = None,
     system: Annotated[Optional[str], typer.Option("--system", "-s", help="System message.", show_default=False)] = None,
     chat_format: Annotated[Optional[str], typer.Option("--chat-format", help="Chat template when the model has none: chatml, or a Jinja template file.", show_default=False)] = None,
-    draft_max: DraftMaxOpt = None,
+    draft_max: DraftMaxOpt = "auto",
     draft_mode: DraftModeOpt = None,
     draft_p_min: DraftPMinOpt = 0.0,
     temp: TempOpt = 0.0,
@@ -346,7 +346,7 @@ def chat(
     """
     with _user_errors():
         mode = _draft_mode(draft_mode or "model")
-        k = None if draft_max is None else _draft_max(draft_max)
+        k = _draft_max(draft_max)
         template = chat_module.chat_template(chat_format)
         options = LoadOptions(target, draft, pair, no_draft, quiet, ctx, threads, gpu_layers, draft_gpu_layers,
                               needs_draft=mode in ("model", "hybrid"))
@@ -354,7 +354,7 @@ def chat(
             loaded.pair.target.format_chat([{"role": "user", "content": "hi"}], template=template)
             settings = chat_module.Settings(
                 sampling=SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p),
-                draft_max=_given(k, loaded.draft_max), draft_mode=mode, draft_p_min=draft_p_min,
+                draft_max=k, draft_mode=mode, draft_p_min=draft_p_min,
                 max_tokens=max_tokens, use_draft=not no_draft)
             session = chat_module.ChatSession(loaded.pair, settings, system=system, seed=seed, template=template)
             ui.chat_loop(session, interactive=sys.stdin.isatty(), quiet=quiet)
