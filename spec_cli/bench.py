@@ -4,23 +4,27 @@ Runs rotate through the configurations (target alone, then each drafting setup) 
 in machine load hits all of them alike; figures are medians over runs. Every configuration uses the same
 loaded models and the same code path (draft mode "none" is target-only decoding), so the ratios measure
 speculation and nothing else.
+
+Next to each measured speed-up stands the one the theory predicts from the measured acceptance α and the
+machine's costs (Leviathan et al. 2023): a round drafting K tokens yields E = (1 − α^(K+1)) / (1 − α) tokens
+for K·c_draft + c_verify(K) seconds, against c_verify(0) per token for the target alone.
 """
 
 from __future__ import annotations
 
+import json
 import statistics
+import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable, Sequence
 
+from spec_cli.draft_length import expected_tokens
+from spec_cli.errors import SpecError
+from spec_cli.llama import Context
 from spec_cli.pair import Pair
+from spec_cli.sampling import SamplingParams
 from spec_cli.stats import Stats
-
-CHAT_PROMPTS = (
-    "Explain speculative decoding in one paragraph.",
-    "Write a Python function that checks whether a string is a palindrome.",
-    "List five tips for staying focused while working from home.",
-    "Summarise the plot of Romeo and Juliet in a few sentences.",
-)
 
 _CODE = '''def summarize(orders):
     total = 0
@@ -35,14 +39,59 @@ _CODE = '''def summarize(orders):
     return total, average
 '''
 
-# Input-grounded tasks: the answer repeats most of the prompt, which is where n-gram lookup shines.
-REWRITE_PROMPTS = (
-    f"Rename the variable `total` to `revenue` in this code. Reply with the full code only.\n\n{_CODE}",
-    f"Rename the function `summarize` to `report` in this code. Reply with the full code only.\n\n{_CODE}",
-    f"Add a docstring to this function. Reply with the full code only.\n\n{_CODE}",
+_ARTICLE = (
+    "The city council voted on Tuesday to convert the old railway depot into a public library and community "
+    "workshop. The project, estimated at 12 million euros, will be funded partly by a regional grant and partly "
+    "by a bond issue. Construction is expected to begin next spring and last about two years. Critics argued "
+    "that the money would be better spent on road repairs, while supporters pointed to the depot's historical "
+    "value and the lack of study space for students in the district."
 )
 
-TASKS = {"chat": CHAT_PROMPTS, "rewrite": REWRITE_PROMPTS}
+# Built-in prompts by kind. "mixed", the default, takes some of each so results are not cherry-picked:
+# chat and code accept many drafts, summaries of a given text copy from it, free writing accepts the fewest.
+PROMPTS = {
+    "chat": ("Explain speculative decoding in one paragraph.",
+             "List five tips for staying focused while working from home."),
+    "code": ("Write a Python function that checks whether a string is a palindrome.",
+             "Write a SQL query that returns the ten customers with the highest total order value."),
+    "summary": (f"Summarise this article in three sentences.\n\n{_ARTICLE}",),
+    "creative": ("Write a surreal short poem about a lighthouse that collects lost umbrellas.",),
+    "rewrite": (f"Rename the variable `total` to `revenue` in this code. Reply with the full code only.\n\n{_CODE}",
+                f"Rename the function `summarize` to `report` in this code. Reply with the full code only.\n\n{_CODE}",
+                f"Add a docstring to this function. Reply with the full code only.\n\n{_CODE}"),
+}
+TASKS = ("mixed", *PROMPTS)
+
+
+def builtin_prompts(task: str) -> list[str]:
+    if task == "mixed":
+        return [p for kind in ("chat", "code", "summary", "creative") for p in PROMPTS[kind]]
+    if task not in PROMPTS:
+        raise SpecError(f"unknown task {task!r}; choose one of: {', '.join(TASKS)}")
+    return list(PROMPTS[task])
+
+
+def load_prompts(path: Path) -> list[str]:
+    """The user's prompts: one per line, or JSON Lines with a "prompt" field (or a JSON string) per line."""
+    try:
+        lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecError(f"cannot read prompts from {path}: {exc}") from exc
+    if not lines:
+        raise SpecError(f"{path} has no prompts")
+    if not lines[0].lstrip().startswith(("{", '"')):
+        return lines
+    prompts = []
+    for number, line in enumerate(lines, start=1):
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise SpecError(f"{path}, line {number}: not JSON ({exc.msg})") from exc
+        prompt = item.get("prompt") if isinstance(item, dict) else item
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise SpecError(f"{path}, line {number}: expected a \"prompt\" string")
+        prompts.append(prompt)
+    return prompts
 
 
 @dataclass(frozen=True)
@@ -62,7 +111,7 @@ TARGET_ALONE = Config("none", 0)
 
 @dataclass
 class Side:
-    """The runs of one configuration."""
+    """The runs of one configuration, and the figures derived from them."""
 
     config: Config
     runs: list[Stats] = field(default_factory=list)
@@ -72,40 +121,175 @@ class Side:
         return self.config.label
 
     @property
+    def rates(self) -> list[float]:
+        return [s.tokens_per_second for s in self.runs]
+
+    @property
     def tokens_per_second(self) -> float:
-        return statistics.median(s.tokens_per_second for s in self.runs)
+        return statistics.median(self.rates)
+
+    @property
+    def totals(self) -> Stats:
+        total = Stats(draft_max=0)
+        for run in self.runs:
+            total.merge(run)
+        return total
 
     @property
     def drafted(self) -> int:
-        return sum(s.drafted for s in self.runs)
+        return self.totals.drafted
 
     @property
     def acceptance_rate(self) -> float:
-        return sum(s.accepted for s in self.runs) / self.drafted if self.drafted else 0.0
+        return self.totals.acceptance_rate
 
     @property
     def mean_accepted_length(self) -> float:
-        rounds = sum(s.rounds for s in self.runs)
-        return 1 + sum(s.accepted for s in self.runs) / rounds if rounds else 0.0
+        return self.totals.mean_accepted_length
+
+    @property
+    def alpha(self) -> float:
+        """Per-token acceptance α̂ = accepted / (accepted + rounds that ended in a rejection)."""
+        t = self.totals
+        denominator = t.accepted + t.rejected_rounds
+        return t.accepted / denominator if denominator else 0.0
 
     def share(self, part: str) -> float:
         """Fraction of decode time spent in `part`: "draft_s", "verify_s" or "overhead_s" (outside llama.cpp)."""
-        decode = sum(s.decode_s for s in self.runs)
-        return sum(getattr(s, part) for s in self.runs) / decode if decode else 0.0
+        t = self.totals
+        return getattr(t, part) / t.decode_s if t.decode_s else 0.0
 
 
-def compare(pair: Pair, configs: Sequence[Config], prompts: Sequence[str] = CHAT_PROMPTS,
-            max_tokens: int = 128, repeat: int = 1, raw: bool = False,
+@dataclass
+class Costs:
+    """This machine's two costs: one draft step, and one target pass over K + 1 tokens for each K."""
+
+    draft_step_s: float | None
+    verify_s: dict[int, float]
+
+    def predicted_speedup(self, alpha: float, k: int) -> float | None:
+        """E[tokens per round] · c_verify(0) / (K · c_draft + c_verify(K))."""
+        if self.draft_step_s is None or k not in self.verify_s or 0 not in self.verify_s:
+            return None
+        return expected_tokens(alpha, k) * self.verify_s[0] / (k * self.draft_step_s + self.verify_s[k])
+
+
+def measure_costs(pair: Pair, prompt: Sequence[int], ks: Sequence[int], repeats: int = 5) -> Costs:
+    """Median times of a draft step and of a target pass over K + 1 tokens, measured after `prompt`.
+
+    Draft steps and verify passes alternate as they do in real rounds, so the measurement includes what
+    switching between the two models costs (caches, thread pools).
+    """
+    target, draft = pair.target_context, pair.draft_context
+    for context in filter(None, (target, draft)):
+        context.prefill(prompt)
+
+    def timed(context: Context, n_tokens: int) -> float:
+        started = time.perf_counter()
+        context.decode([prompt[-1]] * n_tokens, n_tokens)
+        elapsed = time.perf_counter() - started
+        context.trim(len(prompt))
+        return elapsed
+
+    draft_steps: list[float] = []
+    verify: dict[int, float] = {}
+    for k in sorted({0, *ks}):
+        passes = []
+        for _ in range(repeats):
+            if draft is not None:
+                draft_steps.append(timed(draft, 1))
+            passes.append(timed(target, k + 1))
+        verify[k] = statistics.median(passes)
+    return Costs(statistics.median(draft_steps) if draft_steps else None, verify)
+
+
+def compare(pair: Pair, configs: Sequence[Config], prompts: Sequence[str], max_tokens: int = 128,
+            repeat: int = 1, raw: bool = False, sampling: SamplingParams = SamplingParams(),
             progress: Callable[[str], None] = lambda _label: None) -> list[Side]:
-    """Greedy runs of every prompt under every configuration, rotating through them; one Side each."""
+    """Runs of every prompt under every configuration, rotating through the configurations; one Side each.
+
+    Each run of a prompt uses the same seed in every configuration, so sampled runs compare like with like.
+    """
     sides = [Side(config) for config in configs]
-    for _ in range(repeat):
-        for prompt in prompts:
+    for round_number in range(repeat):
+        for prompt_number, prompt in enumerate(prompts):
             for side in sides:
                 progress(side.label)
-                generation = pair.generate(prompt, draft_mode=side.config.draft_mode, raw=raw, seed=0,
+                generation = pair.generate(prompt, draft_mode=side.config.draft_mode, raw=raw,
+                                           seed=round_number * len(prompts) + prompt_number, sampling=sampling,
                                            draft_max=side.config.draft_max, max_tokens=max_tokens)
                 for _event in generation:
                     pass
                 side.runs.append(generation.stats)
     return sides
+
+
+def report(sides: Sequence[Side], costs: Costs, settings: dict[str, object]) -> dict[str, object]:
+    """Everything the benchmark measured, as one JSON-ready object."""
+    baseline = sides[0].tokens_per_second
+    configs = []
+    for side in sides:
+        k = side.config.draft_max
+        predicted = costs.predicted_speedup(side.alpha, k) if side.config.draft_mode == "model" \
+            and isinstance(k, int) else None
+        configs.append({
+            "label": side.label,
+            "draft_mode": side.config.draft_mode,
+            "draft_max": k,
+            "tokens_per_second": {"median": side.tokens_per_second, "min": min(side.rates),
+                                  "max": max(side.rates)},
+            "speedup": side.tokens_per_second / baseline if baseline else None,
+            "predicted_speedup": predicted,
+            "acceptance_rate": side.acceptance_rate,
+            "alpha": side.alpha,
+            "mean_accepted_length": side.mean_accepted_length,
+            "position_acceptance": side.totals.position_acceptance,
+            "time_share": {"draft": side.share("draft_s"), "verify": side.share("verify_s"),
+                           "outside_llama_cpp": side.share("overhead_s")},
+            "runs": [run.as_dict() for run in side.runs],
+        })
+    return {
+        "settings": settings,
+        "costs": {"draft_step_s": costs.draft_step_s,
+                  "verify_s": {str(k): seconds for k, seconds in costs.verify_s.items()}},
+        "configs": configs,
+    }
+
+
+def plot(result: dict[str, object], path: Path) -> None:
+    """tokens/s and acceptance against K, one line per draft mode, the target alone as a reference line."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:
+        raise SpecError("--plot needs matplotlib: pip install 'spec-cli[plot]'") from exc
+    configs = result["configs"]
+    figure, (speed, acceptance) = plt.subplots(1, 2, figsize=(11, 4.2))
+    alone = next((c for c in configs if c["draft_mode"] == "none"), None)
+    if alone is not None:
+        speed.axhline(alone["tokens_per_second"]["median"], color="grey", linestyle="--", label="target alone")
+    for mode in dict.fromkeys(c["draft_mode"] for c in configs if c["draft_mode"] != "none"):
+        fixed = sorted((c for c in configs if c["draft_mode"] == mode and isinstance(c["draft_max"], int)),
+                       key=lambda c: c["draft_max"])
+        line = speed.plot([c["draft_max"] for c in fixed], [c["tokens_per_second"]["median"] for c in fixed],
+                          marker="o", label=mode)[0]
+        acceptance.plot([c["draft_max"] for c in fixed], [c["acceptance_rate"] for c in fixed], marker="o",
+                        label=mode, color=line.get_color())
+        for auto in (c for c in configs if c["draft_mode"] == mode and c["draft_max"] == "auto"):
+            speed.axhline(auto["tokens_per_second"]["median"], color=line.get_color(), linestyle=":",
+                          label=f"{mode} K=auto")
+    speed.set(xlabel="K (draft tokens per round)", ylabel="tokens/s (median)", title="Decoding speed")
+    acceptance.set(xlabel="K (draft tokens per round)", ylabel="acceptance rate", ylim=(0, 1.05),
+                   title="Acceptance")
+    for axes in (speed, acceptance):
+        axes.grid(alpha=0.3)
+        axes.legend(fontsize=8)
+    figure.tight_layout()
+    try:
+        figure.savefig(path, format="png", dpi=110)
+    except OSError as exc:
+        raise SpecError(f"cannot write {path}: {exc.strerror}") from exc
+    finally:
+        plt.close(figure)

@@ -5,6 +5,7 @@ Library errors (`SpecError`) become one line on stderr and exit status 1, in one
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from contextlib import contextmanager
@@ -253,11 +254,11 @@ Examples:
 
   spec bench
 
-  spec bench --k 3,5,8,auto --repeat 3
+  spec bench -k 1,2,4,8,auto --repeat 3 --plot k-sweep.png
 
   spec bench --task rewrite --modes model,ngram,hybrid
 
-  spec bench --target big.gguf --draft small.gguf -n 256
+  spec bench --target big.gguf --draft small.gguf --prompts my-prompts.jsonl --json results.json
 """
 
 
@@ -266,11 +267,15 @@ def bench(
     target: TargetOpt = None,
     draft: DraftOpt = None,
     pair: PairOpt = None,
-    modes: Annotated[str, typer.Option("--modes", help="Draft modes to compare, comma-separated: model, ngram, hybrid.")] = "model",
+    prompts_file: Annotated[Optional[Path], typer.Option("--prompts", help="Your prompts: one per line, or JSON Lines with a \"prompt\" field.", show_default=False)] = None,
+    task: Annotated[str, typer.Option("--task", help=f"Built-in prompts when --prompts is not given: {', '.join(benchmark.TASKS)}.")] = "mixed",
     ks: Annotated[Optional[str], typer.Option("--k", "-k", help="Draft lengths to compare, comma-separated numbers or auto (default: the pair's recommended K, and auto).", show_default=False)] = None,
-    task: Annotated[str, typer.Option("--task", help=f"Built-in prompt set: {', '.join(benchmark.TASKS)}.")] = "chat",
+    modes: Annotated[str, typer.Option("--modes", help="Draft modes to compare, comma-separated: model, ngram, hybrid.")] = "model",
     max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", min=1, help="Tokens generated per run.")] = 128,
     repeat: Annotated[int, typer.Option("--repeat", "-r", min=1, help="Runs of each prompt in each configuration.")] = 1,
+    temp: TempOpt = 0.0,
+    json_file: Annotated[Optional[Path], typer.Option("--json", help="Also write every figure (and each run's statistics) to this JSON file.", show_default=False)] = None,
+    plot_file: Annotated[Optional[Path], typer.Option("--plot", help="Write a PNG of tokens/s and acceptance against K (needs matplotlib: pip install 'spec-cli[plot]').", show_default=False)] = None,
     ctx: CtxOpt = None,
     threads: ThreadsOpt = None,
     gpu_layers: GpuLayersOpt = None,
@@ -278,23 +283,48 @@ def bench(
 ) -> None:
     """Measure speculative configurations against the target alone on the same pair, interleaved.
 
-    Greedy; tokens/s counts decoding only (prompt processing excluded); speed-up is against the target alone in the same run.
+    Reports median and min-max tokens/s (decoding only), speed-up against the target alone in the same run, the speed-up the theory predicts from the measured acceptance and this machine's draft and verify costs, acceptance by draft position, and where the time goes.
     """
     with _user_errors():
         mode_list = _csv(modes, parse=_draft_mode)
-        if task not in benchmark.TASKS:
-            raise SpecError(f"unknown task {task!r}; choose one of: {', '.join(benchmark.TASKS)}")
+        prompts = benchmark.load_prompts(prompts_file) if prompts_file else benchmark.builtin_prompts(task)
+        sampling = SamplingParams(temperature=temp)
         needs_model = any(mode != "ngram" for mode in mode_list)
         options = LoadOptions(target, draft, pair, False, False, ctx, threads, gpu_layers, draft_gpu_layers,
                               needs_draft=needs_model)
         with _open_pair(options) as loaded:
             k_list = _csv(ks, parse=_draft_max) if ks else [loaded.draft_max, "auto"]
             configs = [benchmark.TARGET_ALONE] + [benchmark.Config(m, k) for m in mode_list for k in k_list]
-            prompts = benchmark.TASKS[task]
+            raw = not loaded.pair.has_chat_template
             with ui.progress(len(configs) * repeat * len(prompts)) as advance:
+                costs = benchmark.measure_costs(loaded.pair, loaded.pair.prompt_tokens(prompts[0], raw),
+                                                [k for k in k_list if isinstance(k, int)])
                 sides = benchmark.compare(loaded.pair, configs, prompts, max_tokens=max_tokens, repeat=repeat,
-                                          raw=not loaded.pair.has_chat_template, progress=advance)
-            ui.show_comparison(sides, task)
+                                          raw=raw, sampling=sampling, progress=advance)
+            settings = {"target": str(loaded.pair.target.path),
+                        "draft": str(loaded.pair.draft.path) if loaded.pair.draft else None,
+                        "prompts": len(prompts), "task": None if prompts_file else task,
+                        "max_tokens": max_tokens, "repeat": repeat, "temperature": temp,
+                        "threads": threads or os.cpu_count()}
+            result = benchmark.report(sides, costs, settings)
+            ui.show_comparison(result)
+            if json_file is not None:
+                _write(json_file, json.dumps(result, indent=2) + "\n")
+            if plot_file is not None:
+                benchmark.plot(result, plot_file)
+                ui.note(f"plot written to {plot_file}")
+
+
+def _write(path: Path, text: str) -> None:
+    """Write a whole file under a temporary name first, so an interrupted run leaves no half file."""
+    partial = path.with_name(f".{path.name}.part")
+    try:
+        partial.write_text(text, encoding="utf-8")
+        os.replace(partial, path)
+    except OSError as exc:
+        partial.unlink(missing_ok=True)
+        raise SpecError(f"cannot write {path}: {exc.strerror}") from exc
+    ui.note(f"figures written to {path}")
 
 
 def _csv(text: str, parse: Callable[[str], T]) -> list[T]:

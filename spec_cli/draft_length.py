@@ -52,7 +52,7 @@ class AdaptiveK:
     cheapest verify measured (a fit through few, noisy points can dip towards zero for small K).
     """
 
-    def __init__(self, k_max: int, k_start: int = 4, warmup_rounds: int = 3, decay: float = 0.95) -> None:
+    def __init__(self, k_max: int, k_start: int = 4, warmup_rounds: int = 3, decay: float = 0.98) -> None:
         self.k_max = k_max
         self.k = min(k_start, k_max)
         self.warmup_rounds = warmup_rounds

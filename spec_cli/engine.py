@@ -145,6 +145,7 @@ class Generation:
                 stats.decode_s = time.perf_counter() - decode_start
                 yield TokenEvent(emitted, piece, from_draft=i < n)
             rewind()
+            stats.decode_s = time.perf_counter() - decode_start  # a round that ends on EOS counts too
 
         try:
             started = time.perf_counter()

@@ -95,17 +95,17 @@ class Pair:
                             f"shorten it or raise --ctx")
         if seed is None:
             seed = secrets.randbits(32)
-        drafter = self._drafter(draft_mode, draft_p_min)
-        return Generation(self.target_context, drafter, tokens, sampling, seed,
-                          self._draft_length(draft_max, draft_mode or ""), max_tokens)
+        mode = draft_mode or ("model" if self.draft_context else "none")
+        drafter = self._drafter(mode, draft_p_min)
+        return Generation(self.target_context, drafter, tokens, sampling, seed, self._draft_length(draft_max, mode),
+                          max_tokens)
 
     def _draft_length(self, draft_max: int | str, mode: str) -> DraftLength:
         if draft_max != "auto":
             return FixedK(check_draft_max(draft_max))
         return self._adaptive.setdefault(mode, AdaptiveK(k_max=AUTO_K_MAX))
 
-    def _drafter(self, mode: str | None, p_min: float) -> Drafter | None:
-        mode = mode or ("model" if self.draft_context else "none")
+    def _drafter(self, mode: str, p_min: float) -> Drafter | None:
         if mode not in DRAFT_MODES:
             raise SpecError(f"unknown draft mode {mode!r}; choose one of: {', '.join(DRAFT_MODES)}")
         if not 0 <= p_min < 1:

@@ -21,6 +21,7 @@ class Stats:
     prompt_cached: int = 0  # prompt tokens already in the target's cache, not evaluated again
     generated_tokens: int = 0
     rounds: int = 0
+    rejected_rounds: int = 0  # rounds in which a drafted token was rejected
     drafted: int = 0
     accepted: int = 0
     accepted_at: list[int] = field(default_factory=list)
@@ -33,7 +34,8 @@ class Stats:
 
     def merge(self, other: Stats) -> None:
         """Add another generation's counts and times to these (a chat session's totals)."""
-        for name in ("prompt_tokens", "prompt_cached", "generated_tokens", "rounds", "drafted", "accepted",
+        for name in ("prompt_tokens", "prompt_cached", "generated_tokens", "rounds", "rejected_rounds", "drafted",
+                     "accepted",
                      "prompt_s", "decode_s", "draft_s", "verify_s", "llama_s"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for mine, theirs in ((self.drafted_at, other.drafted_at), (self.accepted_at, other.accepted_at)):
@@ -44,6 +46,7 @@ class Stats:
     def record_round(self, drafted: int, accepted: int) -> None:
         """Count one draft-and-verify round in which `accepted` of `drafted` tokens were kept."""
         self.rounds += 1
+        self.rejected_rounds += accepted < drafted
         self.drafted += drafted
         self.accepted += accepted
         for counts, n in ((self.drafted_at, drafted), (self.accepted_at, accepted)):
@@ -89,6 +92,7 @@ class Stats:
             "prompt_cached": self.prompt_cached,
             "generated_tokens": self.generated_tokens,
             "rounds": self.rounds,
+            "rejected_rounds": self.rejected_rounds,
             "drafted": self.drafted,
             "accepted": self.accepted,
             "acceptance_rate": self.acceptance_rate,

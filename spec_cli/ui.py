@@ -22,7 +22,6 @@ from rich.table import Table
 from rich.text import Text
 
 from spec_cli import chat
-from spec_cli.bench import Side
 from spec_cli.chat import ChatSession
 from spec_cli.engine import Generation, TokenEvent
 from spec_cli.errors import SpecError
@@ -185,27 +184,40 @@ def make_view(as_json: bool, quiet: bool) -> View:
     return PlainView(quiet)
 
 
-def show_comparison(sides: list[Side], task: str) -> None:
-    """The benchmark's figures side by side; speed-up is against the first side (the target alone)."""
+def show_comparison(result: dict) -> None:
+    """The benchmark's figures side by side: measured and predicted speed-up against the target alone."""
     console = Console(highlight=False)
-    table = Table(title=f"Greedy decoding, {task} prompts, median over runs")
-    for column in ("", "tok/s", "speed-up", "acceptance", "mean accepted length", "drafting", "outside llama.cpp"):
-        table.add_column(column, justify="right" if column else "left", no_wrap=not column)
-    baseline = sides[0].tokens_per_second
-    for side in sides:
-        drafted = side.drafted > 0
+    settings, costs = result["settings"], result["costs"]
+    sampling = "greedy" if not settings["temperature"] else f"temperature {settings['temperature']}"
+    table = Table(title=f"{sampling}, {settings['prompts']} prompts × {settings['repeat']}, "
+                        f"{settings['max_tokens']} tokens each")
+    for column in ("", "tok/s", "min–max", "speed-up", "predicted", "accepted", "tokens/round",
+                   "draft/verify/other"):
+        table.add_column(column, justify="left" if not column else "right", no_wrap=True)
+    for c in result["configs"]:
+        rate = c["tokens_per_second"]
+        share = c["time_share"]
+        drafted = c["draft_mode"] != "none"
         table.add_row(
-            side.label,
-            f"{side.tokens_per_second:.1f}",
-            f"{side.tokens_per_second / baseline:.2f}×" if baseline else "–",
-            f"{side.acceptance_rate:.0%}" if drafted else "–",
-            f"{side.mean_accepted_length:.2f}",
-            f"{side.share('draft_s'):.0%}" if drafted else "–",
-            f"{side.share('overhead_s'):.1%}",
+            c["label"],
+            f"{rate['median']:.1f}",
+            f"{rate['min']:.0f}–{rate['max']:.0f}",
+            f"{c['speedup']:.2f}×" if c["speedup"] else "–",
+            f"{c['predicted_speedup']:.2f}×" if c["predicted_speedup"] else "–",
+            f"{c['acceptance_rate']:.0%}" if drafted else "–",
+            f"{c['mean_accepted_length']:.2f}",
+            f"{share['draft']:.0%}/{share['verify']:.0%}/{share['outside_llama_cpp']:.1%}",
         )
     console.print(table)
-    console.print(f"{len(sides[0].runs)} runs a configuration, interleaved; tokens/s counts decoding only",
-                  style="dim")
+    for c in result["configs"]:
+        if c["position_acceptance"]:
+            positions = " ".join(f"{rate:.0%}" for rate in c["position_acceptance"][:16])
+            console.print(f"acceptance by draft position, {c['label']}: {positions}", style="dim")
+    verify = " · ".join(f"K={k}: {seconds * 1000:.1f}" for k, seconds in costs["verify_s"].items())
+    draft = f"{costs['draft_step_s'] * 1000:.1f} ms" if costs["draft_step_s"] is not None else "–"
+    console.print(f"costs on this machine: draft step {draft}; verify of K+1 tokens (ms) {verify}", style="dim")
+    console.print("runs interleaved across configurations; tokens/s counts decoding only; predicted = "
+                  "E[tokens](α, K) × c_verify(0) / (K c_draft + c_verify(K))", style="dim")
 
 
 @contextmanager

@@ -1,0 +1,134 @@
+"""`spec bench`: statistics arithmetic, interleaving, prompts files, JSON schema, the plot."""
+
+from __future__ import annotations
+
+import json
+import struct
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from spec_cli import SpecError, load_pair
+from spec_cli.cli import app
+from spec_cli.bench import (TARGET_ALONE, Config, Costs, Side, builtin_prompts, compare, load_prompts,
+                            measure_costs)
+from spec_cli.draft_length import expected_tokens
+from spec_cli.stats import Stats
+
+runner = CliRunner()
+
+
+def stats(tokens: int, decode_s: float, rounds: int = 0, rejected: int = 0, drafted: int = 0,
+          accepted: int = 0) -> Stats:
+    return Stats(draft_max=4, generated_tokens=tokens, decode_s=decode_s, rounds=rounds, rejected_rounds=rejected,
+                 drafted=drafted, accepted=accepted, draft_s=decode_s / 2, verify_s=decode_s / 4,
+                 llama_s=decode_s * 0.9)
+
+
+def test_side_figures() -> None:
+    side = Side(Config("model", 4), [stats(100, 2.0, 20, 10, 80, 60), stats(100, 4.0, 25, 15, 100, 75),
+                                     stats(100, 1.0, 20, 5, 80, 70)])
+    assert side.rates == [50.0, 25.0, 100.0]
+    assert side.tokens_per_second == 50.0
+    assert side.acceptance_rate == pytest.approx(205 / 260)
+    assert side.mean_accepted_length == pytest.approx(1 + 205 / 65)
+    assert side.alpha == pytest.approx(205 / (205 + 30))
+    assert side.share("draft_s") == pytest.approx(0.5)
+    assert side.share("overhead_s") == pytest.approx(0.1)
+
+
+def test_predicted_speedup_formula() -> None:
+    costs = Costs(draft_step_s=0.01, verify_s={0: 0.04, 4: 0.06})
+    expected = expected_tokens(0.8, 4) * 0.04 / (4 * 0.01 + 0.06)
+    assert costs.predicted_speedup(0.8, 4) == pytest.approx(expected)
+    assert costs.predicted_speedup(0.8, 3) is None  # K=3 was not measured
+    assert Costs(None, {0: 0.04}).predicted_speedup(0.8, 0) is None
+
+
+def test_runs_rotate_through_configurations(target_path: Path) -> None:
+    configs = [TARGET_ALONE, Config("model", 2), Config("ngram", "auto")]
+    order: list[str] = []
+    with load_pair(target_path, target_path) as pair:
+        sides = compare(pair, configs, ["the cat", "a dog"], max_tokens=4, repeat=2, raw=True,
+                        progress=order.append)
+    labels = [c.label for c in configs]
+    assert order == labels * 4
+    assert [len(side.runs) for side in sides] == [4, 4, 4]
+
+
+def test_costs_are_measured_for_each_k(target_path: Path) -> None:
+    with load_pair(target_path, target_path) as pair:
+        prompt = pair.prompt_tokens("the cat and the dog", raw=True)
+        costs = measure_costs(pair, prompt, [2, 4], repeats=2)
+        assert sorted(costs.verify_s) == [0, 2, 4] and costs.draft_step_s > 0
+        assert pair.target_context.n_past == len(prompt)  # measuring leaves the cache as it found it
+
+
+def test_prompt_files(tmp_path: Path) -> None:
+    plain = tmp_path / "p.txt"
+    plain.write_text("first prompt\n\nsecond prompt\n")
+    assert load_prompts(plain) == ["first prompt", "second prompt"]
+    jsonl = tmp_path / "p.jsonl"
+    jsonl.write_text('{"prompt": "a\\nb"}\n"just a string"\n')
+    assert load_prompts(jsonl) == ["a\nb", "just a string"]
+    broken = tmp_path / "b.jsonl"
+    broken.write_text('{"prompt": "ok"}\n{"text": "no prompt field"}\n')
+    with pytest.raises(SpecError, match=r"b.jsonl, line 2: expected a \"prompt\" string"):
+        load_prompts(broken)
+    with pytest.raises(SpecError, match="cannot read prompts"):
+        load_prompts(tmp_path / "missing.txt")
+
+
+def test_builtin_prompt_set_covers_every_kind() -> None:
+    mixed = builtin_prompts("mixed")
+    for kind in ("chat", "code", "summary", "creative"):
+        assert set(builtin_prompts(kind)) <= set(mixed)
+    with pytest.raises(SpecError, match="unknown task 'poetry'"):
+        builtin_prompts("poetry")
+
+
+def run_bench(target_path: Path, *args: str):
+    return runner.invoke(app,
+                         ["bench", "--target", str(target_path), "--draft", str(target_path), "-n", "8", *args])
+
+
+def test_json_schema(target_path: Path, tmp_path: Path) -> None:
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("the cat\nthe dog\n")
+    out = tmp_path / "result.json"
+    result = run_bench(target_path, "--prompts", str(prompts), "-k", "2,4,auto", "--repeat", "2", "--json", str(out))
+    assert result.exit_code == 0, result.output
+    data = json.loads(out.read_text())
+    assert set(data) == {"settings", "costs", "configs"}
+    assert set(data["costs"]["verify_s"]) == {"0", "2", "4"}
+    assert [c["label"] for c in data["configs"]] == ["target alone", "model K=2", "model K=4", "model K=auto"]
+    for config in data["configs"]:
+        assert set(config) >= {"tokens_per_second", "speedup", "predicted_speedup", "acceptance_rate", "alpha",
+                               "mean_accepted_length", "position_acceptance", "time_share", "runs"}
+        assert len(config["runs"]) == 4
+        rate = config["tokens_per_second"]
+        assert rate["min"] <= rate["median"] <= rate["max"]
+    assert data["configs"][0]["speedup"] == 1.0
+    assert data["configs"][1]["predicted_speedup"] > 0 and data["configs"][3]["predicted_speedup"] is None
+    assert "predicted" in result.stdout and "costs on this machine" in result.stdout
+
+
+def test_plot_is_a_png(target_path: Path, tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "sweep.png"
+    result = run_bench(target_path, "--task", "chat", "-k", "1,3,auto", "--modes", "model,ngram", "--plot", str(out))
+    assert result.exit_code == 0, result.output
+    data = out.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR"
+    width, height = struct.unpack(">II", data[16:24])
+    assert width > 500 and height > 200
+
+
+def test_plot_without_matplotlib_says_how_to_get_it(target_path: Path, tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    result = run_bench(target_path, "--task", "chat", "-k", "2", "--plot", str(tmp_path / "x.png"))
+    assert result.exit_code == 1
+    assert "--plot needs matplotlib: pip install 'spec-cli[plot]'" in result.stderr
