@@ -65,7 +65,8 @@ class Stats:
     @property
     def position_acceptance(self) -> list[float]:
         """How often draft position i (0-based) was accepted when it was drafted."""
-        return [a / d for a, d in zip(self.accepted_at, self.drafted_at)]
+        accepted = self.accepted_at + [0] * (len(self.drafted_at) - len(self.accepted_at))
+        return [a / d for a, d in zip(accepted, self.drafted_at)]
 
     @property
     def tokens_per_second(self) -> float:

@@ -14,6 +14,7 @@ import time
 from contextlib import contextmanager
 from typing import Callable, Iterator, Protocol
 
+from rich import box
 from rich.console import Console, Group
 from rich.live import Live
 from rich.progress import (BarColumn, DownloadColumn, MofNCompleteColumn, Progress, TextColumn,
@@ -189,35 +190,31 @@ def show_comparison(result: dict) -> None:
     console = Console(highlight=False)
     settings, costs = result["settings"], result["costs"]
     sampling = "greedy" if not settings["temperature"] else f"temperature {settings['temperature']}"
-    table = Table(title=f"{sampling}, {settings['prompts']} prompts × {settings['repeat']}, "
-                        f"{settings['max_tokens']} tokens each")
-    for column in ("", "tok/s", "min–max", "speed-up", "predicted", "accepted", "tokens/round",
-                   "draft/verify/other"):
-        table.add_column(column, justify="left" if not column else "right", no_wrap=True)
+    speed = Table(title=f"Speed: {sampling}, {settings['prompts']} prompts × {settings['repeat']}, "
+                        f"{settings['max_tokens']} tokens each", box=box.SIMPLE_HEAD)
+    drafting = Table(title="Drafting", box=box.SIMPLE_HEAD)
+    for table, columns in ((speed, ("tok/s", "min–max", "speed-up", "predicted")),
+                           (drafting, ("accepted", "per round", "time draft/verify/other", "by position"))):
+        table.add_column("", no_wrap=True)
+        for column in columns:
+            table.add_column(column, justify="left" if column == "by position" else "right")
     for c in result["configs"]:
-        rate = c["tokens_per_second"]
-        share = c["time_share"]
-        drafted = c["draft_mode"] != "none"
-        table.add_row(
-            c["label"],
-            f"{rate['median']:.1f}",
-            f"{rate['min']:.0f}–{rate['max']:.0f}",
-            f"{c['speedup']:.2f}×" if c["speedup"] else "–",
-            f"{c['predicted_speedup']:.2f}×" if c["predicted_speedup"] else "–",
-            f"{c['acceptance_rate']:.0%}" if drafted else "–",
-            f"{c['mean_accepted_length']:.2f}",
-            f"{share['draft']:.0%}/{share['verify']:.0%}/{share['outside_llama_cpp']:.1%}",
-        )
-    console.print(table)
-    for c in result["configs"]:
-        if c["position_acceptance"]:
-            positions = " ".join(f"{rate:.0%}" for rate in c["position_acceptance"][:16])
-            console.print(f"acceptance by draft position, {c['label']}: {positions}", style="dim")
+        rate, share = c["tokens_per_second"], c["time_share"]
+        speed.add_row(c["label"], f"{rate['median']:.1f}", f"{rate['min']:.1f}–{rate['max']:.1f}",
+                      f"{c['speedup']:.2f}×" if c["speedup"] else "–",
+                      f"{c['predicted_speedup']:.2f}×" if c["predicted_speedup"] else "–")
+        if c["draft_mode"] != "none":
+            drafting.add_row(c["label"], f"{c['acceptance_rate']:.0%}", f"{c['mean_accepted_length']:.2f}",
+                             f"{share['draft']:.0%} / {share['verify']:.0%} / {share['outside_llama_cpp']:.1%}",
+                             " ".join(f"{rate:.0%}" for rate in c["position_acceptance"][:8]))
+    console.print(speed)
+    console.print(drafting)
     verify = " · ".join(f"K={k}: {seconds * 1000:.1f}" for k, seconds in costs["verify_s"].items())
     draft = f"{costs['draft_step_s'] * 1000:.1f} ms" if costs["draft_step_s"] is not None else "–"
     console.print(f"costs on this machine: draft step {draft}; verify of K+1 tokens (ms) {verify}", style="dim")
-    console.print("runs interleaved across configurations; tokens/s counts decoding only; predicted = "
-                  "E[tokens](α, K) × c_verify(0) / (K c_draft + c_verify(K))", style="dim")
+    console.print("runs interleaved across configurations; tokens/s counts decoding only; per round = mean "
+                  "accepted length; predicted = E[tokens](α, K) × c_verify(0) / (K c_draft + c_verify(K))",
+                  style="dim")
 
 
 @contextmanager

@@ -63,6 +63,7 @@ def test_greedy_with_unrelated_draft_equals_target_alone(other: Pair, reference:
     generation = finish(other.generate(PROMPT, raw=True, max_tokens=48, draft_max=k))
     assert generation.token_ids == reference.token_ids
     assert generation.stats.acceptance_rate < 0.5
+    assert len(generation.stats.position_acceptance) == k  # positions never accepted count as 0%
 
 
 @pytest.mark.parametrize("drafter", ["same", "other"])
