@@ -244,8 +244,7 @@ def run(
                     ui.note(f"{loaded.pair.target.path.name} has no chat template; sending the prompt as raw text")
                 raw = True
             generation = loaded.pair.generate(text, sampling=sampling, seed=seed, max_tokens=max_tokens, raw=raw,
-                                              draft_max=k, draft_mode=mode,
-                                              draft_p_min=draft_p_min)
+                                              draft_max=k, draft_mode=mode, draft_p_min=draft_p_min)
             _stream(generation, ui.make_view(as_json, quiet))
 
 
@@ -381,6 +380,7 @@ def chat(
         options = LoadOptions(target, draft, pair, no_draft, quiet, ctx, threads, gpu_layers, draft_gpu_layers,
                               needs_draft=mode in ("model", "hybrid"))
         with _open_pair(options) as loaded:
+            # Fail now rather than at the first message when there is no template to use.
             loaded.pair.target.format_chat([{"role": "user", "content": "hi"}], template=template)
             settings = chat_module.Settings(
                 sampling=SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p),
