@@ -194,10 +194,10 @@ def show_comparison(result: dict) -> None:
                         f"{settings['max_tokens']} tokens each", box=box.SIMPLE_HEAD)
     drafting = Table(title="Drafting", box=box.SIMPLE_HEAD)
     for table, columns in ((speed, ("tok/s", "min–max", "speed-up", "predicted")),
-                           (drafting, ("accepted", "per round", "time draft/verify/other", "by position"))):
+                           (drafting, ("accepted", "per round", "draft/verify", "not llama.cpp"))):
         table.add_column("", no_wrap=True)
         for column in columns:
-            table.add_column(column, justify="left" if column == "by position" else "right")
+            table.add_column(column, justify="right")
     for c in result["configs"]:
         rate, share = c["tokens_per_second"], c["time_share"]
         speed.add_row(c["label"], f"{rate['median']:.1f}", f"{rate['min']:.1f}–{rate['max']:.1f}",
@@ -205,16 +205,20 @@ def show_comparison(result: dict) -> None:
                       f"{c['predicted_speedup']:.2f}×" if c["predicted_speedup"] else "–")
         if c["draft_mode"] != "none":
             drafting.add_row(c["label"], f"{c['acceptance_rate']:.0%}", f"{c['mean_accepted_length']:.2f}",
-                             f"{share['draft']:.0%} / {share['verify']:.0%} / {share['outside_llama_cpp']:.1%}",
-                             " ".join(f"{rate:.0%}" for rate in c["position_acceptance"][:8]))
+                             f"{share['draft']:.0%} / {share['verify']:.0%}", f"{share['outside_llama_cpp']:.1%}")
     console.print(speed)
     console.print(drafting)
+    for c in result["configs"]:
+        if c["position_acceptance"]:
+            positions = " ".join(f"{rate:.0%}" for rate in c["position_acceptance"][:16])
+            console.print(f"acceptance by draft position, {c['label']}: {positions}", style="dim")
     verify = " · ".join(f"K={k}: {seconds * 1000:.1f}" for k, seconds in costs["verify_s"].items())
     draft = f"{costs['draft_step_s'] * 1000:.1f} ms" if costs["draft_step_s"] is not None else "–"
     console.print(f"costs on this machine: draft step {draft}; verify of K+1 tokens (ms) {verify}", style="dim")
     console.print("runs interleaved across configurations; tokens/s counts decoding only; per round = mean "
-                  "accepted length; predicted = E[tokens](α, K) × c_verify(0) / (K c_draft + c_verify(K))",
-                  style="dim")
+                  "accepted length; draft/verify = shares of decoding time; not llama.cpp = time outside its "
+                  "decode calls; predicted = E[tokens](α, K) × c_verify(0) / (K c_draft + c_verify(K))",
+                  style="dim", markup=False)
 
 
 @contextmanager
