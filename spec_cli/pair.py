@@ -29,7 +29,8 @@ DRAFT_MODES = ("model", "ngram", "hybrid", "none")
 AUTO_K_MAX = 16
 
 
-def check_draft_max(draft_max: object) -> int:
+def _fixed_k(draft_max: object) -> int:
+    """K as a number of draft tokens, checked (the API takes it from callers other than the CLI)."""
     if not isinstance(draft_max, int) or isinstance(draft_max, bool) or draft_max < 0:
         raise SpecError(f"draft-max must be a number >= 0 or 'auto', got {draft_max!r}")
     return draft_max
@@ -102,7 +103,7 @@ class Pair:
 
     def _draft_length(self, draft_max: int | str, mode: str) -> DraftLength:
         if draft_max != "auto":
-            return FixedK(check_draft_max(draft_max))
+            return FixedK(_fixed_k(draft_max))
         return self._adaptive.setdefault(mode, AdaptiveK(k_max=AUTO_K_MAX))
 
     def _drafter(self, mode: str, p_min: float) -> Drafter | None:
