@@ -159,6 +159,7 @@ def test_repl_ctrl_c_cancels_the_answer_and_returns_to_the_prompt(chat_target_pa
     child.expect(">>> ")
     child.sendline(f"/save {tmp_path / 'conversation.json'}")
     child.expect("saved to")
+    child.expect(">>> ")  # readline is reading again: Ctrl-D now means end of input
     child.sendeof()
     child.expect(pexpect.EOF)
     child.close()
