@@ -3,8 +3,9 @@
 With per-token acceptance probability α, a round that drafts K tokens emits on average
 E[tokens](K) = (1 − α^(K+1)) / (1 − α) (Leviathan et al. 2023) and costs K·c_d + c_v(K), where c_d is a draft
 step and c_v(K) a target pass over K + 1 tokens. `AdaptiveK` estimates α and both costs as it goes and
-picks the K that maximises E[tokens](K) / (K·c_d + c_v(K)); until it has measured enough it follows the
-transformers heuristic (K + 2 after a fully accepted round, K − 1 otherwise), which also explores K.
+moves K towards the value that maximises E[tokens](K) / (K·c_d + c_v(K)), at most 2 a round; until it has
+measured enough it follows the transformers heuristic (K + 2 after a fully accepted round, K − 1
+otherwise), which also explores K.
 """
 
 from __future__ import annotations
@@ -88,18 +89,25 @@ class AdaptiveK:
         return min(self.k_max, self.k + 2) if accepted == drafted else max(1, self.k - 1)
 
     def verify_cost(self) -> tuple[float, float]:
-        """(a, b) of c_v(K) = a + b·(K + 1), least squares over the mean verify time of each K seen."""
+        """(a, b) of c_v(K) = a + b·(K + 1), least squares over the mean verify time of each K seen,
+        weighted by how often each K was seen."""
         ks = np.array([k + 1 for k in self.verify_samples], dtype=float)
         means = np.array([total / count for total, count in self.verify_samples.values()])
+        counts = np.array([count for _total, count in self.verify_samples.values()], dtype=float)
         if len(ks) < 2:
             return float(means[0]), 0.0
-        b, a = np.polyfit(ks, means, 1)
+        b, a = np.polyfit(ks, means, 1, w=np.sqrt(counts))
         return float(a), max(float(b), 0.0)
 
     def _best_k(self) -> int:
+        """The K with the highest modelled rate within ±2 of the current one.
+
+        Moving by at most 2 a round keeps one noisy cost fit (a busy machine, few K values seen yet) from
+        throwing K to an extreme; each move also measures a new K, which improves the fit.
+        """
         a, b = self.verify_cost()
         floor = 0.5 * min(total / count for total, count in self.verify_samples.values())
         draft_step = self.draft_time / self.drafted
-        rates = [expected_tokens(self.alpha, k) / (k * draft_step + max(a + b * (k + 1), floor))
-                 for k in range(1, self.k_max + 1)]
-        return int(np.argmax(rates)) + 1
+        candidates = range(max(1, self.k - 2), min(self.k_max, self.k + 2) + 1)
+        return max(candidates, key=lambda k: expected_tokens(self.alpha, k)
+                   / (k * draft_step + max(a + b * (k + 1), floor)))

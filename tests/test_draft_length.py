@@ -75,3 +75,15 @@ def test_choice_maximises_the_modelled_rate() -> None:
     alpha, step = controller.alpha, 0.015
     rates = {k: expected_tokens(alpha, k) / (k * step + a + b * (k + 1)) for k in range(1, 13)}
     assert controller.next_k() == max(rates, key=rates.get)
+
+
+def test_k_moves_at_most_two_a_round_after_warmup() -> None:
+    controller = AdaptiveK(k_max=16, k_start=8, warmup_rounds=2)
+    chosen = []
+    for _ in range(12):
+        k = controller.next_k()
+        controller.update(k, 0, k * 0.05, 0.040 + 0.004 * (k + 1))  # expensive drafts, none accepted
+        chosen.append(controller.next_k())
+    steps = [abs(after - before) for before, after in zip(chosen[1:], chosen[2:])]
+    assert max(steps) <= 2
+    assert chosen[-1] == 1
