@@ -25,7 +25,6 @@ from spec_cli.pair import DEFAULT_CTX, DRAFT_MODES, Pair, load_pair
 from spec_cli.paths import user_registry_path
 from spec_cli.sampling import SamplingParams
 
-DEFAULT_DRAFT_MAX = 4
 T = TypeVar("T")
 EXIT_USER_ERROR = 1
 EXIT_INTERRUPTED = 130
@@ -41,7 +40,7 @@ app = typer.Typer(
 TargetOpt = Annotated[Optional[Path], typer.Option("--target", "-t", help="Target GGUF file (the model you want output from).", show_default=False)]
 DraftOpt = Annotated[Optional[Path], typer.Option("--draft", "-d", help="Draft GGUF file (small, same vocabulary as the target).", show_default=False)]
 PairOpt = Annotated[Optional[str], typer.Option("--pair", "-p", help="A named pair from models.toml (default: the registry's default pair).", show_default=False)]
-DraftMaxOpt = Annotated[Optional[str], typer.Option("--draft-max", "-k", help="Draft tokens per round, K: 0-64, or auto to choose K each round from measured acceptance and costs.")]
+DraftMaxOpt = Annotated[Optional[str], typer.Option("--draft-max", "-k", help="Draft tokens per round, K: 0-64, or auto to choose K each round from measured acceptance and costs (default: the pair's tuned K; auto for files given with --target/--draft).", show_default=False)]
 DraftModeOpt = Annotated[Optional[str], typer.Option("--draft-mode", help="How drafts are made: model (the draft model), ngram (prompt lookup, no draft model needed), hybrid (n-gram first, then the model) (default: model).", show_default=False)]
 DraftPMinOpt = Annotated[float, typer.Option("--draft-p-min", min=0.0, max=0.99, help="Confidence stop: the draft model stops a round when its top probability falls below this (0: off).")]
 TempOpt = Annotated[float, typer.Option("--temp", min=0.0, help="Temperature; 0 is greedy (output identical to the target alone).")]
@@ -113,7 +112,7 @@ class LoadOptions:
 @dataclass(frozen=True)
 class Loaded:
     pair: Pair
-    draft_max: int
+    draft_max: int | str
 
 
 @contextmanager
@@ -140,12 +139,12 @@ def _open_pair(options: LoadOptions) -> Iterator[Loaded]:
         target, draft = _resolve(spec, options.quiet)
     if options.gpu_layers or options.draft_gpu_layers:
         _warn_cpu_only()
-    defaults = spec or registry.PairSpec("", "", {}, {}, DEFAULT_DRAFT_MAX, DEFAULT_CTX, 0, 0, "")
+    defaults = spec or registry.PairSpec("", "", {}, {}, 0, DEFAULT_CTX, 0, 0, "")
     load_draft = options.needs_draft and not options.no_draft
     with load_pair(target, draft if load_draft else None, n_ctx=options.ctx or defaults.ctx,
                    n_threads=options.threads, gpu_layers=_given(options.gpu_layers, defaults.gpu_layers),
                    draft_gpu_layers=_given(options.draft_gpu_layers, defaults.draft_gpu_layers)) as pair:
-        yield Loaded(pair, defaults.draft_max)
+        yield Loaded(pair, defaults.draft_max if spec else "auto")
 
 
 def _pair_spec(options: LoadOptions) -> registry.PairSpec | None:
@@ -209,7 +208,7 @@ def run(
     target: TargetOpt = None,
     draft: DraftOpt = None,
     pair: PairOpt = None,
-    draft_max: DraftMaxOpt = "auto",
+    draft_max: DraftMaxOpt = None,
     draft_mode: DraftModeOpt = None,
     draft_p_min: DraftPMinOpt = 0.0,
     temp: TempOpt = 0.0,
@@ -235,7 +234,7 @@ def run(
         text = _read_prompt(prompt)
         sampling = SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p)
         mode = "none" if no_draft else _draft_mode(draft_mode or "model")
-        k = _draft_max(draft_max)
+        k = None if draft_max is None else _draft_max(draft_max)
         options = LoadOptions(target, draft, pair, no_draft, quiet, ctx, threads, gpu_layers, draft_gpu_layers,
                               needs_draft=mode in ("model", "hybrid"))
         with _open_pair(options) as loaded:
@@ -244,7 +243,8 @@ def run(
                     ui.note(f"{loaded.pair.target.path.name} has no chat template; sending the prompt as raw text")
                 raw = True
             generation = loaded.pair.generate(text, sampling=sampling, seed=seed, max_tokens=max_tokens, raw=raw,
-                                              draft_max=k, draft_mode=mode, draft_p_min=draft_p_min)
+                                              draft_max=_given(k, loaded.draft_max), draft_mode=mode,
+                                              draft_p_min=draft_p_min)
             _stream(generation, ui.make_view(as_json, quiet))
 
 
@@ -292,7 +292,7 @@ def bench(
         options = LoadOptions(target, draft, pair, False, False, ctx, threads, gpu_layers, draft_gpu_layers,
                               needs_draft=needs_model)
         with _open_pair(options) as loaded:
-            k_list = _csv(ks, parse=_draft_max) if ks else [loaded.draft_max, "auto"]
+            k_list = _csv(ks, parse=_draft_max) if ks else list(dict.fromkeys([loaded.draft_max, "auto"]))
             configs = [benchmark.TARGET_ALONE] + [benchmark.Config(m, k) for m in mode_list for k in k_list]
             raw = not loaded.pair.has_chat_template
             with ui.progress(len(configs) * repeat * len(prompts)) as advance:
@@ -353,7 +353,7 @@ def chat(
     pair: PairOpt = None,
     system: Annotated[Optional[str], typer.Option("--system", "-s", help="System message.", show_default=False)] = None,
     chat_format: Annotated[Optional[str], typer.Option("--chat-format", help="Chat template when the model has none: chatml, or a Jinja template file.", show_default=False)] = None,
-    draft_max: DraftMaxOpt = "auto",
+    draft_max: DraftMaxOpt = None,
     draft_mode: DraftModeOpt = None,
     draft_p_min: DraftPMinOpt = 0.0,
     temp: TempOpt = 0.0,
@@ -375,7 +375,7 @@ def chat(
     """
     with _user_errors():
         mode = _draft_mode(draft_mode or "model")
-        k = _draft_max(draft_max)
+        k = None if draft_max is None else _draft_max(draft_max)
         template = chat_module.chat_template(chat_format)
         options = LoadOptions(target, draft, pair, no_draft, quiet, ctx, threads, gpu_layers, draft_gpu_layers,
                               needs_draft=mode in ("model", "hybrid"))
@@ -384,7 +384,7 @@ def chat(
             loaded.pair.target.format_chat([{"role": "user", "content": "hi"}], template=template)
             settings = chat_module.Settings(
                 sampling=SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p),
-                draft_max=k, draft_mode=mode, draft_p_min=draft_p_min,
+                draft_max=_given(k, loaded.draft_max), draft_mode=mode, draft_p_min=draft_p_min,
                 max_tokens=max_tokens, use_draft=not no_draft)
             session = chat_module.ChatSession(loaded.pair, settings, system=system, seed=seed, template=template)
             ui.chat_loop(session, interactive=sys.stdin.isatty(), quiet=quiet)

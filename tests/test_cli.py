@@ -164,8 +164,10 @@ def test_ngram_mode_runs_with_a_target_alone(target_path: Path) -> None:
 
 
 def test_auto_k_in_json(pair_args: list[str]) -> None:
-    data = json.loads(spec("run", *pair_args, "-k", "auto", "-n", "20", "--json", "the cat").stdout)
-    assert data["stats"]["adaptive_k"] is True and data["stats"]["current_k"] >= 1
+    data = json.loads(spec("run", *pair_args, "-n", "20", "--json", "the cat").stdout)
+    assert data["stats"]["adaptive_k"] is True and data["stats"]["current_k"] >= 1  # files given: auto
+    fixed = json.loads(spec("run", *pair_args, "-k", "3", "-n", "20", "--json", "the cat").stdout)
+    assert fixed["stats"]["adaptive_k"] is False and fixed["stats"]["draft_max"] == 3
 
 
 def long_run(target_path: Path) -> list[str]:
