@@ -17,7 +17,7 @@ from typing import Iterator
 
 from spec_cli.engine import Generation, TokenEvent
 from spec_cli.errors import SpecError
-from spec_cli.pair import Pair
+from spec_cli.pair import DRAFTING_MODES, Pair, needs_draft_model
 from spec_cli.sampling import SamplingParams
 from spec_cli.stats import Stats
 
@@ -184,7 +184,7 @@ def run_command(session: ChatSession, line: str) -> str | None:
     if name == "/draft":
         if argument not in ("on", "off"):
             raise SpecError("usage: /draft on|off")
-        if argument == "on" and session.pair.draft is None and session.settings.draft_mode != "ngram":
+        if argument == "on" and session.pair.draft is None and needs_draft_model(session.settings.draft_mode):
             raise SpecError("no draft model is loaded (start spec chat with one, or /set mode ngram)")
         session.settings.use_draft = argument == "on"
         return f"drafting {argument}"
@@ -216,8 +216,8 @@ def _set(settings: Settings, argument: str) -> str:
                 raise ValueError
             settings.max_tokens = int(value)
         elif key == "mode":
-            if value not in ("model", "ngram", "hybrid"):
-                raise SpecError("mode is one of: model, ngram, hybrid")
+            if value not in DRAFTING_MODES:
+                raise SpecError(f"mode is one of: {', '.join(DRAFTING_MODES)}")
             settings.draft_mode = value
         elif key == "p-min":
             if not 0 <= float(value) < 1:

@@ -21,7 +21,7 @@ from spec_cli import chat as chat_module
 from spec_cli.derive import derive
 from spec_cli.errors import SpecError
 from spec_cli.llama import FTYPES, supports_gpu_offload
-from spec_cli.pair import DEFAULT_CTX, DRAFT_MODES, Pair, load_pair
+from spec_cli.pair import DEFAULT_CTX, DRAFTING_MODES, Pair, load_pair, needs_draft_model
 from spec_cli.paths import user_registry_path
 from spec_cli.sampling import SamplingParams
 
@@ -139,12 +139,13 @@ def _open_pair(options: LoadOptions) -> Iterator[Loaded]:
         target, draft = _resolve(spec, options.quiet)
     if options.gpu_layers or options.draft_gpu_layers:
         _warn_cpu_only()
-    defaults = spec or registry.PairSpec("", "", {}, {}, 0, DEFAULT_CTX, 0, 0, "")
     load_draft = options.needs_draft and not options.no_draft
-    with load_pair(target, draft if load_draft else None, n_ctx=options.ctx or defaults.ctx,
-                   n_threads=options.threads, gpu_layers=_given(options.gpu_layers, defaults.gpu_layers),
-                   draft_gpu_layers=_given(options.draft_gpu_layers, defaults.draft_gpu_layers)) as pair:
-        yield Loaded(pair, defaults.draft_max if spec else "auto")
+    ctx = options.ctx or (spec.ctx if spec else DEFAULT_CTX)
+    gpu_layers = _given(options.gpu_layers, spec.gpu_layers if spec else 0)
+    draft_gpu_layers = _given(options.draft_gpu_layers, spec.draft_gpu_layers if spec else 0)
+    with load_pair(target, draft if load_draft else None, n_ctx=ctx, n_threads=options.threads,
+                   gpu_layers=gpu_layers, draft_gpu_layers=draft_gpu_layers) as pair:
+        yield Loaded(pair, spec.draft_max if spec else "auto")
 
 
 def _pair_spec(options: LoadOptions) -> registry.PairSpec | None:
@@ -175,8 +176,8 @@ def _draft_max(value: str) -> int | str:
 
 
 def _draft_mode(value: str) -> str:
-    if value not in DRAFT_MODES[:3]:
-        raise SpecError(f"unknown draft mode {value!r}; choose one of: {', '.join(DRAFT_MODES[:3])}")
+    if value not in DRAFTING_MODES:
+        raise SpecError(f"unknown draft mode {value!r}; choose one of: {', '.join(DRAFTING_MODES)}")
     return value
 
 
@@ -236,7 +237,7 @@ def run(
         mode = "none" if no_draft else _draft_mode(draft_mode or "model")
         k = None if draft_max is None else _draft_max(draft_max)
         options = LoadOptions(target, draft, pair, no_draft, quiet, ctx, threads, gpu_layers, draft_gpu_layers,
-                              needs_draft=mode in ("model", "hybrid"))
+                              needs_draft=needs_draft_model(mode))
         with _open_pair(options) as loaded:
             if not raw and not loaded.pair.has_chat_template:
                 if not quiet:
@@ -288,9 +289,8 @@ def bench(
         mode_list = _csv(modes, parse=_draft_mode)
         prompts = benchmark.load_prompts(prompts_file) if prompts_file else benchmark.builtin_prompts(task)
         sampling = SamplingParams(temperature=temp)
-        needs_model = any(mode != "ngram" for mode in mode_list)
         options = LoadOptions(target, draft, pair, False, False, ctx, threads, gpu_layers, draft_gpu_layers,
-                              needs_draft=needs_model)
+                              needs_draft=any(needs_draft_model(mode) for mode in mode_list))
         with _open_pair(options) as loaded:
             k_list = _csv(ks, parse=_draft_max) if ks else list(dict.fromkeys([loaded.draft_max, "auto"]))
             configs = [benchmark.TARGET_ALONE] + [benchmark.Config(m, k) for m in mode_list for k in k_list]
@@ -378,7 +378,7 @@ def chat(
         k = None if draft_max is None else _draft_max(draft_max)
         template = chat_module.chat_template(chat_format)
         options = LoadOptions(target, draft, pair, no_draft, quiet, ctx, threads, gpu_layers, draft_gpu_layers,
-                              needs_draft=mode in ("model", "hybrid"))
+                              needs_draft=needs_draft_model(mode))
         with _open_pair(options) as loaded:
             # Fail now rather than at the first message when there is no template to use.
             loaded.pair.target.format_chat([{"role": "user", "content": "hi"}], template=template)

@@ -25,8 +25,14 @@ from spec_cli.llama import Context, Model
 from spec_cli.sampling import SamplingParams
 
 DEFAULT_CTX = 2048
-DRAFT_MODES = ("model", "ngram", "hybrid", "none")
+DRAFTING_MODES = ("model", "ngram", "hybrid")  # the ways a user can choose to draft
+DRAFT_MODES = (*DRAFTING_MODES, "none")
 AUTO_K_MAX = 16
+
+
+def needs_draft_model(mode: str) -> bool:
+    """n-gram lookup drafts from the text alone; the other drafting modes need the draft model."""
+    return mode in ("model", "hybrid")
 
 
 def _fixed_k(draft_max: object) -> int:
@@ -115,7 +121,7 @@ class Pair:
             return None
         if mode == "ngram":
             return NgramDrafter(self.target.n_vocab)
-        if self.draft_context is None:
+        if needs_draft_model(mode) and self.draft_context is None:
             raise SpecError(f"draft mode {mode!r} needs a draft model; give one, or use --draft-mode ngram")
         model = ModelDrafter(self.draft_context, p_min)
         return model if mode == "model" else HybridDrafter(NgramDrafter(self.target.n_vocab), model)
