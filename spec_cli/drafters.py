@@ -29,6 +29,8 @@ class Draft:
 class Drafter(Protocol):
     busy_s: float
     """Seconds spent inside llama.cpp so far (0 for drafters without a model); for honest time splits."""
+    rollback_s: float
+    """The part of `busy_s` spent taking back rejected draft tokens (snapshots, restores)."""
 
     def prefill(self, tokens: Sequence[int]) -> None:
         """Take in a new prompt before the first round (work that would otherwise land in round one)."""
@@ -57,6 +59,10 @@ class ModelDrafter:
     def busy_s(self) -> float:
         return self.context.busy_s
 
+    @property
+    def rollback_s(self) -> float:
+        return self.context.rollback_s
+
     def prefill(self, tokens: Sequence[int]) -> None:
         self.context.prefill(tokens)
 
@@ -65,12 +71,13 @@ class ModelDrafter:
         """Run the draft model k steps: catch up on the tokens it has not seen, then feed back its own.
 
         d_k itself is never fed back (nothing needs its logits), so after a fully accepted round the
-        draft is one token behind; the next call's catch-up covers it.
+        draft is one token behind; the next call's catch-up covers it. The catch-up is final; the draft's
+        own tokens are speculative (`n_final`), so a memory that cannot cut them prepares to go back.
         """
         draft = Draft()
         pending = list(tokens[self.context.n_past:])
-        for _ in range(k):
-            logits = self.context.decode(pending, 1)[0]
+        for step in range(k):
+            logits = self.context.decode(pending, 1, n_final=len(pending) if step == 0 else 0)[0]
             if sampling.greedy:
                 token = int(np.argmax(logits))
                 if self.p_min > 0 and _top_probability(logits) < self.p_min:
@@ -86,7 +93,8 @@ class ModelDrafter:
         return draft
 
     def rewind(self, n_keep: int) -> None:
-        self.context.trim(min(n_keep, self.context.n_past))
+        """Without replay: what a snapshot restore drops, the next catch-up feeds in one batch."""
+        self.context.trim(n_keep, replay=False)
 
 
 def _top_probability(logits: np.ndarray) -> float:
@@ -104,6 +112,7 @@ class NgramDrafter:
     """
 
     busy_s = 0.0
+    rollback_s = 0.0
 
     def __init__(self, n_vocab: int, n_max: int = 4, n_min: int = 2) -> None:
         self.n_vocab = n_vocab
@@ -164,6 +173,10 @@ class HybridDrafter:
     @property
     def busy_s(self) -> float:
         return self.model.busy_s
+
+    @property
+    def rollback_s(self) -> float:
+        return self.model.rollback_s
 
     def prefill(self, tokens: Sequence[int]) -> None:
         self.ngram.prefill(tokens)

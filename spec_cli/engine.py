@@ -71,15 +71,28 @@ class Generation:
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         seq = list(self.prompt)
 
+        def spent_in_llama() -> tuple[float, float]:
+            """(all seconds in llama.cpp, the part spent on rollback) of both models so far."""
+            if drafter is None:
+                return target.busy_s, target.rollback_s
+            return target.busy_s + drafter.busy_s, target.rollback_s + drafter.rollback_s
+
+        rollback_base = spent_in_llama()[1]  # moved past the prompt's snapshot once the prompt is in
+
         def rewind() -> None:
             """Make both caches hold seq[:-1] again: drop drafted tokens the target did not keep.
 
-            The draft cache may be a token shorter (it never saw d_K after a fully accepted round);
-            `rewind` only ever shortens it, and the next catch-up feeds what it lacks.
+            The draft cache may be shorter (it never saw d_K after a fully accepted round, and a memory
+            that restored a snapshot is further back); `rewind` only ever shortens it, and the next
+            catch-up feeds what it lacks.
             """
+            busy = spent_in_llama()[0]
             target.trim(len(seq) - 1)
             if drafter is not None:
                 drafter.rewind(len(seq) - 1)
+            busy_now, rollback = spent_in_llama()
+            stats.llama_s += busy_now - busy
+            stats.rollback_s = rollback - rollback_base
 
         def limit_reached() -> str | None:
             if len(self.token_ids) >= self.max_tokens:
@@ -108,7 +121,7 @@ class Generation:
         def verify(draft: Draft) -> tuple[int, int, float]:
             """Score [last, d1..dK] in one target pass; return (n accepted, the target's token, seconds)."""
             started, busy = time.perf_counter(), target.busy_s
-            rows = target.decode([seq[-1], *draft.tokens], len(draft.tokens) + 1)
+            rows = target.decode([seq[-1], *draft.tokens], len(draft.tokens) + 1, n_final=1)
             stats.llama_s += target.busy_s - busy
             n, token = accepted_prefix(rows, draft)
             elapsed = time.perf_counter() - started
@@ -152,6 +165,7 @@ class Generation:
             stats.prompt_cached = target.prefill(seq[:-1])
             if drafter is not None:
                 drafter.prefill(seq[:-1])
+            rollback_base = spent_in_llama()[1]
             decode_start = time.perf_counter()
             stats.prompt_s = decode_start - started
             while self.finish_reason is None:

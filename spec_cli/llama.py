@@ -1,7 +1,8 @@
-"""Adapter over llama-cpp-python's low-level API; the only module that imports `llama_cpp`.
+"""Adapter over llama-cpp-python's low-level API; with `memory.py` the only modules that import `llama_cpp`.
 
 It offers exactly what speculative decoding needs: load a GGUF model, tokenize and detokenize, decode a
-batch asking for logits only at the last n positions, and trim a context's KV cache back to n tokens.
+batch asking for logits only at the last n positions, and trim a context's memory back to n tokens (how,
+`memory.py` decides for each kind of memory).
 llama-cpp-python's high-level `Llama` class is not used: it keeps logits for every position and offers no
 way to drive two models in lock-step.
 """
@@ -20,10 +21,13 @@ import numpy as np
 import llama_cpp
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
+from spec_cli import memory
 from spec_cli.errors import SpecError
 
 GGUF_MAGIC = b"GGUF"
-_GGML_LOG_LEVEL_ERROR = 3
+_GGML_LOG_LEVEL_WARN = 3
+_GGML_LOG_LEVEL_ERROR = 4
+_GGML_LOG_LEVEL_CONT = 5
 
 # Names accepted by `quantize`, mapped to llama.cpp's LLAMA_FTYPE values.
 FTYPES = {
@@ -46,16 +50,26 @@ FTYPES = {
 
 
 class _Backend:
-    """Initialises llama.cpp once and keeps its log quiet, remembering the last error for our messages."""
+    """Initialises llama.cpp once and keeps its log quiet, collecting its errors (or else warnings) since the
+    last `forget` so our one-line messages can quote llama.cpp's own words."""
 
     initialised = False
-    last_error = ""
+    errors: list[str] = []
+    warnings: list[str] = []
+    _continued: list[str] | None = None  # the list a GGML_LOG_LEVEL_CONT line extends
 
     @staticmethod
     @llama_cpp.llama_log_callback
     def _log(level: int, text: bytes, _user_data: ctypes.c_void_p) -> None:
-        if level == _GGML_LOG_LEVEL_ERROR:
-            _Backend.last_error = text.decode("utf-8", errors="replace").strip()
+        line = text.decode("utf-8", errors="replace").strip()
+        target = _Backend._continued
+        if level == _GGML_LOG_LEVEL_CONT and target:
+            target[-1] = f"{target[-1]} {line}".strip()
+        elif level in (_GGML_LOG_LEVEL_ERROR, _GGML_LOG_LEVEL_WARN):
+            _Backend._continued = _Backend.errors if level == _GGML_LOG_LEVEL_ERROR else _Backend.warnings
+            _Backend._continued.append(line)
+        else:
+            _Backend._continued = None
 
     @classmethod
     def ensure(cls) -> None:
@@ -63,6 +77,16 @@ class _Backend:
             llama_cpp.llama_log_set(cls._log, ctypes.c_void_p(0))
             llama_cpp.llama_backend_init()
             cls.initialised = True
+
+    @classmethod
+    def forget(cls) -> None:
+        cls.errors.clear()
+        cls.warnings.clear()
+
+    @classmethod
+    def message(cls, default: str) -> str:
+        """llama.cpp's errors since `forget`, else its warnings, else `default`, on one line."""
+        return " ".join("; ".join(cls.errors or cls.warnings or [default]).split())
 
 
 def check_gguf(path: Path) -> None:
@@ -84,6 +108,16 @@ def versions() -> tuple[str, str]:
     """(llama-cpp-python version, llama.cpp's system info line: SIMD features and compiled backends)."""
     _Backend.ensure()
     return llama_cpp.__version__, llama_cpp.llama_print_system_info().decode("utf-8", errors="replace").strip()
+
+
+def amx_weights_disabled() -> bool:
+    """True when llama.cpp would repack weights for Intel AMX, which spec keeps it from doing.
+
+    ggml's AMX matrix multiplication crashes on some Sapphire Rapids machines (llama.cpp issue #20824,
+    seen here with Q4_1 weights); without the extra buffer types the same weights run on AVX-512.
+    """
+    _Backend.ensure()
+    return "AMX_INT8 = 1" in llama_cpp.llama_print_system_info().decode("utf-8", errors="replace")
 
 
 def supports_gpu_offload() -> bool:
@@ -140,11 +174,11 @@ class Model:
         params = llama_cpp.llama_model_default_params()
         params.n_gpu_layers = gpu_layers
         params.vocab_only = vocab_only
-        _Backend.last_error = ""
+        params.use_extra_bufts = not amx_weights_disabled()
+        _Backend.forget()
         handle = llama_cpp.llama_model_load_from_file(str(self.path).encode(), params)
         if not handle:
-            reason = _Backend.last_error or "unknown error"
-            raise SpecError(f"llama.cpp could not load {self.path}: {reason}")
+            raise SpecError(f"llama.cpp could not load {self.path}: {_Backend.message('unknown error')}")
         self._handle = handle
         self._vocab = llama_cpp.llama_model_get_vocab(handle)
         self.n_vocab: int = llama_cpp.llama_vocab_n_tokens(self._vocab)
@@ -238,9 +272,16 @@ class Model:
 
 
 class Context:
-    """One KV cache over a `Model`, fed token batches at increasing positions of sequence 0."""
+    """One sequence's memory over a `Model`, fed token batches at increasing positions of sequence 0.
 
-    def __init__(self, model: Model, n_ctx: int, n_threads: int, n_batch: int = 512) -> None:
+    `tokens` is what the memory holds. Going back (`trim`) is left to the memory's strategy (`memory.py`):
+    a cut, an in-place rollback, or a snapshot restored and the kept tokens replayed; `rollback_s` is the
+    time that costs (saving snapshots included), a part of `busy_s`.
+    """
+
+    def __init__(self, model: Model, n_ctx: int, n_threads: int, n_batch: int = 512, max_rollback: int = 0) -> None:
+        """`max_rollback`: the most tokens one speculative round may discard (K); recurrent memories that
+        llama.cpp can roll back in place keep that many states per sequence."""
         self.model = model
         self.n_batch = min(n_batch, n_ctx)
         params = llama_cpp.llama_context_default_params()
@@ -248,67 +289,92 @@ class Context:
         params.n_batch = self.n_batch
         params.n_ubatch = self.n_batch
         params.n_seq_max = 1
+        params.n_rs_seq = max_rollback  # llama.cpp sets it to 0 for architectures it cannot roll back in place
+        # A sliding-window cache of window + one batch, not of the whole context: a fraction of the memory
+        # on long contexts (Gemma 3 27B at 8k: ~0.8 instead of ~4 GB); memory.py handles the cuts it prunes.
+        params.swa_full = False
         params.n_threads = n_threads
         params.n_threads_batch = n_threads
         params.no_perf = True
+        _Backend.forget()
         handle = llama_cpp.llama_init_from_model(model._handle, params)
         if not handle:
             raise SpecError(f"llama.cpp could not create a {n_ctx}-token context for {model.path.name}: "
-                            f"{_Backend.last_error or 'out of memory?'}")
+                            f"{_Backend.message('out of memory?')}")
         self._handle = handle
-        self._memory = llama_cpp.llama_get_memory(handle)
+        self.memory = memory.for_context(handle, model._handle, model.path.name)
         self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
         # llama.cpp rounds the size up (to 256s); the user's number is the limit we keep to.
         self.n_ctx: int = min(n_ctx, llama_cpp.llama_n_ctx(handle))
         self.tokens: list[int] = []
         self.busy_s = 0.0
+        self.rollback_s = 0.0
 
     @property
     def n_past(self) -> int:
         return len(self.tokens)
 
-    def decode(self, tokens: Sequence[int], n_logits: int) -> np.ndarray:
-        """Append `tokens` to the cache; return logits for the last `n_logits` of them, one row each.
+    def decode(self, tokens: Sequence[int], n_logits: int, n_final: int | None = None) -> np.ndarray:
+        """Append `tokens` to the memory; return logits for the last `n_logits` of them, one row each.
 
         Asking only for the rows that will be used keeps llama.cpp from computing the output layer for the
-        rest (prompt prefill asks for none).
+        rest (prompt prefill asks for none). `n_final`: how many of `tokens` are sure to be kept (default
+        all); the rest are speculative, and a memory that cannot cut them away later prepares for it now.
         """
         if self.n_past + len(tokens) > self.n_ctx:
             raise RuntimeError(f"decode past the context: {self.n_past} + {len(tokens)} > {self.n_ctx}")
         if n_logits > min(len(tokens), self.n_batch):
             raise ValueError(f"cannot return {n_logits} logit rows for a batch of {len(tokens)}")
         started = time.perf_counter()
+        self.memory.before_decode(self.n_past, len(tokens), len(tokens) if n_final is None else n_final)
+        self.rollback_s += time.perf_counter() - started
+        rows = self._decode(tokens, n_logits)
+        self.busy_s += time.perf_counter() - started
+        return rows
+
+    def _decode(self, tokens: Sequence[int], n_logits: int) -> np.ndarray:
         first_output = len(tokens) - n_logits
         for start in range(0, len(tokens), self.n_batch):
             chunk = tokens[start:start + self.n_batch]
             self._fill_batch(chunk, first_output - start)
+            _Backend.forget()
             status = llama_cpp.llama_decode(self._handle, self._batch)
             if status != 0:
-                raise RuntimeError(f"llama_decode failed with status {status}")
+                self._fail(status)
             self.tokens.extend(chunk)
         if n_logits == 0:
-            rows = np.empty((0, self.model.n_vocab), dtype=np.float32)
-        else:
-            logits = llama_cpp.llama_get_logits(self._handle)
-            rows = np.ctypeslib.as_array(logits, shape=(n_logits, self.model.n_vocab)).copy()
-        self.busy_s += time.perf_counter() - started
-        return rows
+            return np.empty((0, self.model.n_vocab), dtype=np.float32)
+        logits = llama_cpp.llama_get_logits(self._handle)
+        return np.ctypeslib.as_array(logits, shape=(n_logits, self.model.n_vocab)).copy()
+
+    def _fail(self, status: int) -> None:
+        """llama.cpp refused a batch: forget everything (the memory may hold part of it) and say why."""
+        self.memory.clear()
+        self.tokens.clear()
+        reason = "no room in the memory" if status == 1 else f"status {status}"
+        raise SpecError(f"llama.cpp could not decode with {self.model.path.name}: {_Backend.message(reason)}")
 
     def prefill(self, tokens: Sequence[int]) -> int:
-        """Make the cache hold exactly `tokens`, keeping the longest prefix it already holds; return how
+        """Make the memory hold exactly `tokens`, keeping the longest prefix it already holds; return how
         many tokens were reused.
 
         A new prompt that extends the last one (the next turn of a chat, the same system prompt) then
-        costs only its new tokens.
+        costs only its new tokens. A memory that cannot cut back that far restores its snapshot at the end
+        of an earlier prompt, or starts over.
         """
         keep = 0
         for cached, token in zip(self.tokens, tokens):
             if cached != token:
                 break
             keep += 1
-        self.trim(keep)
-        self.decode(tokens[keep:], 0)
-        return keep
+        self.trim(keep, replay=False)  # what a restore leaves out is decoded with the rest, in one go
+        reused = self.n_past
+        self.decode(tokens[reused:], 0)
+        if reused < len(tokens):
+            started = time.perf_counter()
+            self.memory.after_prompt(self.n_past)
+            self.rollback_s += time.perf_counter() - started
+        return reused
 
     def _fill_batch(self, chunk: Sequence[int], first_output: int) -> None:
         batch = self._batch
@@ -320,14 +386,25 @@ class Context:
             batch.seq_id[i][0] = 0
             batch.logits[i] = i >= first_output
 
-    def trim(self, n_keep: int) -> None:
-        """Forget every cached position from `n_keep` on, so decoding resumes at position `n_keep`.
+    def trim(self, n_keep: int, replay: bool = True) -> None:
+        """Forget every position from `n_keep` on, so decoding resumes at position `n_keep`.
 
-        The removal runs even when nothing seems to be beyond `n_keep`: a Ctrl-C that lands between
+        With `replay` False the memory may end up shorter than `n_keep` (a snapshot from before it, or
+        empty) and the caller feeds the missing tokens with its next decode: a drafter catches up anyway.
+        The memory is asked even when nothing seems to be beyond `n_keep`: a Ctrl-C that lands between
         `llama_decode` and the bookkeeping above leaves llama.cpp holding positions that `tokens` lacks.
         """
-        del self.tokens[n_keep:]
-        llama_cpp.llama_memory_seq_rm(self._memory, 0, len(self.tokens), -1)
+        n_keep = min(n_keep, self.n_past)
+        if n_keep >= max(self.n_past, self.memory.held()):
+            return
+        started = time.perf_counter()
+        kept = self.tokens[:n_keep]
+        del self.tokens[self.memory.rollback(n_keep):]
+        if replay and self.n_past < n_keep:
+            self._decode(kept[self.n_past:], 0)
+        elapsed = time.perf_counter() - started
+        self.rollback_s += elapsed
+        self.busy_s += elapsed
 
     def close(self) -> None:
         if self._handle:
@@ -353,8 +430,7 @@ def quantize(source: Path, dest: Path, ftype: str, n_threads: int) -> None:
     params.ftype = FTYPES[ftype]
     params.nthread = n_threads
     params.allow_requantize = True
-    _Backend.last_error = ""
+    _Backend.forget()
     status = llama_cpp.llama_model_quantize(str(source).encode(), str(dest).encode(), ctypes.byref(params))
     if status != 0:
-        raise SpecError(f"llama.cpp could not re-encode {source} as {ftype}: "
-                        f"{_Backend.last_error or f'status {status}'}")
+        raise SpecError(f"llama.cpp could not re-encode {source} as {ftype}: {_Backend.message(f'status {status}')}")

@@ -45,7 +45,11 @@ def _fixed_k(draft_max: object) -> int:
 class Pair:
     """A target model and an optional draft model, each with its own KV cache."""
 
-    def __init__(self, target: Model, draft: Model | None, n_ctx: int, n_threads: int) -> None:
+    def __init__(self, target: Model, draft: Model | None, n_ctx: int, n_threads: int,
+                 max_draft: int = AUTO_K_MAX) -> None:
+        """`max_draft`: the largest K that will be asked for; the target's memory is sized to take back that
+        many tokens in place where llama.cpp can. The draft's memory never needs it: it drafts one token
+        per decode, and in-place rollback only reaches into the last batch."""
         self.target = target
         self.draft = draft
         self._contexts: list[Context] = []
@@ -54,20 +58,25 @@ class Pair:
         # costs and of the pair's acceptance carries over from one prompt (or chat turn) to the next.
         self._adaptive: dict[str, AdaptiveK] = {}
         try:
-            self.target_context = self._context(target, n_ctx, n_threads)
-            self.draft_context = self._context(draft, n_ctx, n_threads) if draft else None
+            self.target_context = self._context(target, n_ctx, n_threads, max_draft)
+            self.draft_context = self._context(draft, n_ctx, n_threads, 0) if draft else None
         except BaseException:
             self.close()
             raise
 
-    def _context(self, model: Model, n_ctx: int, n_threads: int) -> Context:
-        context = Context(model, n_ctx, n_threads)
+    def _context(self, model: Model, n_ctx: int, n_threads: int, max_rollback: int) -> Context:
+        context = Context(model, n_ctx, n_threads, max_rollback=max_rollback)
         self._contexts.append(context)
         return context
 
     @property
     def n_ctx(self) -> int:
         return self.target_context.n_ctx
+
+    def memory(self) -> dict[str, dict[str, str]]:
+        """Each loaded model's kind of memory and how it is rolled back, for reports and `--json`."""
+        contexts = {"target": self.target_context, "draft": self.draft_context}
+        return {name: {"kind": c.memory.kind, "rollback": c.memory.method} for name, c in contexts.items() if c}
 
     @property
     def has_chat_template(self) -> bool:
@@ -141,8 +150,10 @@ class Pair:
 
 def load_pair(target: str | os.PathLike[str], draft: str | os.PathLike[str] | None = None, *,
               n_ctx: int = DEFAULT_CTX, n_threads: int | None = None, gpu_layers: int = 0,
-              draft_gpu_layers: int = 0) -> Pair:
-    """Load a target and (unless `draft` is None) a draft, checking that their vocabularies agree."""
+              draft_gpu_layers: int = 0, max_draft: int = AUTO_K_MAX) -> Pair:
+    """Load a target and (unless `draft` is None) a draft, checking that their vocabularies agree.
+
+    `max_draft` is the largest fixed K that will be asked for (`auto` never goes past `AUTO_K_MAX`)."""
     if n_ctx < 16:
         raise SpecError(f"the context must hold at least 16 tokens, got {n_ctx}")
     threads = n_threads or os.cpu_count() or 1
@@ -152,7 +163,7 @@ def load_pair(target: str | os.PathLike[str], draft: str | os.PathLike[str] | No
         if draft is not None:
             draft_model = Model(Path(draft), draft_gpu_layers)
             vocab.check(target_model, draft_model)
-        return Pair(target_model, draft_model, n_ctx, threads)
+        return Pair(target_model, draft_model, n_ctx, threads, max(max_draft, AUTO_K_MAX))
     except BaseException:
         for model in (target_model, draft_model):
             if model is not None:

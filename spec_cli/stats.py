@@ -31,12 +31,13 @@ class Stats:
     draft_s: float = 0.0
     verify_s: float = 0.0
     llama_s: float = 0.0
+    rollback_s: float = 0.0  # taking back rejected tokens: snapshots, restores, replays (within the above)
 
     def merge(self, other: Stats) -> None:
         """Add another generation's counts and times to these (a chat session's totals)."""
         for name in ("prompt_tokens", "prompt_cached", "generated_tokens", "rounds", "rejected_rounds", "drafted",
                      "accepted",
-                     "prompt_s", "decode_s", "draft_s", "verify_s", "llama_s"):
+                     "prompt_s", "decode_s", "draft_s", "verify_s", "llama_s", "rollback_s"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for mine, theirs in ((self.drafted_at, other.drafted_at), (self.accepted_at, other.accepted_at)):
             mine.extend([0] * (len(theirs) - len(mine)))
@@ -107,6 +108,7 @@ class Stats:
             "draft_s": self.draft_s,
             "verify_s": self.verify_s,
             "llama_s": self.llama_s,
+            "rollback_s": self.rollback_s,
             "overhead_s": self.overhead_s,
             "draft_max": self.draft_max,
             "adaptive_k": self.adaptive,

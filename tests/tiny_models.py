@@ -1,6 +1,6 @@
-"""Tiny llama-architecture GGUF models written with the `gguf` package, for real llama.cpp loading in tests.
+"""Tiny GGUF models written with the `gguf` package, for real llama.cpp loading in tests.
 
-Two layers, 64-wide, a 320-token SentencePiece vocabulary (3 specials, 256 byte tokens, letters and a few
+Llama, sliding-window, recurrent and hybrid architectures; two layers, 64-wide, a 320-token SentencePiece vocabulary (3 specials, 256 byte tokens, letters and a few
 pieces), random weights from a fixed seed. Models written with different seeds share the vocabulary, so
 they pair with each other; `rename_token` makes a vocabulary that does not.
 """
@@ -41,23 +41,33 @@ def vocabulary(size: int = 320) -> tuple[list[str], list[float], list[int]]:
     return tokens, scores, types
 
 
-def write_model(path: Path, seed: int, *, vocab_size: int = 320, rename_token: int | None = None,
-                chat_template: str | None = None, eos: int = 2, output_scale: float = 1.0) -> Path:
-    """Write a tiny random llama model to `path`; `output_scale` widens the logits (fewer near-ties)."""
+ARCHS = ("llama", "gemma3", "mamba", "lfm2", "jamba")
+D_CONV, D_STATE, DT_RANK, L_CACHE = 4, 8, 8, 3
+EMBEDDING_SCALE = {"gemma3": 0.3}  # gemma3 multiplies embeddings by √n_embd: large ones make it repeat itself
+
+
+def write_model(path: Path, seed: int, *, arch: str = "llama", vocab_size: int = 320, rename_token: int | None = None,
+                chat_template: str | None = None, eos: int = 2, output_scale: float = 1.0, noise: float = 0.0,
+                sliding_window: int = 4) -> Path:
+    """Write a tiny random model of `arch` to `path`; `output_scale` widens the logits (fewer near-ties).
+
+    `noise` > 0 perturbs every weight of the seed's model by that fraction (drawn from another seed): a
+    draft that agrees with the seed's model most of the time, but not always. The architectures cover
+    every kind of memory: llama (attention), gemma3 (sliding window of `sliding_window` tokens),
+    mamba (recurrent), lfm2 (hybrid that llama.cpp rolls back in place), jamba (hybrid that it cannot).
+    """
     rng = np.random.default_rng(seed)
+    noise_rng = np.random.default_rng(seed + 10_000)
     tokens, scores, types = vocabulary(vocab_size)
     if rename_token is not None:
         tokens[rename_token] = tokens[rename_token] + "_renamed"
-    writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_name(f"tiny-{seed}")
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_name(f"tiny-{arch}-{seed}")
     writer.add_context_length(N_CTX_TRAIN)
     writer.add_embedding_length(N_EMBD)
     writer.add_block_count(N_LAYER)
     writer.add_feed_forward_length(N_FF)
-    writer.add_head_count(N_HEAD)
-    writer.add_head_count_kv(N_HEAD_KV)
     writer.add_layer_norm_rms_eps(1e-5)
-    writer.add_rope_dimension_count(N_EMBD // N_HEAD)
     writer.add_file_type(0)
     writer.add_tokenizer_model("llama")
     writer.add_token_list(tokens)
@@ -72,21 +82,70 @@ def write_model(path: Path, seed: int, *, vocab_size: int = 320, rename_token: i
         writer.add_chat_template(chat_template)
 
     def weight(*shape: int, scale: float = 1.0) -> np.ndarray:
-        return (rng.standard_normal(shape) * scale / np.sqrt(shape[-1])).astype(np.float32)
+        w = rng.standard_normal(shape) * scale / np.sqrt(shape[-1])
+        w = w + noise * noise_rng.standard_normal(shape) * scale / np.sqrt(shape[-1])
+        return w.astype(np.float32)
+
+    def ones(n: int) -> np.ndarray:
+        return np.ones(n, dtype=np.float32)
 
     head_dim = N_EMBD // N_HEAD
-    writer.add_tensor("token_embd.weight", weight(vocab_size, N_EMBD, scale=8.0))
+    d_inner = 2 * N_EMBD
+    recurrent = {"llama": [], "gemma3": [], "mamba": [0, 1], "lfm2": [0], "jamba": [0]}[arch]
+    writer.add_head_count(0 if arch == "mamba" else N_HEAD)
+    writer.add_head_count_kv([0 if i in recurrent else N_HEAD_KV for i in range(N_LAYER)])
+    if arch in ("llama", "gemma3"):
+        writer.add_rope_dimension_count(head_dim)
+    if arch == "gemma3":
+        writer.add_sliding_window(sliding_window)
+    if arch in ("mamba", "jamba"):
+        writer.add_ssm_conv_kernel(D_CONV)
+        writer.add_ssm_inner_size(d_inner)
+        writer.add_ssm_state_size(D_STATE)
+        writer.add_ssm_time_step_rank(DT_RANK)
+    if arch == "lfm2":
+        writer.add_shortconv_l_cache(L_CACHE)
+
+    writer.add_tensor("token_embd.weight", weight(vocab_size, N_EMBD, scale=EMBEDDING_SCALE.get(arch, 8.0)))
     for i in range(N_LAYER):
-        writer.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(N_EMBD, dtype=np.float32))
-        writer.add_tensor(f"blk.{i}.attn_q.weight", weight(N_EMBD, N_EMBD))
-        writer.add_tensor(f"blk.{i}.attn_k.weight", weight(N_HEAD_KV * head_dim, N_EMBD))
-        writer.add_tensor(f"blk.{i}.attn_v.weight", weight(N_HEAD_KV * head_dim, N_EMBD))
-        writer.add_tensor(f"blk.{i}.attn_output.weight", weight(N_EMBD, N_EMBD))
-        writer.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(N_EMBD, dtype=np.float32))
-        writer.add_tensor(f"blk.{i}.ffn_gate.weight", weight(N_FF, N_EMBD))
-        writer.add_tensor(f"blk.{i}.ffn_up.weight", weight(N_FF, N_EMBD))
-        writer.add_tensor(f"blk.{i}.ffn_down.weight", weight(N_EMBD, N_FF))
-    writer.add_tensor("output_norm.weight", np.ones(N_EMBD, dtype=np.float32))
+        blk = f"blk.{i}"
+        writer.add_tensor(f"{blk}.attn_norm.weight", ones(N_EMBD))
+        if i in recurrent and arch == "lfm2":
+            writer.add_tensor(f"{blk}.shortconv.conv.weight", weight(N_EMBD, L_CACHE))
+            writer.add_tensor(f"{blk}.shortconv.in_proj.weight", weight(3 * N_EMBD, N_EMBD))
+            writer.add_tensor(f"{blk}.shortconv.out_proj.weight", weight(N_EMBD, N_EMBD))
+        elif i in recurrent:
+            writer.add_tensor(f"{blk}.ssm_in.weight", weight(2 * d_inner, N_EMBD))
+            writer.add_tensor(f"{blk}.ssm_conv1d.weight", weight(d_inner, D_CONV))
+            writer.add_tensor(f"{blk}.ssm_conv1d.bias", weight(d_inner, scale=0.1))
+            writer.add_tensor(f"{blk}.ssm_x.weight", weight(DT_RANK + 2 * D_STATE, d_inner))
+            writer.add_tensor(f"{blk}.ssm_dt.weight", weight(d_inner, DT_RANK))
+            writer.add_tensor(f"{blk}.ssm_dt.bias", weight(d_inner, scale=0.1))
+            writer.add_tensor(f"{blk}.ssm_a", -np.exp(rng.uniform(-1, 1, (d_inner, D_STATE))).astype(np.float32))
+            writer.add_tensor(f"{blk}.ssm_d", ones(d_inner))
+            writer.add_tensor(f"{blk}.ssm_out.weight", weight(N_EMBD, d_inner))
+            if arch == "jamba":
+                writer.add_tensor(f"{blk}.ssm_dt_norm.weight", ones(DT_RANK))
+                writer.add_tensor(f"{blk}.ssm_b_norm.weight", ones(D_STATE))
+                writer.add_tensor(f"{blk}.ssm_c_norm.weight", ones(D_STATE))
+        else:
+            writer.add_tensor(f"{blk}.attn_q.weight", weight(N_EMBD, N_EMBD))
+            writer.add_tensor(f"{blk}.attn_k.weight", weight(N_HEAD_KV * head_dim, N_EMBD))
+            writer.add_tensor(f"{blk}.attn_v.weight", weight(N_HEAD_KV * head_dim, N_EMBD))
+            writer.add_tensor(f"{blk}.attn_output.weight", weight(N_EMBD, N_EMBD))
+            if arch in ("lfm2", "gemma3"):
+                writer.add_tensor(f"{blk}.attn_q_norm.weight", ones(head_dim))
+                writer.add_tensor(f"{blk}.attn_k_norm.weight", ones(head_dim))
+            if arch == "gemma3":
+                writer.add_tensor(f"{blk}.post_attention_norm.weight", ones(N_EMBD))
+        if arch != "mamba":
+            writer.add_tensor(f"{blk}.ffn_norm.weight", ones(N_EMBD))
+            writer.add_tensor(f"{blk}.ffn_gate.weight", weight(N_FF, N_EMBD))
+            writer.add_tensor(f"{blk}.ffn_up.weight", weight(N_FF, N_EMBD))
+            writer.add_tensor(f"{blk}.ffn_down.weight", weight(N_EMBD, N_FF))
+        if arch == "gemma3":
+            writer.add_tensor(f"{blk}.post_ffw_norm.weight", ones(N_EMBD))
+    writer.add_tensor("token_embd_norm.weight" if arch == "lfm2" else "output_norm.weight", ones(N_EMBD))
     writer.add_tensor("output.weight", weight(vocab_size, N_EMBD, scale=4.0 * output_scale))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
