@@ -25,6 +25,7 @@ from spec_cli.llama import Context
 from spec_cli.pair import Pair
 from spec_cli.sampling import SamplingParams
 from spec_cli.stats import Stats
+from spec_cli.text import NOT_UTF8_NOTE, decode_user_text
 
 _CODE = '''def summarize(orders):
     total = 0
@@ -71,12 +72,17 @@ def builtin_prompts(task: str) -> list[str]:
     return list(PROMPTS[task])
 
 
-def load_prompts(path: Path) -> list[str]:
-    """The user's prompts: one per line, or JSON Lines with a "prompt" field (or a JSON string) per line."""
+def load_prompts(path: Path, notify: Callable[[str], None] = lambda _message: None) -> list[str]:
+    """The user's prompts: one per line, or JSON Lines with a "prompt" field (or a JSON string) per line.
+
+    Bytes that are not UTF-8 are replaced, and `notify` is told."""
     try:
-        lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SpecError(f"cannot read prompts from {path}: {exc}") from exc
+        text, replaced = decode_user_text(path.read_bytes())
+    except OSError as exc:
+        raise SpecError(f"cannot read prompts from {path}: {exc.strerror}") from exc
+    if replaced:
+        notify(f"note: {path} is {NOT_UTF8_NOTE}")
+    lines = [line for line in text.splitlines() if line.strip()]
     if not lines:
         raise SpecError(f"{path} has no prompts")
     if not lines[0].lstrip().startswith(("{", '"')):
@@ -155,7 +161,8 @@ class Side:
         return t.accepted / denominator if denominator else 0.0
 
     def share(self, part: str) -> float:
-        """Fraction of decode time spent in `part`: "draft_s", "verify_s" or "overhead_s" (outside llama.cpp)."""
+        """Fraction of decode time spent in `part`: "draft_s", "verify_s", "rollback_s" (taking rejected tokens
+        back: snapshots, restores, replays) or "overhead_s" (outside llama.cpp)."""
         t = self.totals
         return getattr(t, part) / t.decode_s if t.decode_s else 0.0
 
@@ -247,7 +254,7 @@ def report(sides: Sequence[Side], costs: Costs, settings: dict[str, object]) -> 
             "mean_accepted_length": side.mean_accepted_length,
             "position_acceptance": side.totals.position_acceptance,
             "time_share": {"draft": side.share("draft_s"), "verify": side.share("verify_s"),
-                           "outside_llama_cpp": side.share("overhead_s")},
+                           "rollback": side.share("rollback_s"), "outside_llama_cpp": side.share("overhead_s")},
             "runs": [run.as_dict() for run in side.runs],
         })
     return {

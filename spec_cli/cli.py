@@ -24,6 +24,7 @@ from spec_cli.llama import FTYPES, supports_gpu_offload
 from spec_cli.pair import DEFAULT_CTX, DRAFTING_MODES, Pair, load_pair, needs_draft_model
 from spec_cli.paths import user_registry_path
 from spec_cli.sampling import SamplingParams
+from spec_cli.text import NOT_UTF8_NOTE, decode_user_text
 
 T = TypeVar("T")
 EXIT_USER_ERROR = 1
@@ -107,6 +108,7 @@ class LoadOptions:
     gpu_layers: int | None = None
     draft_gpu_layers: int | None = None
     needs_draft: bool = True
+    max_draft: int = 0  # the largest fixed K asked for (memories that roll back in place are sized to it)
 
 
 @dataclass(frozen=True)
@@ -144,7 +146,8 @@ def _open_pair(options: LoadOptions) -> Iterator[Loaded]:
     gpu_layers = _given(options.gpu_layers, spec.gpu_layers if spec else 0)
     draft_gpu_layers = _given(options.draft_gpu_layers, spec.draft_gpu_layers if spec else 0)
     with load_pair(target, draft if load_draft else None, n_ctx=ctx, n_threads=options.threads,
-                   gpu_layers=gpu_layers, draft_gpu_layers=draft_gpu_layers) as pair:
+                   gpu_layers=gpu_layers, draft_gpu_layers=draft_gpu_layers,
+                   max_draft=max(options.max_draft, spec.draft_max if spec else 0)) as pair:
         yield Loaded(pair, spec.draft_max if spec else "auto")
 
 
@@ -175,6 +178,11 @@ def _draft_max(value: str) -> int | str:
     return int(value)
 
 
+def _largest_k(ks: list[int | str | None]) -> int:
+    """The largest fixed K among those given (0 when none is a number)."""
+    return max((k for k in ks if isinstance(k, int)), default=0)
+
+
 def _draft_mode(value: str) -> str:
     if value not in DRAFTING_MODES:
         raise SpecError(f"unknown draft mode {value!r}; choose one of: {', '.join(DRAFTING_MODES)}")
@@ -194,13 +202,17 @@ def _warn_cpu_only() -> None:
                 "(spec doctor says how to install a CUDA or Metal build)")
 
 
-def _read_prompt(prompt: str | None) -> str:
+def _read_prompt(prompt: str | None, quiet: bool) -> str:
     """The prompt argument, or stdin when the argument is `-`, or absent with stdin not a terminal."""
     if prompt == "-" or (prompt is None and not sys.stdin.isatty()):
-        return sys.stdin.read()
-    if prompt is None:
+        text, replaced = decode_user_text(sys.stdin.buffer.read())
+    elif prompt is None:
         raise SpecError('no prompt: give one as an argument (spec run "…") or pipe it in (… | spec run -)')
-    return prompt
+    else:
+        text, replaced = decode_user_text(prompt)
+    if replaced and not quiet:
+        ui.note(f"note: the prompt is {NOT_UTF8_NOTE}")
+    return text
 
 
 @app.command(epilog=RUN_EXAMPLES)
@@ -232,12 +244,12 @@ def run(
     Greedy output (the default, --temp 0) is token for token what the target alone would write; sampled output follows the target's distribution exactly. On a terminal, draft tokens the target accepted are shown in cyan.
     """
     with _user_errors():
-        text = _read_prompt(prompt)
+        text = _read_prompt(prompt, quiet)
         sampling = SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p)
         mode = "none" if no_draft else _draft_mode(draft_mode or "model")
         k = None if draft_max is None else _draft_max(draft_max)
         options = LoadOptions(target, draft, pair, no_draft, quiet, ctx, threads, gpu_layers, draft_gpu_layers,
-                              needs_draft=needs_draft_model(mode))
+                              needs_draft=needs_draft_model(mode), max_draft=_largest_k([k]))
         with _open_pair(options) as loaded:
             if not raw and not loaded.pair.has_chat_template:
                 if not quiet:
@@ -287,12 +299,15 @@ def bench(
     """
     with _user_errors():
         mode_list = _csv(modes, parse=_draft_mode)
-        prompts = benchmark.load_prompts(prompts_file) if prompts_file else benchmark.builtin_prompts(task)
+        prompts = (benchmark.load_prompts(prompts_file, notify=ui.note) if prompts_file
+                   else benchmark.builtin_prompts(task))
         sampling = SamplingParams(temperature=temp)
+        k_given = _csv(ks, parse=_draft_max) if ks else []
         options = LoadOptions(target, draft, pair, False, False, ctx, threads, gpu_layers, draft_gpu_layers,
-                              needs_draft=any(needs_draft_model(mode) for mode in mode_list))
+                              needs_draft=any(needs_draft_model(mode) for mode in mode_list),
+                              max_draft=_largest_k(k_given))
         with _open_pair(options) as loaded:
-            k_list = _csv(ks, parse=_draft_max) if ks else list(dict.fromkeys([loaded.draft_max, "auto"]))
+            k_list = k_given or list(dict.fromkeys([loaded.draft_max, "auto"]))
             configs = [benchmark.TARGET_ALONE] + [benchmark.Config(m, k) for m in mode_list for k in k_list]
             raw = not loaded.pair.has_chat_template
             with ui.progress(len(configs) * repeat * len(prompts)) as advance:
@@ -378,7 +393,7 @@ def chat(
         k = None if draft_max is None else _draft_max(draft_max)
         template = chat_module.chat_template(chat_format)
         options = LoadOptions(target, draft, pair, no_draft, quiet, ctx, threads, gpu_layers, draft_gpu_layers,
-                              needs_draft=needs_draft_model(mode))
+                              needs_draft=needs_draft_model(mode), max_draft=_largest_k([k]))
         with _open_pair(options) as loaded:
             # Fail now rather than at the first message when there is no template to use.
             loaded.pair.target.format_chat([{"role": "user", "content": "hi"}], template=template)
@@ -417,15 +432,24 @@ def models_show(name: Annotated[str, typer.Argument(help="Pair name (see spec mo
         ui.show_pair(spec.name, spec.description, settings, models.member_reports(spec))
 
 
-@models_app.command("check")
+@models_app.command("check", epilog="Examples:\n\n  spec models check qwen3.5-9b\n\n  spec models check big.gguf small.gguf")
 def models_check(
-    target: Annotated[Path, typer.Argument(help="Target GGUF file.")],
-    draft: Annotated[Path, typer.Argument(help="Draft GGUF file.")],
+    pair_or_target: Annotated[str, typer.Argument(metavar="PAIR|TARGET", help="A pair name (its files must be on disk), or the target GGUF file.")],
+    draft: Annotated[Optional[Path], typer.Argument(metavar="[DRAFT]", help="The draft GGUF file, when the first argument is a target file.", show_default=False)] = None,
 ) -> None:
-    """Check whether DRAFT can draft for TARGET: every vocabulary rule, passed or failed."""
+    """Check whether a draft can draft for a target: every vocabulary rule, passed or failed, and each model's kind of memory and rollback."""
     with _user_errors():
+        if draft is None:
+            spec = registry.load_registry().get(pair_or_target)
+            files = models.located_pair(spec)
+            if files is None:
+                raise SpecError(f"pair {spec.name!r} is not on disk yet: spec models pull {spec.name}")
+            target, draft, k = *files, spec.draft_max
+        else:
+            target, k = Path(pair_or_target), 0
         rules = models.check_files(target, draft)
         ui.show_rules(rules)
+        ui.show_facts("memory", models.memory_facts(target, draft, k))
         if not all(rule.passed for rule in rules):
             raise typer.Exit(EXIT_USER_ERROR)
 
@@ -454,7 +478,8 @@ def models_path() -> None:
 def doctor() -> None:
     """Versions, the llama.cpp backend (CPU, CUDA, Metal), threads, memory, and where files are kept."""
     with _user_errors():
-        ui.show_facts("spec doctor", models.doctor_facts())
+        known = registry.load_registry()
+        ui.show_facts("spec doctor", models.doctor_facts(known.get(known.default)))
 
 
 def _stream(generation, view: ui.View) -> None:
@@ -472,6 +497,10 @@ def _stream(generation, view: ui.View) -> None:
         events.close()
         _silence_stdout()
         return
+    except SpecError:
+        events.close()
+        view.finish(generation)  # the text so far stays on screen; the error follows in one line
+        raise
     view.finish(generation)
 
 

@@ -147,9 +147,12 @@ class ModelInfo:
     context_length: int | None
     vocab_size: int
     has_chat_template: bool
+    memory: str  # attention, sliding window, recurrent or hybrid
+    rollback: str  # how spec takes rejected tokens back from that memory
 
 
-def model_info(path: Path) -> ModelInfo:
+def model_info(path: Path, max_rollback: int) -> ModelInfo:
+    """The report of `path`; `max_rollback` is the K the rollback method is sized for."""
     model = Model(path, vocab_only=True)
     try:
         architecture = model.metadata("general.architecture") or "unknown"
@@ -157,8 +160,34 @@ def model_info(path: Path) -> ModelInfo:
         names = {number: name.upper() for name, number in FTYPES.items()}
         quantization = names.get(int(file_type), f"type {file_type}") if file_type else "unknown"
         context = model.metadata(f"{architecture}.context_length")
+        kind = memory.memory_kind(model._handle)
+        n_swa = llama_cpp.llama_model_n_swa(model._handle)
         return ModelInfo(architecture, quantization, int(context) if context else None, model.n_vocab,
-                         model.chat_template() is not None)
+                         model.chat_template() is not None, kind,
+                         memory.rollback_method(kind, n_swa, _in_place_rollback(path, kind, max_rollback)))
+    finally:
+        model.close()
+
+
+def memory_of(path: Path) -> str:
+    """The kind of memory of the model in `path` (attention, sliding window, recurrent, hybrid)."""
+    model = Model(path, vocab_only=True)
+    try:
+        return memory.memory_kind(model._handle)
+    finally:
+        model.close()
+
+
+def _in_place_rollback(path: Path, kind: str, max_rollback: int) -> int:
+    """How many tokens llama.cpp rolls back in place for this model (0 where it cannot). Only a context
+    says, so recurrent and hybrid models are loaded (memory-mapped) for a small one."""
+    if kind not in (memory.RECURRENT, memory.HYBRID):
+        return 0
+    model = Model(path)
+    try:
+        context = Context(model, 64, 1, max_rollback=max_rollback)
+        context.close()
+        return context.memory.n_rs_seq
     finally:
         model.close()
 
@@ -276,7 +305,8 @@ class Context:
 
     `tokens` is what the memory holds. Going back (`trim`) is left to the memory's strategy (`memory.py`):
     a cut, an in-place rollback, or a snapshot restored and the kept tokens replayed; `rollback_s` is the
-    time that costs (saving snapshots included), a part of `busy_s`.
+    time that costs (saving snapshots included). Decoding and trimming count in `busy_s`; the prompt's
+    snapshot does not.
     """
 
     def __init__(self, model: Model, n_ctx: int, n_threads: int, n_batch: int = 512, max_rollback: int = 0) -> None:
@@ -308,11 +338,16 @@ class Context:
         self.n_ctx: int = min(n_ctx, llama_cpp.llama_n_ctx(handle))
         self.tokens: list[int] = []
         self.busy_s = 0.0
-        self.rollback_s = 0.0
+        self._trim_s = 0.0
 
     @property
     def n_past(self) -> int:
         return len(self.tokens)
+
+    @property
+    def rollback_s(self) -> float:
+        """Seconds spent taking tokens back: cuts, restores and replays, and saving snapshots."""
+        return self._trim_s + self.memory.saving_s
 
     def decode(self, tokens: Sequence[int], n_logits: int, n_final: int | None = None) -> np.ndarray:
         """Append `tokens` to the memory; return logits for the last `n_logits` of them, one row each.
@@ -327,7 +362,6 @@ class Context:
             raise ValueError(f"cannot return {n_logits} logit rows for a batch of {len(tokens)}")
         started = time.perf_counter()
         self.memory.before_decode(self.n_past, len(tokens), len(tokens) if n_final is None else n_final)
-        self.rollback_s += time.perf_counter() - started
         rows = self._decode(tokens, n_logits)
         self.busy_s += time.perf_counter() - started
         return rows
@@ -371,9 +405,7 @@ class Context:
         reused = self.n_past
         self.decode(tokens[reused:], 0)
         if reused < len(tokens):
-            started = time.perf_counter()
             self.memory.after_prompt(self.n_past)
-            self.rollback_s += time.perf_counter() - started
         return reused
 
     def _fill_batch(self, chunk: Sequence[int], first_output: int) -> None:
@@ -403,7 +435,7 @@ class Context:
         if replay and self.n_past < n_keep:
             self._decode(kept[self.n_past:], 0)
         elapsed = time.perf_counter() - started
-        self.rollback_s += elapsed
+        self._trim_s += elapsed
         self.busy_s += elapsed
 
     def close(self) -> None:

@@ -22,6 +22,7 @@ rewrites earlier text replays from there instead of from the start).
 from __future__ import annotations
 
 import ctypes
+import time
 from dataclasses import dataclass
 
 import llama_cpp
@@ -29,6 +30,7 @@ import llama_cpp
 from spec_cli.errors import SpecError
 
 ATTENTION, SLIDING_WINDOW, RECURRENT, HYBRID = "attention", "sliding window", "recurrent", "hybrid"
+KINDS = (ATTENTION, SLIDING_WINDOW, RECURRENT, HYBRID)
 _PARTIAL = llama_cpp.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
 
 
@@ -52,20 +54,33 @@ class _Snapshot:
     size: int
 
 
+def rollback_method(kind: str, n_swa: int = 0, n_rs_seq: int = 0) -> str:
+    """How spec takes tokens back from a memory of this kind, in words for reports."""
+    if kind == ATTENTION:
+        return "cut"
+    if kind == SLIDING_WINDOW:
+        return f"cut (window {n_swa}); snapshot at the prompt for cuts beyond the window"
+    if n_rs_seq > 0:
+        return f"in place (up to {n_rs_seq} tokens); snapshot + replay beyond"
+    return "snapshot + replay"
+
+
 class Memory:
     """Attention KV cache: any tail can be cut, nothing is ever saved."""
 
     kind = ATTENTION
+    n_swa = 0
+    n_rs_seq = 0
 
     def __init__(self, context: llama_cpp.llama_context_p, name: str) -> None:
         self._context = context
         self._memory = llama_cpp.llama_get_memory(context)
         self._name = name
+        self.saving_s = 0.0  # time spent saving snapshots
 
     @property
     def method(self) -> str:
-        """How this memory rolls back, in words for reports."""
-        return "cut (llama_memory_seq_rm)"
+        return rollback_method(self.kind, self.n_swa, self.n_rs_seq)
 
     def held(self) -> int:
         """How many positions llama.cpp holds for sequence 0."""
@@ -105,10 +120,6 @@ class SnapshotMemory(Memory):
         self._round: _Snapshot | None = None
         self._prompt: _Snapshot | None = None
         self._speculating = False  # a speculative decode happened since the last final one or rollback
-
-    @property
-    def method(self) -> str:
-        return "snapshot + replay"
 
     def before_decode(self, n_past: int, n_tokens: int, n_final: int) -> None:
         if n_final >= n_tokens:
@@ -161,11 +172,13 @@ class SnapshotMemory(Memory):
 
     def _save(self, position: int, reuse: _Snapshot | None) -> _Snapshot:
         """Save the non-cuttable part of the state, reusing `reuse`'s buffer when it is large enough."""
+        started = time.perf_counter()
         size = llama_cpp.llama_state_seq_get_size_ext(self._context, 0, _PARTIAL)
         buffer = reuse.buffer if reuse is not None and len(reuse.buffer) >= size else (ctypes.c_uint8 * size)()
         written = llama_cpp.llama_state_seq_get_data_ext(self._context, buffer, size, 0, _PARTIAL)
         if written == 0 and size > 0:
             raise SpecError(f"llama.cpp could not save the state of {self._name}")
+        self.saving_s += time.perf_counter() - started
         return _Snapshot(position, buffer, written)
 
     def _restore(self, snapshot: _Snapshot) -> None:
@@ -184,10 +197,6 @@ class SlidingWindowMemory(SnapshotMemory):
     def __init__(self, context: llama_cpp.llama_context_p, name: str, n_swa: int) -> None:
         super().__init__(context, name, SLIDING_WINDOW)
         self.n_swa = n_swa
-
-    @property
-    def method(self) -> str:
-        return f"cut (window {self.n_swa}); snapshot at the prompt for cuts beyond the window"
 
     def _covered(self, n_tokens: int, n_final: int) -> bool:
         return True
@@ -212,10 +221,6 @@ class InPlaceMemory(SnapshotMemory):
         super().__init__(context, name, kind)
         self.n_rs_seq = n_rs_seq
         self._last_batch = 0
-
-    @property
-    def method(self) -> str:
-        return f"in place (n_rs_seq {self.n_rs_seq}); snapshot + replay beyond it"
 
     def before_decode(self, n_past: int, n_tokens: int, n_final: int) -> None:
         self._last_batch = n_tokens

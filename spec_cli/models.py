@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from spec_cli import __version__, hub, llama, vocab
+from spec_cli.pair import AUTO_K_MAX
 from spec_cli.paths import cache_dir, user_registry_path
 from spec_cli.registry import MEMBERS, PairSpec, Registry, describe, locate
 
@@ -20,6 +21,7 @@ class PairRow:
     target_present: bool
     draft_present: bool
     size_bytes: int
+    memory: str  # the target's kind of memory, "" when neither the entry nor a local file says
 
 
 @dataclass(frozen=True)
@@ -38,7 +40,8 @@ def pair_rows(registry: Registry) -> list[PairRow]:
         paths = {m: locate(spec, m) for m in MEMBERS}
         rows.append(PairRow(spec.name, _short(spec.target), _short(spec.draft),
                             paths["target"] is not None, paths["draft"] is not None,
-                            sum(p.stat().st_size for p in paths.values() if p is not None)))
+                            sum(p.stat().st_size for p in paths.values() if p is not None),
+                            spec.memory or (llama.memory_of(paths["target"]) if paths["target"] else "")))
     return rows
 
 
@@ -56,8 +59,28 @@ def member_reports(spec: PairSpec) -> list[MemberReport]:
         path = locate(spec, member)
         reports.append(MemberReport(member, describe(spec.source(member)), path,
                                     path.stat().st_size if path else 0,
-                                    llama.model_info(path) if path else None))
+                                    llama.model_info(path, _rollback_sized_for(spec, member)) if path else None))
     return reports
+
+
+def _rollback_sized_for(spec: PairSpec, member: str) -> int:
+    """The K a member's memory is sized for: the target's rolls back whole rounds, the draft's none."""
+    return max(spec.draft_max, AUTO_K_MAX) if member == "target" else 0
+
+
+def memory_facts(target: Path, draft: Path, draft_max: int) -> list[tuple[str, str]]:
+    """Each member's kind of memory and how spec takes rejected tokens back from it."""
+    facts = []
+    for member, path, sized in (("target", target, max(draft_max, AUTO_K_MAX)), ("draft", draft, 0)):
+        info = llama.model_info(path, sized)
+        facts.append((f"{member} memory", f"{info.memory}; rollback: {info.rollback}"))
+    return facts
+
+
+def located_pair(spec: PairSpec) -> tuple[Path, Path] | None:
+    """The pair's (target, draft) files when both are on disk now."""
+    target, draft = locate(spec, "target"), locate(spec, "draft")
+    return (target, draft) if target is not None and draft is not None else None
 
 
 def check_files(target: Path, draft: Path) -> list[vocab.Rule]:
@@ -92,7 +115,7 @@ def backends(system_info: str) -> list[str]:
     return names or ["CPU"]
 
 
-def doctor_facts() -> list[tuple[str, str]]:
+def doctor_facts(default: PairSpec) -> list[tuple[str, str]]:
     version, system_info = llama.versions()
     gpu = llama.supports_gpu_offload()
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else 0
@@ -111,4 +134,11 @@ def doctor_facts() -> list[tuple[str, str]]:
     ]
     if not gpu:
         facts.append(("enable GPU", gpu_install_command()))
+    if llama.amx_weights_disabled():
+        facts.append(("AMX", "weights not repacked for AMX (llama.cpp #20824 crashes on some of these CPUs)"))
+    files = located_pair(default)
+    if files is None:
+        facts.append((f"pair {default.name}", f"not on disk yet (spec models pull {default.name})"))
+    else:
+        facts += [(f"{default.name}: {key}", value) for key, value in memory_facts(*files, default.draft_max)]
     return facts

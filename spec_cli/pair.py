@@ -113,8 +113,11 @@ class Pair:
             seed = secrets.randbits(32)
         mode = draft_mode or ("model" if self.draft_context else "none")
         drafter = self._drafter(mode, draft_p_min)
-        return Generation(self.target_context, drafter, tokens, sampling, seed, self._draft_length(draft_max, mode),
-                          max_tokens)
+        generation = Generation(self.target_context, drafter, tokens, sampling, seed,
+                                self._draft_length(draft_max, mode), max_tokens)
+        in_use = ("target", "draft") if needs_draft_model(mode) else ("target",)
+        generation.stats.memory = {name: facts for name, facts in self.memory().items() if name in in_use}
+        return generation
 
     def _draft_length(self, draft_max: int | str, mode: str) -> DraftLength:
         if draft_max != "auto":

@@ -22,6 +22,7 @@ from typing import Any, Callable
 from spec_cli import hub
 from spec_cli.derive import derive, derived_path
 from spec_cli.errors import SpecError
+from spec_cli.memory import KINDS
 from spec_cli.paths import user_registry_path
 
 MEMBERS = ("target", "draft")
@@ -41,6 +42,7 @@ class PairSpec:
     gpu_layers: int
     draft_gpu_layers: int
     origin: str
+    memory: str = ""  # the target's kind of memory as the entry states it ("" when not stated)
 
     def source(self, member: str) -> dict[str, Any]:
         return self.target if member == "target" else self.draft
@@ -123,7 +125,14 @@ def _parse_pair(name: str, entry: Any, where: str, origin: str) -> PairSpec:
         gpu_layers=_int(entry.get("gpu_layers", 0), f"{where}, field 'gpu_layers'", minimum=-1),
         draft_gpu_layers=_int(entry.get("draft_gpu_layers", 0), f"{where}, field 'draft_gpu_layers'", minimum=-1),
         origin=origin,
+        memory=_memory_kind(entry.get("memory", ""), f"{where}, field 'memory'"),
     )
+
+
+def _memory_kind(value: Any, where: str) -> str:
+    if value not in ("", *KINDS):
+        raise SpecError(f"{where} must be one of {', '.join(KINDS)}, got {value!r}")
+    return value
 
 
 def _check_source(source: Any, where: str) -> None:

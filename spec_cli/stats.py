@@ -32,6 +32,7 @@ class Stats:
     verify_s: float = 0.0
     llama_s: float = 0.0
     rollback_s: float = 0.0  # taking back rejected tokens: snapshots, restores, replays (within the above)
+    memory: dict[str, dict[str, str]] = field(default_factory=dict)  # per model: kind, rollback method
 
     def merge(self, other: Stats) -> None:
         """Add another generation's counts and times to these (a chat session's totals)."""
@@ -113,4 +114,5 @@ class Stats:
             "draft_max": self.draft_max,
             "adaptive_k": self.adaptive,
             "current_k": self.current_k,
+            "memory": self.memory,
         }

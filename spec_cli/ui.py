@@ -30,6 +30,7 @@ from spec_cli.models import MemberReport, PairRow
 from spec_cli.paths import cache_dir
 from spec_cli.vocab import Rule
 from spec_cli.stats import Stats
+from spec_cli.text import NOT_UTF8_NOTE, decode_user_text
 
 DRAFT_STYLE = "cyan"
 TARGET_STYLE = ""
@@ -194,7 +195,7 @@ def show_comparison(result: dict) -> None:
                         f"{settings['max_tokens']} tokens each", box=box.SIMPLE_HEAD)
     drafting = Table(title="Drafting", box=box.SIMPLE_HEAD)
     for table, columns in ((speed, ("tok/s", "min–max", "speed-up", "predicted")),
-                           (drafting, ("accepted", "per round", "draft/verify", "not llama.cpp"))):
+                           (drafting, ("accepted", "per round", "draft/verify", "rollback", "not llama.cpp"))):
         table.add_column("", no_wrap=True)
         for column in columns:
             table.add_column(column, justify="right")
@@ -205,7 +206,8 @@ def show_comparison(result: dict) -> None:
                       f"{c['predicted_speedup']:.2f}×" if c["predicted_speedup"] else "–")
         if c["draft_mode"] != "none":
             drafting.add_row(c["label"], f"{c['acceptance_rate']:.0%}", f"{c['mean_accepted_length']:.2f}",
-                             f"{share['draft']:.0%} / {share['verify']:.0%}", f"{share['outside_llama_cpp']:.1%}")
+                             f"{share['draft']:.0%} / {share['verify']:.0%}", f"{share['rollback']:.1%}",
+                             f"{share['outside_llama_cpp']:.1%}")
     console.print(speed)
     console.print(drafting)
     for c in result["configs"]:
@@ -216,7 +218,9 @@ def show_comparison(result: dict) -> None:
     draft = f"{costs['draft_step_s'] * 1000:.1f} ms" if costs["draft_step_s"] is not None else "–"
     console.print(f"costs on this machine: draft step {draft}; verify of K+1 tokens (ms) {verify}", style="dim")
     console.print("runs interleaved across configurations; tokens/s counts decoding only; per round = mean "
-                  "accepted length; draft/verify = shares of decoding time; not llama.cpp = time outside its "
+                  "accepted length; draft/verify = shares of decoding time; rollback = the share spent taking "
+                  "rejected tokens back (snapshots, restores, replays: recurrent and hybrid models); "
+                  "not llama.cpp = time outside its "
                   "decode calls; predicted = E[tokens](α, K) × c_verify(0) / (K c_draft + c_verify(K))",
                   style="dim", markup=False)
 
@@ -264,11 +268,11 @@ def download_progress() -> Iterator[type]:
 
 def show_pairs(rows: list[PairRow], default: str) -> None:
     table = Table(title="Model pairs (spec models show NAME for details)")
-    for column in ("name", "target", "draft", "local", "size on disk"):
+    for column in ("name", "target", "draft", "memory", "local", "size on disk"):
         table.add_column(column, justify="right" if column == "size on disk" else "left", overflow="fold")
     for row in rows:
         name = f"{row.name} (default)" if row.name == default else row.name
-        table.add_row(name, row.target, row.draft, _presence(row.target_present, row.draft_present),
+        table.add_row(name, row.target, row.draft, row.memory or "?", _presence(row.target_present, row.draft_present),
                       _size(row.size_bytes) if row.size_bytes else "–")
     Console(highlight=False).print(table)
 
@@ -301,7 +305,8 @@ def show_pair(name: str, description: str, settings: dict[str, object], members:
             facts += [("size", _size(m.size_bytes)), ("architecture", m.info.architecture),
                       ("type", m.info.quantization), ("context length", str(m.info.context_length or "?")),
                       ("vocabulary", str(m.info.vocab_size)),
-                      ("chat template", "yes" if m.info.has_chat_template else "no")]
+                      ("chat template", "yes" if m.info.has_chat_template else "no"),
+                      ("memory", m.info.memory), ("rollback", m.info.rollback)]
         show_facts(m.member, facts)
 
 
@@ -366,13 +371,13 @@ def chat_loop(session: ChatSession, interactive: bool, quiet: bool) -> None:
 def _read_message(interactive: bool) -> str | None:
     """One user message; None at end of input. Continuation lines: a trailing backslash, or pasted lines."""
     if not interactive:
-        line = sys.stdin.readline()
-        return line.rstrip("\n") if line else None
+        line = sys.stdin.buffer.readline()
+        return _user_text(line).rstrip("\n") if line else None
     lines: list[str] = []
     prompt = ">>> "
     while True:
         try:
-            line = input(prompt)
+            line = _user_text(input(prompt))
         except EOFError:
             print()
             return "\n".join(lines) if lines else None
@@ -388,6 +393,13 @@ def _read_message(interactive: bool) -> str | None:
         if not _more_input_waiting():
             return "\n".join(lines)
         prompt = ""
+
+
+def _user_text(data: bytes | str) -> str:
+    text, replaced = decode_user_text(data)
+    if replaced:
+        note(f"note: the message is {NOT_UTF8_NOTE}")
+    return text
 
 
 def _more_input_waiting() -> bool:

@@ -16,6 +16,7 @@ from spec_cli.bench import (TARGET_ALONE, Config, Costs, Side, builtin_prompts, 
                             measure_costs)
 from spec_cli.draft_length import expected_tokens
 from spec_cli.stats import Stats
+from tiny_models import write_model
 
 runner = CliRunner()
 
@@ -81,6 +82,14 @@ def test_prompt_files(tmp_path: Path) -> None:
         load_prompts(tmp_path / "missing.txt")
 
 
+def test_prompt_file_with_bytes_that_are_not_utf8(tmp_path: Path) -> None:
+    latin = tmp_path / "latin1.txt"
+    latin.write_bytes("café au lait\nnaïve\n".encode("latin-1"))
+    notes: list[str] = []
+    assert load_prompts(latin, notify=notes.append) == ["caf\ufffd au lait", "na\ufffdve"]
+    assert notes == [f"note: {latin} is not valid UTF-8; the undecodable bytes were replaced with U+FFFD (�)"]
+
+
 def test_builtin_prompt_set_covers_every_kind() -> None:
     mixed = builtin_prompts("mixed")
     for kind in ("chat", "code", "summary", "creative"):
@@ -132,3 +141,17 @@ def test_plot_without_matplotlib_says_how_to_get_it(target_path: Path, tmp_path:
     result = run_bench(target_path, "--task", "chat", "-k", "2", "--plot", str(tmp_path / "x.png"))
     assert result.exit_code == 1
     assert "--plot needs matplotlib: pip install 'spec-cli[plot]'" in result.stderr
+
+
+def test_bench_on_a_recurrent_pair_shows_the_rollback_share(tmp_path: Path) -> None:
+    target = write_model(tmp_path / "mamba.gguf", 1, arch="mamba")
+    draft = write_model(tmp_path / "mamba-noisy.gguf", 1, arch="mamba", noise=0.1)
+    out = tmp_path / "bench.json"
+    result = runner.invoke(app, ["bench", "--target", str(target), "--draft", str(draft), "-k", "4",
+                                "-n", "24", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "rollback" in result.stdout
+    alone, speculative = json.loads(out.read_text())["configs"]
+    assert alone["time_share"]["rollback"] == 0  # nothing drafted, nothing to take back
+    assert 0 < speculative["time_share"]["rollback"] < speculative["time_share"]["verify"] + \
+        speculative["time_share"]["draft"]

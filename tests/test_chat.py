@@ -194,6 +194,17 @@ def test_piped_chat_answers_each_line_plainly(chat_target_path: Path) -> None:
         assert [say(session, "hello"), say(session, "how are you")] == answers[:2]
 
 
+def test_piped_chat_replaces_bytes_that_are_not_utf8(chat_target_path: Path) -> None:
+    completed = subprocess.run(chat_command(chat_target_path, "-n", "4", "--temp", "0"), input=b"Say \xff\xfe hi\n",
+                               capture_output=True, timeout=120)
+    assert completed.returncode == 0, completed.stderr
+    stderr = completed.stderr.decode()
+    assert "the message is not valid UTF-8" in stderr and "Traceback" not in stderr
+    with load_pair(chat_target_path, None) as alone:
+        session = ChatSession(alone, settings(max_tokens=4, use_draft=False))
+        assert completed.stdout.decode().split("\n")[0] == say(session, "Say \ufffd\ufffd hi")
+
+
 def test_model_without_template_needs_a_chat_format(target_path: Path) -> None:
     completed = subprocess.run(chat_command(target_path), input="hi\n", capture_output=True, text=True, timeout=60)
     assert completed.returncode == 1

@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from spec_cli import SpecError
 from spec_cli.cli import app
+from tiny_models import write_model
 
 runner = CliRunner()
 
@@ -198,3 +200,58 @@ def test_closed_pipe_exits_quietly(target_path: Path, tmp_path: Path) -> None:
     assert completed.stdout.strip() == "0"
     assert len((tmp_path / "out").read_bytes()) == 20
     assert (tmp_path / "err").read_text() == ""
+
+
+@pytest.fixture(scope="module")
+def recurrent_pair(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    """The crash that started it: a recurrent target with a draft that is partly rejected."""
+    folder = tmp_path_factory.mktemp("mamba")
+    target = write_model(folder / "mamba.gguf", 1, arch="mamba")
+    draft = write_model(folder / "mamba-noisy.gguf", 1, arch="mamba", noise=0.1)
+    return ["--target", str(target), "--draft", str(draft), "--raw"]
+
+
+def test_recurrent_pair_gives_the_target_alone_text(recurrent_pair: list[str]) -> None:
+    fast = spec("run", *recurrent_pair, "-k", "4", "-n", "40", "--json", "the cat sat on the mat")
+    assert fast.exit_code == 0, fast.output
+    plain = spec("run", *recurrent_pair, "--no-draft", "-n", "40", "--json", "the cat sat on the mat")
+    fast_data, plain_data = json.loads(fast.stdout), json.loads(plain.stdout)
+    assert fast_data["token_ids"] == plain_data["token_ids"]
+    stats = fast_data["stats"]
+    assert stats["rejected_rounds"] > 0 and stats["accepted"] > 0
+    assert stats["memory"]["target"] == {"kind": "recurrent", "rollback": "snapshot + replay"}
+    assert stats["memory"]["draft"]["kind"] == "recurrent"
+    assert 0 < stats["rollback_s"] <= stats["llama_s"]
+    assert set(plain_data["stats"]["memory"]) == {"target"}  # the draft model is not in use
+
+
+def test_llama_cpp_refusing_mid_generation_is_one_line_and_keeps_the_text(
+        pair_args: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    from spec_cli.llama import Context
+
+    decode, calls = Context._decode, []
+
+    def failing(self: Context, tokens: list[int], n_logits: int):
+        calls.append(tokens)
+        if len(calls) == 12:
+            raise SpecError(f"llama.cpp could not decode with {self.model.path.name}: no room in the memory")
+        return decode(self, tokens, n_logits)
+
+    monkeypatch.setattr(Context, "_decode", failing)
+    result = spec("run", *pair_args, "-k", "2", "-n", "40", "the cat")
+    assert result.exit_code == 1
+    assert result.stdout.strip()  # the text generated before the failure stays
+    assert result.stderr.strip().splitlines()[-1].endswith("could not decode with other.gguf: no room in the memory")
+    assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("how", ["stdin", "argument"])
+def test_invalid_utf8_prompt_is_replaced_with_a_note(pair_args: list[str], how: str) -> None:
+    if how == "stdin":
+        result = runner.invoke(app, ["run", *pair_args, "-n", "4", "--json", "-"], input=b"Say \xff\xfe hi")
+    else:
+        result = spec("run", *pair_args, "-n", "4", "--json", "Say \udcff\udcfe hi")  # how argv carries such bytes
+    assert result.exit_code == 0, result.output
+    assert "not valid UTF-8" in result.stderr and "Traceback" not in result.output
+    replaced = spec("run", *pair_args, "-n", "4", "--json", "Say \ufffd\ufffd hi")
+    assert json.loads(result.stdout)["token_ids"] == json.loads(replaced.stdout)["token_ids"]

@@ -102,3 +102,55 @@ def test_gpu_layers_on_a_cpu_build_warn_once_and_run(target_path: Path) -> None:
     assert result.exit_code == 0
     warnings = [line for line in result.stderr.splitlines() if "no GPU support" in line]
     assert len(warnings) == 1
+
+
+@pytest.fixture()
+def hybrid_pair_name(tmp_path: Path, user_dirs: Path) -> str:
+    """A user pair of tiny LFM2 files: a hybrid that llama.cpp rolls back in place."""
+    target = write_model(tmp_path / "lfm2.gguf", 1, arch="lfm2")
+    draft = write_model(tmp_path / "lfm2-draft.gguf", 1, arch="lfm2", noise=0.1)
+    user_file = user_dirs / ".config" / "spec-cli" / "models.toml"
+    user_file.parent.mkdir(parents=True)
+    user_file.write_text(f'[pairs.tiny-lfm2]\ntarget = {{ path = "{target}" }}\ndraft = {{ path = "{draft}" }}\n'
+                         f'draft_max = 6\n')
+    return "tiny-lfm2"
+
+
+def test_check_takes_a_pair_name_and_reports_memory(hybrid_pair_name: str) -> None:
+    result = spec("models", "check", hybrid_pair_name)
+    assert result.exit_code == 0, result.output
+    assert "FAIL" not in result.stdout
+    assert "target memory" in result.stdout and "hybrid; rollback: in place (up to 16 tokens)" in result.stdout
+    assert "draft memory" in result.stdout and "hybrid; rollback: snapshot + replay" in result.stdout
+
+
+def test_check_of_files_reports_each_memory(tmp_path: Path, target_path: Path) -> None:
+    recurrent = write_model(tmp_path / "mamba.gguf", 1, arch="mamba")
+    result = spec("models", "check", str(target_path), str(recurrent))
+    assert result.exit_code == 0, result.output
+    assert "attention; rollback: cut" in result.stdout and "recurrent; rollback: snapshot + replay" in result.stdout
+
+
+def test_check_of_a_pair_not_on_disk_says_how_to_get_it() -> None:
+    result = spec("models", "check", "qwen3.5-9b")
+    assert result.exit_code == 1
+    assert result.stderr.strip() == "spec: error: pair 'qwen3.5-9b' is not on disk yet: spec models pull qwen3.5-9b"
+
+
+def test_show_and_list_report_the_memory_kind(hybrid_pair_name: str) -> None:
+    shown = spec("models", "show", hybrid_pair_name)
+    assert shown.exit_code == 0, shown.output
+    assert "hybrid" in shown.stdout and "in place (up to 16 tokens)" in shown.stdout
+    listed = spec("models", "list")
+    row = next(line for line in listed.stdout.splitlines() if "tiny-lfm2" in line)
+    assert "hybrid" in row  # read from the file: the entry does not say
+    qwen = next(line for line in listed.stdout.splitlines() if "qwen3.5-9b" in line)
+    assert "hybrid" in qwen  # stated by the shipped entry, before any download
+
+
+def test_doctor_reports_the_default_pairs_memory(hybrid_pair_name: str, user_dirs: Path) -> None:
+    user_file = user_dirs / ".config" / "spec-cli" / "models.toml"
+    user_file.write_text(f'default = "{hybrid_pair_name}"\n' + user_file.read_text())
+    result = spec("doctor")
+    assert result.exit_code == 0, result.output
+    assert "tiny-lfm2: target memory" in result.stdout and "in place" in result.stdout

@@ -126,3 +126,11 @@ def test_interrupted_derive_leaves_nothing_behind(target_path: Path, tmp_path: P
 def test_unknown_type_is_a_user_error(target_path: Path, tmp_path: Path) -> None:
     with pytest.raises(SpecError, match="unknown type 'q9'"):
         derive_module.derive(target_path, "q9", dest=tmp_path / "x.gguf")
+
+
+def test_memory_kind_is_checked() -> None:
+    body = '[pairs.x]\ntarget = { path = "t.gguf" }\ndraft = { path = "d.gguf" }\nmemory = "%s"\n'
+    assert parse_registry(body % "hybrid", origin="u.toml").get("x").memory == "hybrid"
+    with pytest.raises(SpecError, match="field 'memory' must be one of attention, sliding window, recurrent, "
+                                        "hybrid, got 'mamba'"):
+        parse_registry(body % "mamba", origin="u.toml")
