@@ -93,8 +93,8 @@ class ModelDrafter:
         return draft
 
     def rewind(self, n_keep: int) -> None:
-        """Without replay: what a snapshot restore drops, the next catch-up feeds in one batch."""
-        self.context.trim(n_keep, replay=False)
+        """What a snapshot restore takes back beyond `n_keep`, the next catch-up feeds again."""
+        self.context.trim(n_keep)
 
 
 def _top_probability(logits: np.ndarray) -> float:

@@ -5,8 +5,9 @@ logits), the longest acceptable prefix d1..dn is kept and one token from the tar
 correction at position n + 1, or the bonus token when n = K. With K = 0 (no drafter) the same loop is
 plain target-only decoding, which is what `--no-draft` measures against.
 
-Invariant between rounds: the target's cache holds every token of the sequence except the last one, whose
-logits the next round's batch asks for.
+Invariant between rounds: the target's memory holds a prefix of the sequence without its last token
+(all of it, unless a recurrent memory went back to a snapshot); the next round's batch feeds the rest, the
+last token included, and asks for logits from the last token on.
 """
 
 from __future__ import annotations
@@ -80,11 +81,10 @@ class Generation:
         rollback_base = spent_in_llama()[1]  # moved past the prompt's snapshot once the prompt is in
 
         def rewind() -> None:
-            """Make both caches hold seq[:-1] again: drop drafted tokens the target did not keep.
+            """Make both memories hold at most seq[:-1]: drop drafted tokens the target did not keep.
 
-            The draft cache may be shorter (it never saw d_K after a fully accepted round, and a memory
-            that restored a snapshot is further back); `rewind` only ever shortens it, and the next
-            catch-up feeds what it lacks.
+            Either may hold less (the draft never saw d_K after a fully accepted round; a memory that
+            restored a snapshot is further back); the next round feeds what each lacks.
             """
             busy = spent_in_llama()[0]
             target.trim(len(seq) - 1)
@@ -119,9 +119,11 @@ class Generation:
             return draft, elapsed
 
         def verify(draft: Draft) -> tuple[int, int, float]:
-            """Score [last, d1..dK] in one target pass; return (n accepted, the target's token, seconds)."""
+            """Score [last, d1..dK] in one target pass (after any tokens a rollback took back); return
+            (n accepted, the target's token, seconds)."""
             started, busy = time.perf_counter(), target.busy_s
-            rows = target.decode([seq[-1], *draft.tokens], len(draft.tokens) + 1, n_final=1)
+            known = seq[target.n_past:]
+            rows = target.decode([*known, *draft.tokens], len(draft.tokens) + 1, n_final=len(known))
             stats.llama_s += target.busy_s - busy
             n, token = accepted_prefix(rows, draft)
             elapsed = time.perf_counter() - started

@@ -346,7 +346,8 @@ class Context:
 
     @property
     def rollback_s(self) -> float:
-        """Seconds spent taking tokens back: cuts, restores and replays, and saving snapshots."""
+        """Seconds spent taking tokens back: cuts, restores, saving snapshots, and the target's replays
+        (a drafter's replays ride in its catch-up batch and count as drafting)."""
         return self._trim_s + self.memory.saving_s
 
     def decode(self, tokens: Sequence[int], n_logits: int, n_final: int | None = None) -> np.ndarray:
@@ -360,8 +361,17 @@ class Context:
             raise RuntimeError(f"decode past the context: {self.n_past} + {len(tokens)} > {self.n_ctx}")
         if n_logits > min(len(tokens), self.n_batch):
             raise ValueError(f"cannot return {n_logits} logit rows for a batch of {len(tokens)}")
+        n_final = len(tokens) if n_final is None else n_final
+        if 1 < n_final and n_logits <= len(tokens) - n_final + 1 and self.memory.saves_before(len(tokens), n_final):
+            # The sure tokens before the last one are what the last restore took back (the target's
+            # verify batch feeds them again). The snapshot belongs after them, or the next rollback would
+            # take them back once more: replay them on their own, as part of the rollback's cost.
+            started = time.perf_counter()
+            self.decode(tokens[:n_final - 1], 0)
+            self._trim_s += time.perf_counter() - started
+            tokens, n_final = tokens[n_final - 1:], 1
         started = time.perf_counter()
-        self.memory.before_decode(self.n_past, len(tokens), len(tokens) if n_final is None else n_final)
+        self.memory.before_decode(self.n_past, len(tokens), n_final)
         rows = self._decode(tokens, n_logits)
         self.busy_s += time.perf_counter() - started
         return rows
@@ -401,7 +411,7 @@ class Context:
             if cached != token:
                 break
             keep += 1
-        self.trim(keep, replay=False)  # what a restore leaves out is decoded with the rest, in one go
+        self.trim(keep)  # what a restore leaves out is decoded with the rest, in one go
         reused = self.n_past
         self.decode(tokens[reused:], 0)
         if reused < len(tokens):
@@ -418,11 +428,11 @@ class Context:
             batch.seq_id[i][0] = 0
             batch.logits[i] = i >= first_output
 
-    def trim(self, n_keep: int, replay: bool = True) -> None:
-        """Forget every position from `n_keep` on, so decoding resumes at position `n_keep`.
+    def trim(self, n_keep: int) -> None:
+        """Forget every position from `n_keep` on: keep at most `n_keep` tokens.
 
-        With `replay` False the memory may end up shorter than `n_keep` (a snapshot from before it, or
-        empty) and the caller feeds the missing tokens with its next decode: a drafter catches up anyway.
+        A memory that cannot cut there goes back further (to a snapshot, or to the start); every caller
+        feeds what it lacks with its next decode (a drafter's catch-up, the target's next verify batch).
         The memory is asked even when nothing seems to be beyond `n_keep`: a Ctrl-C that lands between
         `llama_decode` and the bookkeeping above leaves llama.cpp holding positions that `tokens` lacks.
         """
@@ -430,10 +440,7 @@ class Context:
         if n_keep >= max(self.n_past, self.memory.held()):
             return
         started = time.perf_counter()
-        kept = self.tokens[:n_keep]
         del self.tokens[self.memory.rollback(n_keep):]
-        if replay and self.n_past < n_keep:
-            self._decode(kept[self.n_past:], 0)
         elapsed = time.perf_counter() - started
         self._trim_s += elapsed
         self.busy_s += elapsed

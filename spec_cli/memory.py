@@ -86,6 +86,10 @@ class Memory:
         """How many positions llama.cpp holds for sequence 0."""
         return llama_cpp.llama_memory_seq_pos_max(self._memory, 0) + 1
 
+    def saves_before(self, n_tokens: int, n_final: int) -> bool:
+        """Whether `before_decode` would save a snapshot for such a batch."""
+        return False
+
     def before_decode(self, n_past: int, n_tokens: int, n_final: int) -> None:
         """A batch of `n_tokens` is about to be decoded at `n_past`; only its first `n_final` are sure to be
         kept. Memories that cannot cut back prepare here."""
@@ -110,8 +114,9 @@ class Memory:
 class SnapshotMemory(Memory):
     """A memory that cannot always cut back: a sliding window, recurrent or hybrid memory.
 
-    `before_decode` saves the non-cuttable part before the first speculative decode after the last final
-    one; `rollback` restores the newest snapshot at or before `n_keep` when no cut can serve.
+    `before_decode` saves the non-cuttable part before a batch whose tail is speculative (once for a run of
+    wholly speculative batches: a drafter's steps); `rollback` restores the newest snapshot at or before
+    `n_keep` when no cut can serve.
     """
 
     def __init__(self, context: llama_cpp.llama_context_p, name: str, kind: str) -> None:
@@ -119,15 +124,18 @@ class SnapshotMemory(Memory):
         self.kind = kind
         self._round: _Snapshot | None = None
         self._prompt: _Snapshot | None = None
-        self._speculating = False  # a speculative decode happened since the last final one or rollback
+        self._speculating = False  # the last batch ended in speculative tokens
+
+    def saves_before(self, n_tokens: int, n_final: int) -> bool:
+        """A batch with speculative tokens needs a snapshot unless the snapshot before the speculative
+        batches it continues serves (a batch with final tokens makes everything before it final)."""
+        fresh = n_final > 0 or not self._speculating
+        return n_final < n_tokens and fresh and not self._covered(n_tokens, n_final)
 
     def before_decode(self, n_past: int, n_tokens: int, n_final: int) -> None:
-        if n_final >= n_tokens:
-            self._speculating = False
-        elif not self._speculating:
-            self._speculating = True
-            if not self._covered(n_tokens, n_final):
-                self._round = self._save(n_past, self._round)
+        if self.saves_before(n_tokens, n_final):
+            self._round = self._save(n_past, self._round)
+        self._speculating = n_final < n_tokens
 
     def _covered(self, n_tokens: int, n_final: int) -> bool:
         """Whether the speculative tail of this batch can be removed without a snapshot."""

@@ -24,8 +24,8 @@ def exact_pair_distribution(pair: Pair, prompt: list[int]) -> dict[tuple[int, in
         p1 = probabilities(context.decode(prompt, 1)[0], SAMPLED)
         result = {}
         for x1 in np.flatnonzero(p1):
-            context.trim(len(prompt))
-            p2 = probabilities(context.decode([int(x1)], 1)[0], SAMPLED)
+            context.trim(len(prompt))  # a recurrent memory may go back further: feed what it lacks
+            p2 = probabilities(context.decode([*prompt[context.n_past:], int(x1)], 1)[0], SAMPLED)
             for x2 in np.flatnonzero(p2):
                 result[(int(x1), int(x2))] = float(p1[x1] * p2[x2])
         return result

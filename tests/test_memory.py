@@ -163,23 +163,23 @@ def test_cutting_far_back_equals_a_fresh_evaluation(alone: Pair, arch: str) -> N
 def test_trim_within_a_round_equals_a_fresh_evaluation(alone: Pair) -> None:
     """Rounds as the engine and a drafter make them: a verify batch whose first token is final, and
     one-token draft steps that are all speculative (beyond an in-place rollback, which only reaches into
-    the last batch)."""
+    the last batch). A memory may keep less than asked; the next batch feeds what it lacks, as callers do."""
     model = alone.target
     prefix = model.tokenize(PROMPT)
     trimmed, fresh = Context(model, n_ctx=128, n_threads=1, max_rollback=8), Context(model, n_ctx=128, n_threads=1)
-    kept: list[int] = []
+    sequence = list(prefix)
     try:
         trimmed.prefill(prefix)
         rounds = [([([40, 41, 42, 43], 1)], 1), ([([44], 0), ([45], 0)], 1), ([([46], 0)], 0)]
         for batches, n_keep in rounds:
-            start = trimmed.n_past
             for tokens, n_final in batches:
-                trimmed.decode(tokens, 1, n_final=n_final)
-            kept += trimmed.tokens[start:start + n_keep]
-            trimmed.trim(start + n_keep)
-            assert trimmed.tokens == [*prefix, *kept]
-        after = trimmed.decode([47], 1)[0]
-        expected = fresh.decode([*prefix, *kept, 47], 1)[0]
+                missing = sequence[trimmed.n_past:]
+                trimmed.decode([*missing, *tokens], 1, n_final=len(missing) + n_final)
+            sequence += [token for tokens, _ in batches for token in tokens][:n_keep]
+            trimmed.trim(len(sequence))
+            assert trimmed.tokens == sequence[:trimmed.n_past]
+        after = trimmed.decode([*sequence[trimmed.n_past:], 47], 1)[0]
+        expected = fresh.decode([*sequence, 47], 1)[0]
     finally:
         trimmed.close()
         fresh.close()

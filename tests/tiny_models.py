@@ -16,7 +16,6 @@ import numpy as np
 N_EMBD = 64
 N_HEAD = 4
 N_HEAD_KV = 2
-N_FF = 128
 N_LAYER = 2
 N_CTX_TRAIN = 512
 UNKNOWN, CONTROL, NORMAL, BYTE = 2, 3, 1, 6
@@ -48,14 +47,19 @@ EMBEDDING_SCALE = {"gemma3": 0.3}  # gemma3 multiplies embeddings by √n_embd: 
 
 def write_model(path: Path, seed: int, *, arch: str = "llama", vocab_size: int = 320, rename_token: int | None = None,
                 chat_template: str | None = None, eos: int = 2, output_scale: float = 1.0, noise: float = 0.0,
-                sliding_window: int = 4) -> Path:
+                sliding_window: int = 4, n_embd: int = N_EMBD, n_layer: int = N_LAYER,
+                layer_scale: float = 1.0) -> Path:
     """Write a tiny random model of `arch` to `path`; `output_scale` widens the logits (fewer near-ties).
 
     `noise` > 0 perturbs every weight of the seed's model by that fraction (drawn from another seed): a
     draft that agrees with the seed's model most of the time, but not always. The architectures cover
     every kind of memory: llama (attention), gemma3 (sliding window of `sliding_window` tokens),
     mamba (recurrent), lfm2 (hybrid that llama.cpp rolls back in place), jamba (hybrid that it cannot).
+    `n_embd` and `n_layer` make larger models for benchmarks (the feed-forward width follows n_embd);
+    `layer_scale` < 1 shrinks what each layer adds to the residual stream, for a model that follows its
+    input closely (predictable, so a quantized copy of it drafts well).
     """
+    n_ff = 2 * n_embd
     rng = np.random.default_rng(seed)
     noise_rng = np.random.default_rng(seed + 10_000)
     tokens, scores, types = vocabulary(vocab_size)
@@ -64,9 +68,9 @@ def write_model(path: Path, seed: int, *, arch: str = "llama", vocab_size: int =
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_name(f"tiny-{arch}-{seed}")
     writer.add_context_length(N_CTX_TRAIN)
-    writer.add_embedding_length(N_EMBD)
-    writer.add_block_count(N_LAYER)
-    writer.add_feed_forward_length(N_FF)
+    writer.add_embedding_length(n_embd)
+    writer.add_block_count(n_layer)
+    writer.add_feed_forward_length(n_ff)
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_file_type(0)
     writer.add_tokenizer_model("llama")
@@ -89,11 +93,12 @@ def write_model(path: Path, seed: int, *, arch: str = "llama", vocab_size: int =
     def ones(n: int) -> np.ndarray:
         return np.ones(n, dtype=np.float32)
 
-    head_dim = N_EMBD // N_HEAD
-    d_inner = 2 * N_EMBD
-    recurrent = {"llama": [], "gemma3": [], "mamba": [0, 1], "lfm2": [0], "jamba": [0]}[arch]
+    head_dim = n_embd // N_HEAD
+    d_inner = 2 * n_embd
+    every = list(range(n_layer))
+    recurrent = {"mamba": every, "lfm2": every[::2], "jamba": every[::2]}.get(arch, [])
     writer.add_head_count(0 if arch == "mamba" else N_HEAD)
-    writer.add_head_count_kv([0 if i in recurrent else N_HEAD_KV for i in range(N_LAYER)])
+    writer.add_head_count_kv([0 if i in recurrent else N_HEAD_KV for i in range(n_layer)])
     if arch in ("llama", "gemma3"):
         writer.add_rope_dimension_count(head_dim)
     if arch == "gemma3":
@@ -106,16 +111,16 @@ def write_model(path: Path, seed: int, *, arch: str = "llama", vocab_size: int =
     if arch == "lfm2":
         writer.add_shortconv_l_cache(L_CACHE)
 
-    writer.add_tensor("token_embd.weight", weight(vocab_size, N_EMBD, scale=EMBEDDING_SCALE.get(arch, 8.0)))
-    for i in range(N_LAYER):
+    writer.add_tensor("token_embd.weight", weight(vocab_size, n_embd, scale=EMBEDDING_SCALE.get(arch, 8.0)))
+    for i in range(n_layer):
         blk = f"blk.{i}"
-        writer.add_tensor(f"{blk}.attn_norm.weight", ones(N_EMBD))
+        writer.add_tensor(f"{blk}.attn_norm.weight", ones(n_embd))
         if i in recurrent and arch == "lfm2":
-            writer.add_tensor(f"{blk}.shortconv.conv.weight", weight(N_EMBD, L_CACHE))
-            writer.add_tensor(f"{blk}.shortconv.in_proj.weight", weight(3 * N_EMBD, N_EMBD))
-            writer.add_tensor(f"{blk}.shortconv.out_proj.weight", weight(N_EMBD, N_EMBD))
+            writer.add_tensor(f"{blk}.shortconv.conv.weight", weight(n_embd, L_CACHE))
+            writer.add_tensor(f"{blk}.shortconv.in_proj.weight", weight(3 * n_embd, n_embd))
+            writer.add_tensor(f"{blk}.shortconv.out_proj.weight", weight(n_embd, n_embd, scale=layer_scale))
         elif i in recurrent:
-            writer.add_tensor(f"{blk}.ssm_in.weight", weight(2 * d_inner, N_EMBD))
+            writer.add_tensor(f"{blk}.ssm_in.weight", weight(2 * d_inner, n_embd))
             writer.add_tensor(f"{blk}.ssm_conv1d.weight", weight(d_inner, D_CONV))
             writer.add_tensor(f"{blk}.ssm_conv1d.bias", weight(d_inner, scale=0.1))
             writer.add_tensor(f"{blk}.ssm_x.weight", weight(DT_RANK + 2 * D_STATE, d_inner))
@@ -123,30 +128,30 @@ def write_model(path: Path, seed: int, *, arch: str = "llama", vocab_size: int =
             writer.add_tensor(f"{blk}.ssm_dt.bias", weight(d_inner, scale=0.1))
             writer.add_tensor(f"{blk}.ssm_a", -np.exp(rng.uniform(-1, 1, (d_inner, D_STATE))).astype(np.float32))
             writer.add_tensor(f"{blk}.ssm_d", ones(d_inner))
-            writer.add_tensor(f"{blk}.ssm_out.weight", weight(N_EMBD, d_inner))
+            writer.add_tensor(f"{blk}.ssm_out.weight", weight(n_embd, d_inner, scale=layer_scale))
             if arch == "jamba":
                 writer.add_tensor(f"{blk}.ssm_dt_norm.weight", ones(DT_RANK))
                 writer.add_tensor(f"{blk}.ssm_b_norm.weight", ones(D_STATE))
                 writer.add_tensor(f"{blk}.ssm_c_norm.weight", ones(D_STATE))
         else:
-            writer.add_tensor(f"{blk}.attn_q.weight", weight(N_EMBD, N_EMBD))
-            writer.add_tensor(f"{blk}.attn_k.weight", weight(N_HEAD_KV * head_dim, N_EMBD))
-            writer.add_tensor(f"{blk}.attn_v.weight", weight(N_HEAD_KV * head_dim, N_EMBD))
-            writer.add_tensor(f"{blk}.attn_output.weight", weight(N_EMBD, N_EMBD))
+            writer.add_tensor(f"{blk}.attn_q.weight", weight(n_embd, n_embd))
+            writer.add_tensor(f"{blk}.attn_k.weight", weight(N_HEAD_KV * head_dim, n_embd))
+            writer.add_tensor(f"{blk}.attn_v.weight", weight(N_HEAD_KV * head_dim, n_embd))
+            writer.add_tensor(f"{blk}.attn_output.weight", weight(n_embd, n_embd, scale=layer_scale))
             if arch in ("lfm2", "gemma3"):
                 writer.add_tensor(f"{blk}.attn_q_norm.weight", ones(head_dim))
                 writer.add_tensor(f"{blk}.attn_k_norm.weight", ones(head_dim))
             if arch == "gemma3":
-                writer.add_tensor(f"{blk}.post_attention_norm.weight", ones(N_EMBD))
+                writer.add_tensor(f"{blk}.post_attention_norm.weight", ones(n_embd))
         if arch != "mamba":
-            writer.add_tensor(f"{blk}.ffn_norm.weight", ones(N_EMBD))
-            writer.add_tensor(f"{blk}.ffn_gate.weight", weight(N_FF, N_EMBD))
-            writer.add_tensor(f"{blk}.ffn_up.weight", weight(N_FF, N_EMBD))
-            writer.add_tensor(f"{blk}.ffn_down.weight", weight(N_EMBD, N_FF))
+            writer.add_tensor(f"{blk}.ffn_norm.weight", ones(n_embd))
+            writer.add_tensor(f"{blk}.ffn_gate.weight", weight(n_ff, n_embd))
+            writer.add_tensor(f"{blk}.ffn_up.weight", weight(n_ff, n_embd))
+            writer.add_tensor(f"{blk}.ffn_down.weight", weight(n_embd, n_ff, scale=layer_scale))
         if arch == "gemma3":
-            writer.add_tensor(f"{blk}.post_ffw_norm.weight", ones(N_EMBD))
-    writer.add_tensor("token_embd_norm.weight" if arch == "lfm2" else "output_norm.weight", ones(N_EMBD))
-    writer.add_tensor("output.weight", weight(vocab_size, N_EMBD, scale=4.0 * output_scale))
+            writer.add_tensor(f"{blk}.post_ffw_norm.weight", ones(n_embd))
+    writer.add_tensor("token_embd_norm.weight" if arch == "lfm2" else "output_norm.weight", ones(n_embd))
+    writer.add_tensor("output.weight", weight(vocab_size, n_embd, scale=4.0 * output_scale))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
