@@ -230,3 +230,22 @@ def test_sliding_window_stays_exact_far_beyond_the_window(tmp_path: Path) -> Non
         generation = finish(pair.generate(PROMPT, raw=True, max_tokens=900, draft_max=6))
     assert generation.token_ids == reference
     assert generation.stats.rejected_rounds > 10
+
+
+def test_a_rollback_replays_at_most_the_round_it_takes_back(pair: Pair, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The target decodes each round's batch, plus, after a restore, at most that round's kept tokens
+    again: a snapshot left behind earlier rounds would replay them over and over."""
+    decoded: list[int] = []
+    decode = Context._decode
+
+    def counting(self: Context, tokens: list[int], n_logits: int) -> np.ndarray:
+        if self is pair.target_context:
+            decoded.append(len(tokens))
+        return decode(self, tokens, n_logits)
+
+    monkeypatch.setattr(Context, "_decode", counting)
+    k = 2  # short rounds: fully accepted ones (no rollback) come between rejected ones
+    stats = finish(pair.generate(PROMPT, raw=True, max_tokens=48, draft_max=k)).stats
+    rounds = sum(decoded) - stats.prompt_tokens + 1  # the prefill holds all but the last prompt token
+    assert stats.rejected_rounds > 0 and stats.rejected_rounds < stats.rounds
+    assert rounds <= stats.rounds * (k + 1) + stats.rejected_rounds * (k + 1)
