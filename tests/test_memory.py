@@ -8,6 +8,7 @@ weights, so most drafts are accepted and some are not: the rollback paths run in
 from __future__ import annotations
 
 from collections import Counter
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
@@ -17,7 +18,7 @@ import pytest
 from exactness import SAMPLED, SIGNIFICANCE, chi_square_p_value, exact_pair_distribution
 from spec_cli import Generation, Pair, SamplingParams, SpecError, load_pair
 from spec_cli.chat import ChatSession, Settings
-from spec_cli.llama import Context
+from spec_cli.llama import Context, Model
 from tiny_models import CHAT_TEMPLATE, write_model
 
 ARCHS = ("mamba", "lfm2", "jamba", "gemma3")
@@ -121,55 +122,56 @@ def test_chat_turns_reuse_the_memory_and_equal_answers_from_scratch(paths: tuple
         assert session.last.token_ids == scratch.token_ids
 
 
+@contextmanager
+def context(model: Model, **settings: int) -> Iterator[Context]:
+    made = Context(model, n_threads=1, **settings)
+    try:
+        yield made
+    finally:
+        made.close()
+
+
+def assert_continues_like_a_fresh_context(reused: Context, sequence: list[int], token: int = 47) -> None:
+    """Feeding `token` (after whatever of `sequence` `reused` lacks) gives the logits a fresh context gives
+    for `sequence` + `token`: to within what evaluating in other batches changes (up to ~2e-3 on these
+    models, f16 KV cache), far below what a state holding wrong tokens does (order 1)."""
+    after = reused.decode([*sequence[reused.n_past:], token], 1)[0]
+    with context(reused.model, n_ctx=reused.n_ctx) as fresh:
+        expected = fresh.decode([*sequence, token], 1)[0]
+    np.testing.assert_allclose(after, expected, rtol=1e-3, atol=1e-2)
+
+
 def test_a_new_turn_resumes_from_the_end_of_the_last_prompt(alone: Pair) -> None:
     """What a chat turn does when the template rewrites the last answer: it shares the last prompt and
     nothing after. A memory that cannot cut there restores the snapshot taken at that prompt's end."""
-    model = alone.target
-    first = model.tokenize(PROMPT)
-    reused, fresh = Context(model, n_ctx=128, n_threads=1), Context(model, n_ctx=128, n_threads=1)
-    try:
+    first = alone.target.tokenize(PROMPT)
+    with context(alone.target, n_ctx=128) as reused:
         reused.prefill(first)
         reused.decode([40, 41, 42, 43], 1)  # the answer, later rewritten
         assert reused.prefill([*first, 44, 45]) == len(first)
-        after = reused.decode([46], 1)[0]
-        expected = fresh.decode([*first, 44, 45, 46], 1)[0]
-    finally:
-        reused.close()
-        fresh.close()
-    np.testing.assert_allclose(after, expected, rtol=1e-4, atol=1e-4)
+        assert_continues_like_a_fresh_context(reused, [*first, 44, 45])
 
 
-def test_cutting_far_back_equals_a_fresh_evaluation(alone: Pair, arch: str) -> None:
+def test_cutting_far_back_equals_a_fresh_evaluation(alone: Pair) -> None:
     """A prompt that shares only its first tokens with a long history (300 tokens: a sliding-window cache
     of 256 cells has wrapped and pruned them): the memory starts over rather than continue from a state
     that holds tokens it should not, or lacks ones it needs."""
-    model = alone.target
-    history = model.tokenize(PROMPT * 25)[:300]
-    second = history[:3] + model.tokenize(" a bird flew", add_special=False)
+    history = alone.target.tokenize(PROMPT * 25)[:300]
+    second = history[:3] + alone.target.tokenize(" a bird flew", add_special=False)
     # Batches of 16 keep the sliding-window cache at 256 cells (it holds the window plus one batch).
-    reused = Context(model, n_ctx=512, n_threads=1, n_batch=16)
-    fresh = Context(model, n_ctx=512, n_threads=1)
-    try:
+    with context(alone.target, n_ctx=512, n_batch=16) as reused:
         reused.prefill(history)
         assert reused.prefill(second) == 0
-        after = reused.decode([43], 1)[0]
-        expected = fresh.decode([*second, 43], 1)[0]
-    finally:
-        reused.close()
-        fresh.close()
-    np.testing.assert_allclose(after, expected, rtol=1e-4, atol=1e-4)
+        assert_continues_like_a_fresh_context(reused, second)
 
 
 def test_trim_within_a_round_equals_a_fresh_evaluation(alone: Pair) -> None:
     """Rounds as the engine and a drafter make them: a verify batch whose first token is final, and
     one-token draft steps that are all speculative (beyond an in-place rollback, which only reaches into
     the last batch). A memory may keep less than asked; the next batch feeds what it lacks, as callers do."""
-    model = alone.target
-    prefix = model.tokenize(PROMPT)
-    trimmed, fresh = Context(model, n_ctx=128, n_threads=1, max_rollback=8), Context(model, n_ctx=128, n_threads=1)
-    sequence = list(prefix)
-    try:
-        trimmed.prefill(prefix)
+    sequence = alone.target.tokenize(PROMPT)
+    with context(alone.target, n_ctx=128, max_rollback=8) as trimmed:
+        trimmed.prefill(sequence)
         rounds = [([([40, 41, 42, 43], 1)], 1), ([([44], 0), ([45], 0)], 1), ([([46], 0)], 0)]
         for batches, n_keep in rounds:
             for tokens, n_final in batches:
@@ -178,25 +180,17 @@ def test_trim_within_a_round_equals_a_fresh_evaluation(alone: Pair) -> None:
             sequence += [token for tokens, _ in batches for token in tokens][:n_keep]
             trimmed.trim(len(sequence))
             assert trimmed.tokens == sequence[:trimmed.n_past]
-        after = trimmed.decode([*sequence[trimmed.n_past:], 47], 1)[0]
-        expected = fresh.decode([*sequence, 47], 1)[0]
-    finally:
-        trimmed.close()
-        fresh.close()
-    np.testing.assert_allclose(after, expected, rtol=1e-4, atol=1e-4)
+        assert_continues_like_a_fresh_context(trimmed, sequence)
 
 
 def test_a_refused_decode_is_one_line_naming_the_model(alone: Pair) -> None:
-    context = Context(alone.target, n_ctx=64, n_threads=1)
-    try:
+    with context(alone.target, n_ctx=64) as refusing:
         with pytest.raises(SpecError) as caught:
-            context.decode([alone.target.n_vocab + 5], 1)  # llama.cpp rejects a token id outside the vocabulary
+            refusing.decode([alone.target.n_vocab + 5], 1)  # llama.cpp rejects a token id outside the vocabulary
         assert "target.gguf" in str(caught.value) and "\n" not in str(caught.value)
         assert "invalid token" in str(caught.value)
-        assert context.n_past == 0  # nothing half-decoded stays behind
-        assert context.decode(alone.target.tokenize("the cat"), 1).shape == (1, alone.target.n_vocab)
-    finally:
-        context.close()
+        assert refusing.n_past == 0  # nothing half-decoded stays behind
+        assert refusing.decode(alone.target.tokenize("the cat"), 1).shape == (1, alone.target.n_vocab)
 
 
 @pytest.fixture(scope="module")
