@@ -231,11 +231,16 @@ class InPlaceMemory(SnapshotMemory):
         self._last_batch = 0
 
     def before_decode(self, n_past: int, n_tokens: int, n_final: int) -> None:
-        self._last_batch = n_tokens
+        self._last_batch = self._last_chunk(n_tokens)
         super().before_decode(n_past, n_tokens, n_final)
 
     def _covered(self, n_tokens: int, n_final: int) -> bool:
-        return n_final >= 1 and n_tokens - n_final <= self.n_rs_seq
+        return n_final >= 1 and n_tokens - n_final <= min(self.n_rs_seq, self._last_chunk(n_tokens) - 1)
+
+    def _last_chunk(self, n_tokens: int) -> int:
+        """The tokens of the last llama_decode call a batch becomes (Context feeds n_ubatch at a time)."""
+        n_ubatch = llama_cpp.llama_n_ubatch(self._context)
+        return (n_tokens - 1) % n_ubatch + 1 if n_tokens else 0
 
     def _try_cut(self, n_keep: int) -> bool:
         rollback, last_batch, self._last_batch = self.held() - n_keep, self._last_batch, 0  # once per decode
