@@ -160,8 +160,8 @@ def model_info(path: Path, max_rollback: int) -> ModelInfo:
         names = {number: name.upper() for name, number in FTYPES.items()}
         quantization = names.get(int(file_type), f"type {file_type}") if file_type else "unknown"
         context = model.metadata(f"{architecture}.context_length")
-        kind = memory.memory_kind(model._handle)
-        n_swa = llama_cpp.llama_model_n_swa(model._handle)
+        n_swa = model.sliding_window()
+        kind = memory.memory_kind(model._handle, n_swa)
         return ModelInfo(architecture, quantization, int(context) if context else None, model.n_vocab,
                          model.chat_template() is not None, kind,
                          memory.rollback_method(kind, n_swa, _in_place_rollback(path, kind, max_rollback)))
@@ -173,7 +173,7 @@ def memory_of(path: Path) -> str:
     """The kind of memory of the model in `path` (attention, sliding window, recurrent, hybrid)."""
     model = Model(path, vocab_only=True)
     try:
-        return memory.memory_kind(model._handle)
+        return memory.memory_kind(model._handle, model.sliding_window())
     finally:
         model.close()
 
@@ -264,6 +264,13 @@ class Model:
             buf = ctypes.create_string_buffer(n + 1)
             llama_cpp.llama_model_meta_val_str(self._handle, key.encode(), buf, len(buf))
         return buf.value.decode("utf-8", errors="replace")
+
+    def sliding_window(self) -> int:
+        """The attention window in tokens, 0 for none. A vocab-only load leaves llama.cpp's own field at 0,
+        so the GGUF key that llama.cpp reads it from is asked as well."""
+        key = f"{self.metadata('general.architecture')}.attention.sliding_window"
+        written = self.metadata(key) or "0"
+        return max(llama_cpp.llama_model_n_swa(self._handle), int(written) if written.isdigit() else 0)
 
     def chat_template(self) -> str | None:
         raw = llama_cpp.llama_model_chat_template(self._handle, None)

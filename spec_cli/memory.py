@@ -34,13 +34,13 @@ KINDS = (ATTENTION, SLIDING_WINDOW, RECURRENT, HYBRID)
 _PARTIAL = llama_cpp.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
 
 
-def memory_kind(model: llama_cpp.llama_model_p) -> str:
-    """What llama.cpp keeps per sequence for this model (readable from a vocab-only load)."""
+def memory_kind(model: llama_cpp.llama_model_p, n_swa: int) -> str:
+    """What llama.cpp keeps per sequence for this model, whose sliding window is `n_swa` tokens (0: none)."""
     if llama_cpp.llama_model_is_hybrid(model):
         return HYBRID
     if llama_cpp.llama_model_is_recurrent(model):
         return RECURRENT
-    if llama_cpp.llama_model_n_swa(model) > 0:
+    if n_swa > 0:
         return SLIDING_WINDOW
     return ATTENTION
 
@@ -251,11 +251,12 @@ class InPlaceMemory(SnapshotMemory):
 
 def for_context(context: llama_cpp.llama_context_p, model: llama_cpp.llama_model_p, name: str) -> Memory:
     """The rollback strategy for a freshly made context of `model`."""
-    kind = memory_kind(model)
+    n_swa = llama_cpp.llama_model_n_swa(model)
+    kind = memory_kind(model, n_swa)
     if kind == ATTENTION:
         return Memory(context, name)
     if kind == SLIDING_WINDOW:
-        return SlidingWindowMemory(context, name, llama_cpp.llama_model_n_swa(model))
+        return SlidingWindowMemory(context, name, n_swa)
     n_rs_seq = llama_cpp.llama_n_rs_seq(context)
     if n_rs_seq > 0:
         return InPlaceMemory(context, name, kind, n_rs_seq)

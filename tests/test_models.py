@@ -129,6 +129,9 @@ def test_check_of_files_reports_each_memory(tmp_path: Path, target_path: Path) -
     result = spec("models", "check", str(target_path), str(recurrent))
     assert result.exit_code == 0, result.output
     assert "attention; rollback: cut" in result.stdout and "recurrent; rollback: snapshot + replay" in result.stdout
+    windowed = write_model(tmp_path / "gemma3.gguf", 1, arch="gemma3")
+    result = spec("models", "check", str(windowed), str(target_path))
+    assert "sliding window; rollback: cut (window 4)" in result.stdout
 
 
 def test_check_of_a_pair_not_on_disk_says_how_to_get_it() -> None:
