@@ -84,12 +84,14 @@ class Generation:
             """Make both memories hold at most seq[:-1]: drop drafted tokens the target did not keep.
 
             Either may hold less (the draft never saw d_K after a fully accepted round; a memory that
-            restored a snapshot is further back); the next round feeds what each lacks.
+            restored a snapshot is further back); the next round feeds what each lacks. After a stop the
+            drafter keeps the last token too: no next round feeds it again, and a drafter whose memory
+            goes back to snapshots would otherwise lose the round's snapshot (taken after that token).
             """
             busy = spent_in_llama()[0]
             target.trim(len(seq) - 1)
             if drafter is not None:
-                drafter.rewind(len(seq) - 1)
+                drafter.rewind(len(seq) if self.finish_reason == "stop" else len(seq) - 1)
             busy_now, rollback = spent_in_llama()
             stats.llama_s += busy_now - busy
             stats.rollback_s = rollback - rollback_base

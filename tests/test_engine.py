@@ -158,6 +158,16 @@ def test_end_of_generation_token_stops_and_is_not_emitted(tmp_path: Path, refere
     assert generation.token_ids == reference.token_ids[:first]
 
 
+def test_after_a_stop_the_draft_keeps_the_whole_sequence(tmp_path: Path, reference: Generation) -> None:
+    """A chat's next turn starts from what the draft still holds: after an end-of-generation token nothing
+    of the sequence is wrong for it, the last token included."""
+    stopping = write_model(tmp_path / "stopping.gguf", seed=1, eos=reference.token_ids[5])
+    with load_pair(stopping, stopping) as pair:
+        generation = finish(pair.generate(PROMPT, raw=True, max_tokens=48, draft_max=8))
+        assert generation.finish_reason == "stop"
+        assert pair.draft_context.tokens == [*generation.prompt, *generation.token_ids]
+
+
 def test_stopping_early_marks_interrupted_and_keeps_caches_consistent(same: Pair, reference: Generation) -> None:
     generation = same.generate(PROMPT, raw=True, max_tokens=48, draft_max=4)
     events = iter(generation)
