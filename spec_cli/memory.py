@@ -59,7 +59,7 @@ def rollback_method(kind: str, n_swa: int = 0, n_rs_seq: int = 0) -> str:
     if kind == ATTENTION:
         return "cut"
     if kind == SLIDING_WINDOW:
-        return f"cut (window {n_swa}); snapshot at the prompt for cuts beyond the window"
+        return f"cut (window {n_swa}); beyond the cache, a snapshot at the prompt or from the start"
     if n_rs_seq > 0:
         return f"in place (up to {n_rs_seq} tokens); snapshot + replay beyond"
     return "snapshot + replay"
@@ -208,6 +208,12 @@ class SlidingWindowMemory(SnapshotMemory):
 
     def _covered(self, n_tokens: int, n_final: int) -> bool:
         return True
+
+    def after_prompt(self, n_past: int) -> None:
+        """Only once the cache has pruned cells: before that any cut is served, and the window's cells can
+        be hundreds of MB on a large model, too much to copy for every prompt."""
+        if llama_cpp.llama_memory_seq_pos_min(self._memory, 0) > 0:
+            super().after_prompt(n_past)
 
     def _try_cut(self, n_keep: int) -> bool:
         oldest = llama_cpp.llama_memory_seq_pos_min(self._memory, 0)

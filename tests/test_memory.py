@@ -152,6 +152,18 @@ def test_a_new_turn_resumes_from_the_end_of_the_last_prompt(alone: Pair) -> None
         assert_continues_like_a_fresh_context(reused, [*first, 44, 45])
 
 
+def test_a_long_answer_rewritten_resumes_from_the_end_of_a_long_prompt(alone: Pair) -> None:
+    """The same after 300 prompt tokens and a 300-token answer: by then a sliding-window cache of 256
+    cells has pruned what the next token after the prompt needs, so it too restores the prompt's snapshot."""
+    history = alone.target.tokenize(PROMPT * 25)[:300]
+    # Batches of 16 keep the sliding-window cache at 256 cells (it holds the window plus one batch).
+    with context(alone.target, n_ctx=1024, n_batch=16) as reused:
+        reused.prefill(history)
+        reused.decode([40 + i % 20 for i in range(300)], 0)  # the answer, later rewritten
+        assert reused.prefill([*history, 44, 45]) == len(history)
+        assert_continues_like_a_fresh_context(reused, [*history, 44, 45])
+
+
 def test_cutting_far_back_equals_a_fresh_evaluation(alone: Pair) -> None:
     """A prompt that shares only its first tokens with a long history (300 tokens: a sliding-window cache
     of 256 cells has wrapped and pruned them): the memory starts over rather than continue from a state
