@@ -59,20 +59,21 @@ def member_reports(spec: PairSpec) -> list[MemberReport]:
         path = locate(spec, member)
         reports.append(MemberReport(member, describe(spec.source(member)), path,
                                     path.stat().st_size if path else 0,
-                                    llama.model_info(path, _rollback_sized_for(spec, member)) if path else None))
+                                    llama.model_info(path, _rollback_sized_for(member, spec.draft_max)) if path else None))
     return reports
 
 
-def _rollback_sized_for(spec: PairSpec, member: str) -> int:
-    """The K a member's memory is sized for: the target's rolls back whole rounds, the draft's none."""
-    return max(spec.draft_max, AUTO_K_MAX) if member == "target" else 0
+def _rollback_sized_for(member: str, draft_max: int) -> int:
+    """The K a member's memory is sized for, as `Pair` sizes it: the target's takes back whole rounds, the
+    draft's nothing in place."""
+    return max(draft_max, AUTO_K_MAX) if member == "target" else 0
 
 
 def memory_facts(target: Path, draft: Path, draft_max: int) -> list[tuple[str, str]]:
     """Each member's kind of memory and how spec takes rejected tokens back from it."""
     facts = []
-    for member, path, sized in (("target", target, max(draft_max, AUTO_K_MAX)), ("draft", draft, 0)):
-        info = llama.model_info(path, sized)
+    for member, path in (("target", target), ("draft", draft)):
+        info = llama.model_info(path, _rollback_sized_for(member, draft_max))
         facts.append((f"{member} memory", f"{info.memory}; rollback: {info.rollback}"))
     return facts
 
