@@ -49,7 +49,7 @@ def gemma3_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 
 def test_real_sliding_window_model_stays_exact_after_its_cache_wraps(gemma3_pair: tuple[Path, Path]) -> None:
-    """A prompt of ~3000 tokens fills the window-sized cache (512 + one 512-token batch) and wraps it;
+    """A prompt of ~3400 tokens fills the window-sized cache (512 + one 512-token batch) and wraps it;
     every rejection after that cuts a cache that has pruned cells, and greedy output must not change."""
     prompt = inspect.getsource(json.decoder)
     rejected_at: list[int] = []
