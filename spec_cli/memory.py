@@ -234,6 +234,7 @@ class InPlaceMemory(SnapshotMemory):
     def __init__(self, context: llama_cpp.llama_context_p, name: str, kind: str, n_rs_seq: int) -> None:
         super().__init__(context, name, kind)
         self.n_rs_seq = n_rs_seq
+        self._n_ubatch = llama_cpp.llama_n_ubatch(context)
         self._last_batch = 0
 
     def before_decode(self, n_past: int, n_tokens: int, n_final: int) -> None:
@@ -245,8 +246,7 @@ class InPlaceMemory(SnapshotMemory):
 
     def _last_chunk(self, n_tokens: int) -> int:
         """The tokens of the last llama_decode call a batch becomes (Context feeds n_ubatch at a time)."""
-        n_ubatch = llama_cpp.llama_n_ubatch(self._context)
-        return (n_tokens - 1) % n_ubatch + 1 if n_tokens else 0
+        return (n_tokens - 1) % self._n_ubatch + 1 if n_tokens else 0
 
     def _try_cut(self, n_keep: int) -> bool:
         rollback, last_batch, self._last_batch = self.held() - n_keep, self._last_batch, 0  # once per decode
