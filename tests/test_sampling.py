@@ -1,4 +1,4 @@
-"""The acceptance and residual math on hand-made p and q, and the logit transforms."""
+"""The logit transforms in llama.cpp's order and with its definitions, the residual, and recommended settings."""
 
 from __future__ import annotations
 
@@ -6,7 +6,15 @@ import numpy as np
 import pytest
 
 from spec_cli.errors import SpecError
-from spec_cli.sampling import SamplingParams, accept, probabilities, residual, sample
+from spec_cli.sampling import (SamplingParams, greedy_token, penalized, probabilities, recommended, residual,
+                               sample)
+
+PLAIN = dict(top_k=0, top_p=1.0, min_p=0.0)  # no filters: only the temperature
+
+
+def softmax(z: np.ndarray) -> np.ndarray:
+    e = np.exp(z - z.max())
+    return e / e.sum()
 
 
 def test_residual_is_normalised_positive_part_of_p_minus_q() -> None:
@@ -27,28 +35,6 @@ def test_residual_falls_back_to_p_when_p_equals_q() -> None:
     np.testing.assert_allclose(residual(p, p.copy()), p)
 
 
-def test_accept_probability_is_min_one_p_over_q() -> None:
-    rng = np.random.default_rng(0)
-    n = 20000
-    rate = np.mean([accept(0.2, 0.5, rng) for _ in range(n)])
-    # Binomial(n, 0.4): standard error ~0.0035, so 5 standard errors is far beyond chance.
-    assert abs(rate - 0.4) < 0.0175
-    assert all(accept(0.6, 0.5, rng) for _ in range(1000))
-    assert not any(accept(0.0, 0.5, rng) for _ in range(1000))
-
-
-def test_speculative_step_reproduces_p_exactly() -> None:
-    """Draft from q, accept with min(1, p/q), else draw from the residual: the result is distributed as p.
-
-    Computed exactly (no sampling): P(x) = q(x)·min(1, p(x)/q(x)) + P(reject)·residual(x).
-    """
-    p = np.array([0.1, 0.4, 0.3, 0.2, 0.0])
-    q = np.array([0.3, 0.1, 0.0, 0.2, 0.4])
-    accepted = q * np.minimum(1.0, np.divide(p, q, out=np.ones_like(p), where=q > 0))
-    result = accepted + (1.0 - accepted.sum()) * residual(p, q)
-    np.testing.assert_allclose(result, p, atol=1e-12)
-
-
 def test_sample_follows_the_distribution() -> None:
     rng = np.random.default_rng(1)
     probs = np.array([0.5, 0.0, 0.3, 0.2])
@@ -57,29 +43,103 @@ def test_sample_follows_the_distribution() -> None:
     np.testing.assert_allclose(counts / counts.sum(), probs, atol=0.02)
 
 
+def test_defaults_are_llama_cpps() -> None:
+    params = SamplingParams()
+    assert (params.temperature, params.top_k, params.top_p, params.min_p) == (0.0, 40, 0.95, 0.05)
+    assert (params.repeat_penalty, params.repeat_last_n, params.presence_penalty, params.frequency_penalty) == \
+        (1.0, 64, 0.0, 0.0)
+    assert params.greedy and not params.penalizes
+
+
 def test_temperature_scales_logits() -> None:
     logits = np.array([1.0, 2.0, 3.0], dtype=np.float32)
-    expected = np.exp(logits / 0.5) / np.exp(logits / 0.5).sum()
-    np.testing.assert_allclose(probabilities(logits, SamplingParams(temperature=0.5)), expected, rtol=1e-6)
+    np.testing.assert_allclose(probabilities(logits, SamplingParams(temperature=0.5, **PLAIN)),
+                               softmax(logits / 0.5), rtol=1e-6)
 
 
-def test_top_k_keeps_k_most_likely() -> None:
+def test_temperature_zero_is_all_mass_on_the_greedy_token() -> None:
+    np.testing.assert_array_equal(probabilities(np.array([0.0, 3.0, 1.0]), SamplingParams()), [0.0, 1.0, 0.0])
+
+
+def test_top_k_keeps_exactly_k_most_likely() -> None:
     logits = np.array([0.0, 3.0, 1.0, 2.0], dtype=np.float32)
-    probs = probabilities(logits, SamplingParams(temperature=1.0, top_k=2))
+    probs = probabilities(logits, SamplingParams(temperature=1.0, top_k=2, top_p=1.0, min_p=0.0))
     assert probs[0] == 0 and probs[2] == 0
-    np.testing.assert_allclose(probs[[1, 3]], np.exp([3.0, 2.0]) / np.exp([3.0, 2.0]).sum(), rtol=1e-6)
+    np.testing.assert_allclose(probs[[1, 3]], softmax(np.array([3.0, 2.0])), rtol=1e-6)
 
 
 def test_top_p_keeps_smallest_set_reaching_p() -> None:
     logits = np.log(np.array([0.5, 0.3, 0.15, 0.05], dtype=np.float32))
-    probs = probabilities(logits, SamplingParams(temperature=1.0, top_p=0.8))
+    probs = probabilities(logits, SamplingParams(temperature=1.0, top_k=0, top_p=0.8, min_p=0.0))
     np.testing.assert_allclose(probs, [0.5 / 0.8, 0.3 / 0.8, 0.0, 0.0], rtol=1e-6)
 
 
 def test_min_p_drops_tokens_below_fraction_of_top() -> None:
     logits = np.log(np.array([0.5, 0.3, 0.15, 0.05], dtype=np.float32))
-    probs = probabilities(logits, SamplingParams(temperature=1.0, min_p=0.25))
+    probs = probabilities(logits, SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.25))
     np.testing.assert_allclose(probs, [0.5 / 0.95, 0.3 / 0.95, 0.15 / 0.95, 0.0], rtol=1e-6)
+
+
+def test_filters_look_at_temperature_one_and_temperature_comes_last() -> None:
+    """llama.cpp's order: at T = 1, top-p 0.75 keeps {0.5, 0.3} and min-p 0.25 keeps {0.5, 0.3, 0.15}; the
+    temperature then reshapes what they kept. Temperature first (at T = 0.5: 0.70, 0.25, 0.06, 0.01) would
+    let top-p 0.75 keep the same two and min-p 0.25 keep only two."""
+    logits = np.log(np.array([0.5, 0.3, 0.15, 0.05]))
+    top_p = probabilities(logits, SamplingParams(temperature=0.5, top_k=0, top_p=0.75, min_p=0.0))
+    np.testing.assert_allclose(top_p, [*softmax(logits[:2] / 0.5), 0.0, 0.0], rtol=1e-9)
+    min_p = probabilities(logits, SamplingParams(temperature=0.5, top_k=0, top_p=1.0, min_p=0.25))
+    np.testing.assert_allclose(min_p, [*softmax(logits[:3] / 0.5), 0.0], rtol=1e-9)
+
+
+def test_repeat_penalty_divides_positive_and_multiplies_negative_logits() -> None:
+    logits = np.array([2.0, -1.0, 1.0, 0.5])
+    params = SamplingParams(repeat_penalty=2.0)
+    np.testing.assert_allclose(penalized(logits, params, [0, 1, 0]), [1.0, -2.0, 1.0, 0.5])
+
+
+def test_frequency_counts_occurrences_and_presence_counts_once() -> None:
+    logits = np.zeros(4)
+    params = SamplingParams(frequency_penalty=0.5, presence_penalty=0.25)
+    np.testing.assert_allclose(penalized(logits, params, [2, 2, 2, 1]), [0.0, -0.75, -1.75, 0.0])
+
+
+def test_penalties_look_only_at_the_last_n_tokens() -> None:
+    params = SamplingParams(repeat_penalty=2.0, repeat_last_n=2)
+    np.testing.assert_allclose(penalized(np.ones(3), params, [0, 1, 2]), [1.0, 0.5, 0.5])
+    assert params.recent([5, 6, 7, 8]) == [7, 8]
+    off = SamplingParams(repeat_penalty=2.0, repeat_last_n=0)
+    assert not off.penalizes and off.recent([1, 2]) == []
+    np.testing.assert_allclose(penalized(np.ones(3), off, [0, 1]), np.ones(3))
+
+
+def test_penalties_come_first_and_change_the_greedy_choice() -> None:
+    logits = np.array([3.0, 2.5, 0.0])
+    params = SamplingParams(repeat_penalty=1.5)
+    assert greedy_token(logits, SamplingParams(), [0]) == 0
+    assert greedy_token(logits, params, [0]) == 1
+    # Top-k 1 after the penalty keeps token 1, not token 0.
+    sampled = SamplingParams(temperature=1.0, top_k=1, repeat_penalty=1.5)
+    np.testing.assert_array_equal(probabilities(logits, sampled, [0]), [0.0, 1.0, 0.0])
+
+
+def test_recommended_settings_come_from_the_gguf_keys() -> None:
+    metadata = {"general.sampling.temp": "0.6", "general.sampling.top_k": "20", "general.sampling.top_p": "0.9",
+                "general.sampling.min_p": "0.000000", "general.sampling.penalty_repeat": "1.1",
+                "general.sampling.penalty_last_n": "-1"}
+    assert recommended(metadata.get) == {"temperature": 0.6, "top_k": 20, "top_p": 0.9, "min_p": 0.0,
+                                         "repeat_penalty": 1.1, "repeat_last_n": 0}
+
+
+def test_recommended_settings_skip_values_that_do_not_parse_or_are_out_of_range() -> None:
+    metadata = {"general.sampling.temp": "warm", "general.sampling.top_p": "1.5", "general.sampling.top_k": "64"}
+    assert recommended(metadata.get) == {"top_k": 64}
+    assert recommended({}.get) == {}
+
+
+def test_describe_names_what_changes_the_distribution() -> None:
+    assert SamplingParams().describe() == "greedy"
+    assert SamplingParams(temperature=0.7).describe() == "temp 0.7 · top-k 40 · top-p 0.95 · min-p 0.05"
+    assert "repeat-penalty 1.1 over 64" in SamplingParams(repeat_penalty=1.1).describe()
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -87,6 +147,8 @@ def test_min_p_drops_tokens_below_fraction_of_top() -> None:
     ({"top_k": -1}, "top-k"),
     ({"top_p": 0.0}, "top-p"),
     ({"min_p": 1.0}, "min-p"),
+    ({"repeat_penalty": 0.0}, "repeat-penalty"),
+    ({"repeat_last_n": -1}, "repeat-last-n"),
 ])
 def test_invalid_settings_are_user_errors(kwargs: dict, message: str) -> None:
     with pytest.raises(SpecError, match=message):
