@@ -15,7 +15,7 @@ from typing import Protocol, Sequence
 import numpy as np
 
 from spec_cli.llama import Context
-from spec_cli.sampling import SamplingParams, probabilities, sample
+from spec_cli.sampling import SamplingParams, one_hot, penalized, probabilities, sample
 
 
 @dataclass
@@ -73,22 +73,26 @@ class ModelDrafter:
         d_k itself is never fed back (nothing needs its logits), so after a fully accepted round the
         draft is one token behind; the next call's catch-up covers it. The catch-up is final; the draft's
         own tokens are speculative (`n_final`), so a memory that cannot cut them prepares to go back.
+        Penalties count the drafted tokens too, exactly as the target's p will.
         """
         draft = Draft()
         pending = list(tokens[self.context.n_past:])
+        recent = sampling.recent(tokens)
         for step in range(k):
             logits = self.context.decode(pending, 1, n_final=len(pending) if step == 0 else 0)[0]
             if sampling.greedy:
-                token = int(np.argmax(logits))
-                if self.p_min > 0 and _top_probability(logits) < self.p_min:
+                z = penalized(logits, sampling, recent)
+                token = int(np.argmax(z))
+                if self.p_min > 0 and _top_probability(z) < self.p_min:
                     break
             else:
-                q = probabilities(logits, sampling)
+                q = probabilities(logits, sampling, recent)
                 if q.max() < self.p_min:
                     break
                 token = sample(q, rng)
                 draft.q.append(q)
             draft.tokens.append(token)
+            recent = sampling.recent([*recent, token])
             pending = [token]
         return draft
 
@@ -130,7 +134,7 @@ class NgramDrafter:
         self._extend(tokens)
         draft = Draft(tokens=self.lookup(k))
         if not sampling.greedy:
-            draft.q = [_one_hot(token, self.n_vocab) for token in draft.tokens]
+            draft.q = [one_hot(token, self.n_vocab) for token in draft.tokens]
         return draft
 
     def rewind(self, n_keep: int) -> None:
@@ -154,13 +158,6 @@ class NgramDrafter:
             for n in range(self.n_min, self.n_max + 1):
                 if end + 1 >= n:
                     self._index[tuple(self._tokens[end + 1 - n:end + 1])] = end
-
-
-def _one_hot(token: int, n_vocab: int) -> np.ndarray:
-    """q for a deterministic proposal: all probability on the proposed token."""
-    q = np.zeros(n_vocab)
-    q[token] = 1.0
-    return q
 
 
 class HybridDrafter:

@@ -22,8 +22,9 @@ import numpy as np
 from spec_cli.draft_length import AdaptiveK, DraftLength, FixedK
 from spec_cli.drafters import Draft, Drafter
 from spec_cli.llama import Context
-from spec_cli.sampling import SamplingParams, accept, probabilities, residual, sample
+from spec_cli.sampling import SamplingParams, greedy_token, probabilities, sample
 from spec_cli.stats import Stats
+from spec_cli.verification import RULES, Distributions
 
 
 @dataclass(frozen=True)
@@ -44,11 +45,13 @@ class Generation:
     """
 
     def __init__(self, target: Context, drafter: Drafter | None, prompt: Sequence[int],
-                 sampling: SamplingParams, seed: int, draft_length: DraftLength, max_tokens: int) -> None:
+                 sampling: SamplingParams, seed: int, draft_length: DraftLength, max_tokens: int,
+                 verify: str = "block") -> None:
         self.target = target
         self.drafter = drafter
         self.prompt = list(prompt)
         self.sampling = sampling
+        self.verify = RULES[verify]
         self.seed = seed
         self.draft_length = draft_length if drafter is not None else FixedK(0)
         self.max_tokens = max_tokens
@@ -133,17 +136,18 @@ class Generation:
             return n, token, elapsed
 
         def accepted_prefix(rows: np.ndarray, draft: Draft) -> tuple[int, int]:
+            """Greedy: the drafted tokens the target would have chosen itself, then its own choice. Sampled:
+            the verification rule's verdict over p_1..p_{K+1}; each row's penalties count the drafted
+            tokens before it, as the draft's did."""
+            recent = self.sampling.recent(seq)
             if self.sampling.greedy:
-                choices = rows.argmax(axis=1)
-                n = 0
-                while n < len(draft.tokens) and choices[n] == draft.tokens[n]:
-                    n += 1
-                return n, int(choices[n])
-            for n, (x, q) in enumerate(zip(draft.tokens, draft.q)):
-                p = probabilities(rows[n], self.sampling)
-                if not accept(p[x], q[x], rng):
-                    return n, sample(residual(p, q), rng)
-            return len(draft.tokens), sample(probabilities(rows[-1], self.sampling), rng)
+                for n, x in enumerate([*draft.tokens, None]):
+                    choice = greedy_token(rows[n], self.sampling, self.sampling.recent([*recent, *draft.tokens[:n]]))
+                    if choice != x:
+                        return n, choice
+            p = _TargetLaws(rows, self.sampling, recent, draft.tokens)
+            verdict = self.verify(p, draft.q, draft.tokens, rng.random(len(draft.tokens)))
+            return verdict.accepted, sample(verdict.next_token, rng)
 
         def play_round(decode_start: float) -> Iterator[TokenEvent]:
             draft, draft_s = propose(draft_length())
@@ -180,3 +184,21 @@ class Generation:
             if self.finish_reason is None:
                 self.finish_reason = "interrupted"
             rewind()
+
+
+class _TargetLaws(Distributions):
+    """p_1..p_{K+1} from a verify pass's rows, each computed when a verification rule first reads it (token
+    verification stops reading at the first rejection)."""
+
+    def __init__(self, rows: np.ndarray, sampling: SamplingParams, recent: list[int], draft: list[int]) -> None:
+        self._rows, self._sampling, self._recent, self._draft = rows, sampling, recent, draft
+        self._laws: dict[int, np.ndarray] = {}
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def __getitem__(self, i: int) -> np.ndarray:  # type: ignore[override]
+        if i not in self._laws:
+            recent = self._sampling.recent([*self._recent, *self._draft[:i]])
+            self._laws[i] = probabilities(self._rows[i], self._sampling, recent)
+        return self._laws[i]

@@ -22,7 +22,8 @@ from spec_cli.drafters import Drafter, HybridDrafter, ModelDrafter, NgramDrafter
 from spec_cli.engine import Generation
 from spec_cli.errors import SpecError
 from spec_cli.llama import Context, Model
-from spec_cli.sampling import SamplingParams
+from spec_cli.sampling import SamplingParams, recommended
+from spec_cli.verification import DEFAULT_VERIFY, VERIFY_RULES
 
 DEFAULT_CTX = 2048
 DRAFTING_MODES = ("model", "ngram", "hybrid")  # the ways a user can choose to draft
@@ -78,6 +79,11 @@ class Pair:
         contexts = {"target": self.target_context, "draft": self.draft_context}
         return {name: {"kind": c.memory.kind, "rollback": c.memory.method} for name, c in contexts.items() if c}
 
+    def recommended_sampling(self) -> dict[str, float | int]:
+        """The sampling settings the target's GGUF recommends (`general.sampling.*`), by SamplingParams field;
+        the draft's own are irrelevant: p and q go through the same transforms."""
+        return recommended(self.target.metadata)
+
     @property
     def has_chat_template(self) -> bool:
         return self.target.chat_template() is not None
@@ -91,16 +97,20 @@ class Pair:
 
     def generate(self, prompt: str | Sequence[int], *, sampling: SamplingParams = SamplingParams(),
                  seed: int | None = None, draft_max: int | str = 4, max_tokens: int = 256, raw: bool = False,
-                 draft_mode: str | None = None, draft_p_min: float = 0.0) -> Generation:
+                 draft_mode: str | None = None, draft_p_min: float = 0.0,
+                 verify: str = DEFAULT_VERIFY) -> Generation:
         """Start a generation; nothing runs until it is iterated.
 
         `prompt` is text (see `prompt_tokens`) or token ids. `seed` fixes the one random generator used
         for drafting, acceptance and correction, so the same seed gives the same text; without one a
         random seed is drawn and kept on the returned `Generation`. `draft_max` is K, or "auto" to let
         `AdaptiveK` choose K each round; `draft_mode` is "model" (the default with a draft model), "ngram"
-        (prompt lookup, no draft model needed), "hybrid", or "none" (the default without a draft model); `draft_p_min` is
-        the draft model's confidence stop.
+        (prompt lookup, no draft model needed), "hybrid", or "none" (the default without a draft model);
+        `draft_p_min` is the draft model's confidence stop. `verify` is the rule sampled rounds are verified
+        with: "block" (Sun et al. 2025) or "token" (Leviathan et al. 2023); greedy rounds do not need one.
         """
+        if verify not in VERIFY_RULES:
+            raise SpecError(f"unknown verification {verify!r}; choose one of: {', '.join(VERIFY_RULES)}")
         if max_tokens < 1:
             raise SpecError(f"max-tokens must be >= 1, got {max_tokens}")
         tokens = self.prompt_tokens(prompt, raw) if isinstance(prompt, str) else list(prompt)
@@ -114,7 +124,7 @@ class Pair:
         mode = draft_mode or ("model" if self.draft_context else "none")
         drafter = self._drafter(mode, draft_p_min)
         generation = Generation(self.target_context, drafter, tokens, sampling, seed,
-                                self._draft_length(draft_max, mode), max_tokens)
+                                self._draft_length(draft_max, mode), max_tokens, verify)
         in_use = ("target", "draft") if needs_draft_model(mode) else ("target",)
         generation.stats.memory = {name: facts for name, facts in self.memory().items() if name in in_use}
         return generation

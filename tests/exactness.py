@@ -17,15 +17,17 @@ SIGNIFICANCE = 0.001  # per χ² test; seeds are fixed, so a pass is reproducibl
 REPETITIVE = "the cat sat. the cat sat. the cat"  # so that n-gram lookup proposes tokens too
 
 
-def exact_pair_distribution(pair: Pair, prompt: list[int]) -> dict[tuple[int, int], float]:
+def exact_pair_distribution(pair: Pair, prompt: list[int],
+                            sampling: SamplingParams = SAMPLED) -> dict[tuple[int, int], float]:
     """P(x1, x2) = p(x1 | prompt) · p(x2 | prompt, x1) computed from the target's logits."""
     context = Context(pair.target, n_ctx=64, n_threads=1)
     try:
-        p1 = probabilities(context.decode(prompt, 1)[0], SAMPLED)
+        p1 = probabilities(context.decode(prompt, 1)[0], sampling, sampling.recent(prompt))
         result = {}
         for x1 in np.flatnonzero(p1):
             context.trim(len(prompt))  # a recurrent memory may go back further: feed what it lacks
-            p2 = probabilities(context.decode([*prompt[context.n_past:], int(x1)], 1)[0], SAMPLED)
+            p2 = probabilities(context.decode([*prompt[context.n_past:], int(x1)], 1)[0], sampling,
+                               sampling.recent([*prompt, int(x1)]))
             for x2 in np.flatnonzero(p2):
                 result[(int(x1), int(x2))] = float(p1[x1] * p2[x2])
         return result

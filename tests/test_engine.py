@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 from typing import Iterator
 
@@ -11,6 +12,7 @@ import pytest
 
 from spec_cli import Generation, Pair, SamplingParams, SpecError, load_pair
 from spec_cli.llama import Context
+from spec_cli.stats import Stats
 from exactness import REPETITIVE, SAMPLED, SIGNIFICANCE, chi_square_p_value, exact_pair_distribution
 from tiny_models import write_model
 
@@ -215,25 +217,76 @@ def test_kv_trim_after_rejection_matches_fresh_evaluation(target_path: Path, alo
 N_SAMPLES = 3000
 
 
-@pytest.mark.parametrize("drafter, k, mode", [
-    ("alone", 0, "none"), ("same", 2, "model"), ("other", 2, "model"), ("other", 1, "model"),
-    ("alone", 2, "ngram"), ("other", 2, "hybrid"),
+PENALIZED = replace(SAMPLED, repeat_penalty=1.5, repeat_last_n=16, presence_penalty=0.3, frequency_penalty=0.2)
+
+
+def sampled_pairs(pair: Pair, prompt: list[int], sampling: SamplingParams, k: int, mode: str,
+                  verify: str = "block") -> tuple[Counter, Stats]:
+    """The first two tokens of N_SAMPLES seeded generations, and their summed statistics."""
+    observed: Counter = Counter()
+    totals = Stats(draft_max=k)
+    for seed in range(N_SAMPLES):
+        generation = finish(pair.generate(prompt, sampling=sampling, seed=seed, max_tokens=max(k + 1, 2),
+                                          draft_max=k, draft_mode=mode, verify=verify))
+        observed[tuple(generation.token_ids[:2])] += 1
+        totals.merge(generation.stats)
+    assert sum(observed.values()) == N_SAMPLES
+    return observed, totals
+
+
+@pytest.mark.parametrize("drafter, k, mode, verify", [
+    ("alone", 0, "none", "block"), ("same", 2, "model", "block"), ("alone", 2, "ngram", "block"),
+    ("other", 2, "hybrid", "block"), ("alone", 2, "ngram", "token"),
+    *[("other", k, "model", verify) for k in (1, 2, 4) for verify in ("block", "token")],
 ])
 def test_sampled_first_two_tokens_follow_the_target(request: pytest.FixtureRequest, alone: Pair,
-                                                    drafter: str, k: int, mode: str) -> None:
+                                                    drafter: str, k: int, mode: str, verify: str) -> None:
     pair: Pair = request.getfixturevalue(drafter)
     prompt = alone.prompt_tokens(REPETITIVE, raw=True)
-    expected = exact_pair_distribution(alone, prompt)
-    observed: Counter = Counter()
-    drafted = 0
-    for seed in range(N_SAMPLES):
-        generation = finish(pair.generate(prompt, sampling=SAMPLED, seed=seed, max_tokens=max(k + 1, 2),
-                                          draft_max=k, draft_mode=mode))
-        observed[tuple(generation.token_ids[:2])] += 1
-        drafted += generation.stats.drafted
-    assert sum(observed.values()) == N_SAMPLES
-    assert (drafted > 0) == (k > 0)
+    observed, totals = sampled_pairs(pair, prompt, SAMPLED, k, mode, verify)
+    assert (totals.drafted > 0) == (k > 0)
+    if drafter == "other":
+        assert totals.acceptance_rate < 0.8  # a draft far from the target: the rules are really at work
+    assert chi_square_p_value(observed, exact_pair_distribution(alone, prompt), N_SAMPLES) > SIGNIFICANCE
+
+
+@pytest.mark.parametrize("drafter, verify", [("same", "block"), ("same", "token"), ("other", "block")])
+def test_sampled_with_penalties_follows_the_penalized_target(request: pytest.FixtureRequest, alone: Pair,
+                                                            reference: Generation, drafter: str,
+                                                            verify: str) -> None:
+    """Each position's penalties count the drafted tokens before it, for p and q alike (with the target as
+    its own draft, the second token is mostly verified at position 2, after a drafted first). The prompt
+    ends with the model's own greedy text, so the tokens it favours are the ones penalised."""
+    pair: Pair = request.getfixturevalue(drafter)
+    prompt = [*alone.prompt_tokens(PROMPT, raw=True), *reference.token_ids[:12]]
+    expected = exact_pair_distribution(alone, prompt, PENALIZED)
+    plain = exact_pair_distribution(alone, prompt)
+    change = sum(abs(expected.get(key, 0.0) - plain.get(key, 0.0)) for key in {*expected, *plain})
+    assert change > 0.1  # the penalties change the law enough for the check to tell them apart
+    observed, totals = sampled_pairs(pair, prompt, PENALIZED, 3, "model", verify)
+    assert totals.accepted > 0
     assert chi_square_p_value(observed, expected, N_SAMPLES) > SIGNIFICANCE
+
+
+@pytest.mark.parametrize("drafter, mode", [("same", "model"), ("other", "model"), ("alone", "ngram")])
+def test_greedy_with_penalties_equals_target_alone_with_them(request: pytest.FixtureRequest, alone: Pair,
+                                                             reference: Generation, drafter: str,
+                                                             mode: str) -> None:
+    penalized = SamplingParams(repeat_penalty=1.3, repeat_last_n=16, frequency_penalty=0.1)
+    plain = finish(alone.generate(PROMPT, raw=True, max_tokens=48, sampling=penalized, draft_mode="none"))
+    assert plain.token_ids != reference.token_ids  # the penalties change the greedy text
+    pair: Pair = request.getfixturevalue(drafter)
+    generation = finish(pair.generate(PROMPT, raw=True, max_tokens=48, sampling=penalized, draft_max=4,
+                                      draft_mode=mode))
+    assert generation.token_ids == plain.token_ids
+    assert generation.stats.drafted > 0
+    if drafter == "same":  # the draft penalises its own drafted tokens as the target does: all accepted
+        assert generation.stats.acceptance_rate == 1.0
+
+
+def test_unknown_verification_is_a_user_error(alone: Pair) -> None:
+    with pytest.raises(SpecError, match="unknown verification 'joint'; choose one of: block, token"):
+        alone.generate(PROMPT, raw=True, verify="joint")
 
 
 def test_chi_square_detects_a_wrong_distribution(alone: Pair) -> None:
