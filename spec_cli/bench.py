@@ -16,6 +16,7 @@ import json
 import statistics
 import time
 from dataclasses import dataclass, field
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -26,6 +27,7 @@ from spec_cli.pair import Pair
 from spec_cli.sampling import SamplingParams
 from spec_cli.stats import Stats
 from spec_cli.text import NOT_UTF8_NOTE, decode_user_text
+from spec_cli.verification import DEFAULT_VERIFY
 
 _CODE = '''def summarize(orders):
     total = 0
@@ -102,17 +104,37 @@ def load_prompts(path: Path, notify: Callable[[str], None] = lambda _message: No
 
 @dataclass(frozen=True)
 class Config:
-    """One way of decoding: a draft mode ("none" for the target alone) and K (a number or "auto")."""
+    """One way of decoding: a draft mode ("none" for the target alone), K (a number or "auto"), and for
+    sampled decoding the temperature and the verification rule."""
 
     draft_mode: str
     draft_max: int | str
+    temperature: float = 0.0
+    verify: str = DEFAULT_VERIFY
 
     @property
     def label(self) -> str:
-        return "target alone" if self.draft_mode == "none" else f"{self.draft_mode} K={self.draft_max}"
+        label = "target alone" if self.draft_mode == "none" else f"{self.draft_mode} K={self.draft_max}"
+        if self.temperature == 0:
+            return label
+        return f"{label} T={self.temperature:g}" if self.draft_mode == "none" else \
+            f"{label} {self.verify} T={self.temperature:g}"
 
 
 TARGET_ALONE = Config("none", 0)
+
+
+def configurations(modes: Sequence[str], ks: Sequence[int | str], temperatures: Sequence[float],
+                   rules: Sequence[str]) -> list[Config]:
+    """For each temperature, the target alone and then every mode × K × rule (greedy needs no rule)."""
+    configs = []
+    for temperature in temperatures:
+        configs.append(Config("none", 0, temperature))
+        for mode in modes:
+            for k in ks:
+                for rule in (rules if temperature > 0 else [DEFAULT_VERIFY]):
+                    configs.append(Config(mode, k, temperature, rule))
+    return configs
 
 
 @dataclass
@@ -219,15 +241,18 @@ def compare(pair: Pair, configs: Sequence[Config], prompts: Sequence[str], max_t
     """Runs of every prompt under every configuration, rotating through the configurations; one Side each.
 
     Each run of a prompt uses the same seed in every configuration, so sampled runs compare like with like.
+    `sampling` gives every setting but the temperature, which each configuration brings.
     """
     sides = [Side(config) for config in configs]
     for round_number in range(repeat):
         for prompt_number, prompt in enumerate(prompts):
             for side in sides:
                 progress(side.label)
-                generation = pair.generate(prompt, draft_mode=side.config.draft_mode, raw=raw,
-                                           seed=round_number * len(prompts) + prompt_number, sampling=sampling,
-                                           draft_max=side.config.draft_max, max_tokens=max_tokens)
+                config = side.config
+                generation = pair.generate(prompt, draft_mode=config.draft_mode, raw=raw,
+                                           seed=round_number * len(prompts) + prompt_number,
+                                           sampling=replace(sampling, temperature=config.temperature),
+                                           draft_max=config.draft_max, max_tokens=max_tokens, verify=config.verify)
                 for _event in generation:
                     pass
                 side.runs.append(generation.stats)
@@ -235,17 +260,21 @@ def compare(pair: Pair, configs: Sequence[Config], prompts: Sequence[str], max_t
 
 
 def report(sides: Sequence[Side], costs: Costs, settings: dict[str, object]) -> dict[str, object]:
-    """Everything the benchmark measured, as one JSON-ready object."""
-    baseline = sides[0].tokens_per_second
+    """Everything the benchmark measured, as one JSON-ready object. Speed-ups are against the target alone
+    at the same temperature."""
+    baselines = {s.config.temperature: s.tokens_per_second for s in sides if s.config.draft_mode == "none"}
     configs = []
     for side in sides:
         k = side.config.draft_max
+        baseline = baselines.get(side.config.temperature)
         predicted = costs.predicted_speedup(side.alpha, k) if side.config.draft_mode == "model" \
             and isinstance(k, int) else None
         configs.append({
             "label": side.label,
             "draft_mode": side.config.draft_mode,
             "draft_max": k,
+            "temperature": side.config.temperature,
+            "verify": side.config.verify,
             "tokens_per_second": {"median": side.tokens_per_second, "min": min(side.rates),
                                   "max": max(side.rates)},
             "speedup": side.tokens_per_second / baseline if baseline else None,

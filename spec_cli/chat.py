@@ -20,6 +20,7 @@ from spec_cli.errors import SpecError
 from spec_cli.pair import DRAFTING_MODES, Pair, needs_draft_model
 from spec_cli.sampling import SamplingParams
 from spec_cli.stats import Stats
+from spec_cli.verification import DEFAULT_VERIFY, VERIFY_RULES
 
 
 CHAT_FORMATS = {
@@ -50,6 +51,13 @@ class Settings:
     draft_p_min: float
     max_tokens: int
     use_draft: bool = True
+    verify: str = DEFAULT_VERIFY
+
+    def describe(self) -> str:
+        """One line for the banner and a bare `/set`."""
+        drafting = f"{self.draft_mode} K={self.draft_max}" if self.use_draft else "off"
+        line = f"{self.sampling.describe()} · drafting {drafting}"
+        return line if self.sampling.greedy else f"{line} · verify {self.verify}"
 
 
 @dataclass
@@ -89,7 +97,7 @@ class ChatSession:
             prompt = self._prompt_tokens()
             generation = self.pair.generate(prompt, sampling=s.sampling, seed=self.seed, max_tokens=s.max_tokens,
                                             draft_max=s.draft_max, draft_p_min=s.draft_p_min,
-                                            draft_mode=s.draft_mode if s.use_draft else "none")
+                                            draft_mode=s.draft_mode if s.use_draft else "none", verify=s.verify)
         except SpecError:
             self.turns = turns
             raise
@@ -150,12 +158,20 @@ class ChatSession:
             raise SpecError(f"cannot write {path}: {exc.strerror}") from exc
 
 
+# /set names of the sampling settings, with the SamplingParams field and the type of each.
+SAMPLING_FIELDS: dict[str, tuple[str, type]] = {
+    "temp": ("temperature", float), "top-k": ("top_k", int), "top-p": ("top_p", float), "min-p": ("min_p", float),
+    "repeat-penalty": ("repeat_penalty", float), "repeat-last-n": ("repeat_last_n", int),
+    "presence-penalty": ("presence_penalty", float), "frequency-penalty": ("frequency_penalty", float),
+}
+SETTING_NAMES = ("k", *SAMPLING_FIELDS, "verify", "max-tokens", "mode", "p-min")
+
 COMMANDS = {
     "/help": "this list",
     "/stats": "totals for the session and acceptance by draft position",
     "/reset": "forget the conversation (the system message stays)",
     "/system TEXT": "set the system message (empty: none) and start over",
-    "/set NAME VALUE": "k (number or auto), temp, top-k, top-p, min-p, max-tokens, mode, p-min",
+    "/set NAME VALUE": f"{', '.join(SETTING_NAMES)} (/set alone shows them)",
     "/draft on|off": "speculate, or let the target answer alone, to compare",
     "/save FILE": "write the conversation as JSON (.json) or Markdown",
     "/exit": "leave (Ctrl-D too)",
@@ -201,12 +217,16 @@ def run_command(session: ChatSession, line: str) -> str | None:
 def _set(settings: Settings, argument: str) -> str:
     key, _, value = argument.partition(" ")
     value = value.strip()
-    sampling_fields = {"temp": "temperature", "top-k": "top_k", "top-p": "top_p", "min-p": "min_p"}
+    if not key:
+        return settings.describe()
     try:
-        if key in sampling_fields:
-            field_name = sampling_fields[key]
-            number = int(value) if key == "top-k" else float(value)
-            settings.sampling = replace(settings.sampling, **{field_name: number})
+        if key in SAMPLING_FIELDS:
+            field_name, kind = SAMPLING_FIELDS[key]
+            settings.sampling = replace(settings.sampling, **{field_name: kind(value)})
+        elif key == "verify":
+            if value not in VERIFY_RULES:
+                raise SpecError(f"verify is one of: {', '.join(VERIFY_RULES)}")
+            settings.verify = value
         elif key == "k":
             if value != "auto" and not 0 <= int(value) <= 64:
                 raise ValueError
@@ -224,7 +244,7 @@ def _set(settings: Settings, argument: str) -> str:
                 raise ValueError
             settings.draft_p_min = float(value)
         else:
-            raise SpecError("usage: /set k|temp|top-k|top-p|min-p|max-tokens|mode|p-min VALUE")
+            raise SpecError(f"usage: /set {'|'.join(SETTING_NAMES)} VALUE")
     except ValueError:
         raise SpecError(f"bad value for {key}: {value!r}") from None
     return f"{key} = {value}"

@@ -23,7 +23,8 @@ from spec_cli.errors import SpecError
 from spec_cli.llama import FTYPES, supports_gpu_offload
 from spec_cli.pair import DEFAULT_CTX, DRAFTING_MODES, Pair, load_pair, needs_draft_model
 from spec_cli.paths import user_registry_path
-from spec_cli.sampling import SamplingParams
+from spec_cli.sampling import SAMPLING_ORDER, SAMPLING_PRESETS, SamplingParams, settle
+from spec_cli.verification import DEFAULT_VERIFY, VERIFY_RULES
 from spec_cli.text import NOT_UTF8_NOTE, decode_user_text
 
 T = TypeVar("T")
@@ -44,10 +45,17 @@ PairOpt = Annotated[Optional[str], typer.Option("--pair", "-p", help="A named pa
 DraftMaxOpt = Annotated[Optional[str], typer.Option("--draft-max", "-k", help="Draft tokens per round, K: 0-64, or auto to choose K each round from measured acceptance and costs (default: the pair's tuned K; auto for files given with --target/--draft).", show_default=False)]
 DraftModeOpt = Annotated[Optional[str], typer.Option("--draft-mode", help="How drafts are made: model (the draft model), ngram (prompt lookup, no draft model needed), hybrid (n-gram first, then the model) (default: model).", show_default=False)]
 DraftPMinOpt = Annotated[float, typer.Option("--draft-p-min", min=0.0, max=0.99, help="Confidence stop: the draft model stops a round when its top probability falls below this (0: off).")]
-TempOpt = Annotated[float, typer.Option("--temp", min=0.0, help="Temperature; 0 is greedy (output identical to the target alone).")]
-TopKOpt = Annotated[int, typer.Option("--top-k", min=0, help="Keep the k most likely tokens (0: off).")]
-TopPOpt = Annotated[float, typer.Option("--top-p", min=0.0, max=1.0, help="Keep the smallest set of tokens with this much probability.")]
-MinPOpt = Annotated[float, typer.Option("--min-p", min=0.0, max=1.0, help="Drop tokens below this fraction of the top token's probability.")]
+# Sampling, with llama.cpp's meaning and defaults; None means "not given", so the --sampling preset decides.
+TempOpt = Annotated[Optional[float], typer.Option("--temp", min=0.0, help=f"Temperature, applied last as in llama.cpp ({SAMPLING_ORDER}); 0 is greedy (output identical to the target alone).", show_default=False)]
+TopKOpt = Annotated[Optional[int], typer.Option("--top-k", min=0, help="Keep the k most likely tokens (0: off) (default: 40).", show_default=False)]
+TopPOpt = Annotated[Optional[float], typer.Option("--top-p", min=0.0, max=1.0, help="Keep the smallest set of tokens with this much probability, at temperature 1 (default: 0.95).", show_default=False)]
+MinPOpt = Annotated[Optional[float], typer.Option("--min-p", min=0.0, max=1.0, help="Drop tokens below this fraction of the top token's probability, at temperature 1 (default: 0.05).", show_default=False)]
+RepeatPenaltyOpt = Annotated[Optional[float], typer.Option("--repeat-penalty", min=0.0, help="Divide the logits of tokens seen in the last --repeat-last-n (multiply negative ones); 1: off (default: 1).", show_default=False)]
+RepeatLastNOpt = Annotated[Optional[int], typer.Option("--repeat-last-n", min=0, help="How many recent tokens, prompt included, the penalties look at; 0: off (default: 64).", show_default=False)]
+PresencePenaltyOpt = Annotated[Optional[float], typer.Option("--presence-penalty", help="Subtract from the logit of every token seen in the last --repeat-last-n (default: 0).", show_default=False)]
+FrequencyPenaltyOpt = Annotated[Optional[float], typer.Option("--frequency-penalty", help="Subtract this times the number of times a token was seen in the last --repeat-last-n (default: 0).", show_default=False)]
+SamplingPresetOpt = Annotated[Optional[str], typer.Option("--sampling", help="greedy (temperature 0 unless --temp is given) or model (what the target's GGUF recommends, else llama.cpp's temp 0.8, top-k 40, top-p 0.95, min-p 0.05); flags given always win (default: greedy for run, model for chat).", show_default=False)]
+VerifyOpt = Annotated[str, typer.Option("--verify", help="How sampled drafts are verified: block (Sun et al. 2025, keeps more tokens) or token (token by token); both are exact.")]
 SeedOpt = Annotated[Optional[int], typer.Option("--seed", help="Random seed; the same seed gives the same text (default: random).", show_default=False)]
 MaxTokensOpt = Annotated[int, typer.Option("--max-tokens", "-n", min=1, help="Stop after this many generated tokens.")]
 CtxOpt = Annotated[Optional[int], typer.Option("--ctx", min=16, help=f"Context size in tokens (default: the pair's, else {DEFAULT_CTX}).", show_default=False)]
@@ -63,6 +71,8 @@ Examples:
   spec run "Explain speculative decoding in one sentence."
 
   spec run --temp 0.7 --seed 1 -n 200 "Write a haiku about caches."
+
+  spec run --sampling model --repeat-penalty 1.1 "Tell me a story."
 
   echo "Summarise: ..." | spec run - > summary.txt
 
@@ -189,6 +199,46 @@ def _draft_mode(value: str) -> str:
     return value
 
 
+def _temperature(value: str) -> float:
+    try:
+        temperature = float(value)
+    except ValueError:
+        temperature = -1.0
+    if not 0 <= temperature < float("inf"):
+        raise SpecError(f"--temp must be a number >= 0, got {value!r}")
+    return temperature
+
+
+def _verify_rule(value: str) -> str:
+    if value not in VERIFY_RULES:
+        raise SpecError(f"unknown --verify {value!r}; choose one of: {', '.join(VERIFY_RULES)}")
+    return value
+
+
+def _sampling_preset(value: str | None, default: str) -> str:
+    preset = value or default
+    if preset not in SAMPLING_PRESETS:
+        raise SpecError(f"unknown --sampling {preset!r}; choose one of: {', '.join(SAMPLING_PRESETS)}")
+    return preset
+
+
+def _sampling_flags(temp: float | None, top_k: int | None, top_p: float | None, min_p: float | None,
+                    repeat_penalty: float | None, repeat_last_n: int | None, presence_penalty: float | None,
+                    frequency_penalty: float | None) -> dict[str, float | int]:
+    """The sampling flags the user gave, by SamplingParams field (checked now, before any model loads)."""
+    flags = {"temperature": temp, "top_k": top_k, "top_p": top_p, "min_p": min_p, "repeat_penalty": repeat_penalty,
+             "repeat_last_n": repeat_last_n, "presence_penalty": presence_penalty,
+             "frequency_penalty": frequency_penalty}
+    given = {name: value for name, value in flags.items() if value is not None}
+    SamplingParams(**given)
+    return given
+
+
+def _settle(pair: Pair, preset: str, given: dict[str, float | int]) -> SamplingParams:
+    """The --sampling preset (with the target's recommended settings) under the flags the user gave."""
+    return settle(preset, pair.recommended_sampling(), given)
+
+
 def _resolve(spec: registry.PairSpec, quiet: bool, refresh: bool = False) -> tuple[Path, Path]:
     """The pair's files, downloading (with progress bars) and deriving what is missing."""
     notify = (lambda _m: None) if quiet else ui.note
@@ -224,10 +274,16 @@ def run(
     draft_max: DraftMaxOpt = None,
     draft_mode: DraftModeOpt = None,
     draft_p_min: DraftPMinOpt = 0.0,
-    temp: TempOpt = 0.0,
-    top_k: TopKOpt = 0,
-    top_p: TopPOpt = 1.0,
-    min_p: MinPOpt = 0.0,
+    sampling_preset: SamplingPresetOpt = None,
+    temp: TempOpt = None,
+    top_k: TopKOpt = None,
+    top_p: TopPOpt = None,
+    min_p: MinPOpt = None,
+    repeat_penalty: RepeatPenaltyOpt = None,
+    repeat_last_n: RepeatLastNOpt = None,
+    presence_penalty: PresencePenaltyOpt = None,
+    frequency_penalty: FrequencyPenaltyOpt = None,
+    verify: VerifyOpt = DEFAULT_VERIFY,
     seed: SeedOpt = None,
     max_tokens: MaxTokensOpt = 256,
     ctx: CtxOpt = None,
@@ -242,10 +298,14 @@ def run(
     """Generate from a prompt with speculative decoding, streaming tokens and acceptance statistics.
 
     Greedy output (the default, --temp 0) is token for token what the target alone would write; sampled output follows the target's distribution exactly. On a terminal, draft tokens the target accepted are shown in cyan.
+
+    Sampling means what it means in llama.cpp, with its defaults: penalties → top-k → top-p → min-p → temperature.
     """
     with _user_errors():
         text = _read_prompt(prompt, quiet)
-        sampling = SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p)
+        given = _sampling_flags(temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n, presence_penalty,
+                                frequency_penalty)
+        verify, preset = _verify_rule(verify), _sampling_preset(sampling_preset, "greedy")
         mode = "none" if no_draft else _draft_mode(draft_mode or "model")
         k = None if draft_max is None else _draft_max(draft_max)
         options = LoadOptions(target, draft, pair, no_draft, quiet, ctx, threads, gpu_layers, draft_gpu_layers,
@@ -255,9 +315,10 @@ def run(
                 if not quiet:
                     ui.note(f"{loaded.pair.target.path.name} has no chat template; sending the prompt as raw text")
                 raw = True
+            sampling = _settle(loaded.pair, preset, given)
             generation = loaded.pair.generate(text, sampling=sampling, seed=seed, max_tokens=max_tokens, raw=raw,
                                               draft_max=_given(k, loaded.draft_max), draft_mode=mode,
-                                              draft_p_min=draft_p_min)
+                                              draft_p_min=draft_p_min, verify=verify)
             _stream(generation, ui.make_view(as_json, quiet))
 
 
@@ -269,6 +330,8 @@ Examples:
   spec bench -k 1,2,4,8,auto --repeat 3 --plot k-sweep.png
 
   spec bench --task rewrite --modes model,ngram,hybrid
+
+  spec bench --temp 0.7,1.0 --verify token,block -k 4,6
 
   spec bench --target big.gguf --draft small.gguf --prompts my-prompts.jsonl --json results.json
 """
@@ -285,7 +348,8 @@ def bench(
     modes: Annotated[str, typer.Option("--modes", help="Draft modes to compare, comma-separated: model, ngram, hybrid.")] = "model",
     max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", min=1, help="Tokens generated per run.")] = 128,
     repeat: Annotated[int, typer.Option("--repeat", "-r", min=1, help="Runs of each prompt in each configuration.")] = 1,
-    temp: TempOpt = 0.0,
+    temps: Annotated[str, typer.Option("--temp", help="Temperatures to compare, comma-separated; 0 is greedy. Each has its own target-alone baseline.")] = "0",
+    verify: Annotated[str, typer.Option("--verify", help="Verification rules to compare at temperatures above 0, comma-separated: block, token.")] = DEFAULT_VERIFY,
     json_file: Annotated[Optional[Path], typer.Option("--json", help="Also write every figure (and each run's statistics) to this JSON file.", show_default=False)] = None,
     plot_file: Annotated[Optional[Path], typer.Option("--plot", help="Write a PNG of tokens/s and acceptance against K (needs matplotlib: pip install 'spec-cli[plot]').", show_default=False)] = None,
     ctx: CtxOpt = None,
@@ -301,24 +365,25 @@ def bench(
         mode_list = _csv(modes, parse=_draft_mode)
         prompts = (benchmark.load_prompts(prompts_file, notify=ui.note) if prompts_file
                    else benchmark.builtin_prompts(task))
-        sampling = SamplingParams(temperature=temp)
+        temperatures = _csv(temps, parse=_temperature)
+        rules = _csv(verify, parse=_verify_rule)
         k_given = _csv(ks, parse=_draft_max) if ks else []
         options = LoadOptions(target, draft, pair, False, False, ctx, threads, gpu_layers, draft_gpu_layers,
                               needs_draft=any(needs_draft_model(mode) for mode in mode_list),
                               max_draft=_largest_k(k_given))
         with _open_pair(options) as loaded:
             k_list = k_given or list(dict.fromkeys([loaded.draft_max, "auto"]))
-            configs = [benchmark.TARGET_ALONE] + [benchmark.Config(m, k) for m in mode_list for k in k_list]
+            configs = benchmark.configurations(mode_list, k_list, temperatures, rules)
             raw = not loaded.pair.has_chat_template
             with ui.progress(len(configs) * repeat * len(prompts)) as advance:
                 costs = benchmark.measure_costs(loaded.pair, loaded.pair.prompt_tokens(prompts[0], raw),
                                                 [k for k in k_list if isinstance(k, int)])
                 sides = benchmark.compare(loaded.pair, configs, prompts, max_tokens=max_tokens, repeat=repeat,
-                                          raw=raw, sampling=sampling, progress=advance)
+                                          raw=raw, progress=advance)
             settings = {"target": str(loaded.pair.target.path),
                         "draft": str(loaded.pair.draft.path) if loaded.pair.draft else None,
                         "prompts": len(prompts), "task": None if prompts_file else task,
-                        "max_tokens": max_tokens, "repeat": repeat, "temperature": temp,
+                        "max_tokens": max_tokens, "repeat": repeat, "temperatures": temperatures,
                         "threads": threads or os.cpu_count()}
             result = benchmark.report(sides, costs, settings)
             ui.show_comparison(result)
@@ -371,10 +436,16 @@ def chat(
     draft_max: DraftMaxOpt = None,
     draft_mode: DraftModeOpt = None,
     draft_p_min: DraftPMinOpt = 0.0,
-    temp: TempOpt = 0.0,
-    top_k: TopKOpt = 0,
-    top_p: TopPOpt = 1.0,
-    min_p: MinPOpt = 0.0,
+    sampling_preset: SamplingPresetOpt = None,
+    temp: TempOpt = None,
+    top_k: TopKOpt = None,
+    top_p: TopPOpt = None,
+    min_p: MinPOpt = None,
+    repeat_penalty: RepeatPenaltyOpt = None,
+    repeat_last_n: RepeatLastNOpt = None,
+    presence_penalty: PresencePenaltyOpt = None,
+    frequency_penalty: FrequencyPenaltyOpt = None,
+    verify: VerifyOpt = DEFAULT_VERIFY,
     seed: SeedOpt = None,
     max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", min=1, help="Longest answer, in tokens.")] = 512,
     ctx: CtxOpt = None,
@@ -387,10 +458,15 @@ def chat(
     """Talk with a model in the terminal, with speculative decoding and per-answer statistics.
 
     Each turn evaluates only its new tokens: both models keep the conversation in their caches. Type /help for commands. When stdin is not a terminal, each input line is one message and answers are written plainly.
+
+    Sampling uses the settings the target's GGUF recommends (--sampling model), else llama.cpp's defaults, in llama.cpp's order: penalties → top-k → top-p → min-p → temperature.
     """
     with _user_errors():
         mode = _draft_mode(draft_mode or "model")
         k = None if draft_max is None else _draft_max(draft_max)
+        given = _sampling_flags(temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n, presence_penalty,
+                                frequency_penalty)
+        verify, preset = _verify_rule(verify), _sampling_preset(sampling_preset, "model")
         template = chat_module.chat_template(chat_format)
         options = LoadOptions(target, draft, pair, no_draft, quiet, ctx, threads, gpu_layers, draft_gpu_layers,
                               needs_draft=needs_draft_model(mode), max_draft=_largest_k([k]))
@@ -398,9 +474,9 @@ def chat(
             # Fail now rather than at the first message when there is no template to use.
             loaded.pair.target.format_chat([{"role": "user", "content": "hi"}], template=template)
             settings = chat_module.Settings(
-                sampling=SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p),
+                sampling=_settle(loaded.pair, preset, given),
                 draft_max=_given(k, loaded.draft_max), draft_mode=mode, draft_p_min=draft_p_min,
-                max_tokens=max_tokens, use_draft=not no_draft)
+                max_tokens=max_tokens, use_draft=not no_draft, verify=verify)
             session = chat_module.ChatSession(loaded.pair, settings, system=system, seed=seed, template=template)
             ui.chat_loop(session, interactive=sys.stdin.isatty(), quiet=quiet)
 

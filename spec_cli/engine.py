@@ -51,7 +51,8 @@ class Generation:
         self.drafter = drafter
         self.prompt = list(prompt)
         self.sampling = sampling
-        self.verify = RULES[verify]
+        self.verification = verify  # the rule's name, for reports
+        self._verify = RULES[verify]
         self.seed = seed
         self.draft_length = draft_length if drafter is not None else FixedK(0)
         self.max_tokens = max_tokens
@@ -146,7 +147,7 @@ class Generation:
                     if choice != x:
                         return n, choice
             p = _TargetLaws(rows, self.sampling, recent, draft.tokens)
-            verdict = self.verify(p, draft.q, draft.tokens, rng.random(len(draft.tokens)))
+            verdict = self._verify(p, draft.q, draft.tokens, rng.random(len(draft.tokens)))
             return verdict.accepted, sample(verdict.next_token, rng)
 
         def play_round(decode_start: float) -> Iterator[TokenEvent]:

@@ -123,6 +123,21 @@ def recommended(metadata: Callable[[str], str | None]) -> dict[str, float | int]
     return found
 
 
+SAMPLING_PRESETS = ("greedy", "model")
+
+
+def settle(preset: str, model_recommends: dict[str, float | int], given: dict[str, float | int]) -> SamplingParams:
+    """The settings to use: llama.cpp's defaults, then the preset, then what the user gave (which always wins).
+
+    "greedy" keeps temperature 0 (reproducible, token-identical to the target alone); "model" takes what the
+    target's GGUF recommends, with llama.cpp's temperature 0.8 when it names none.
+    """
+    if preset not in SAMPLING_PRESETS:
+        raise SpecError(f"unknown sampling {preset!r}; choose one of: {', '.join(SAMPLING_PRESETS)}")
+    base = {"temperature": LLAMA_CPP_TEMPERATURE, **model_recommends} if preset == "model" else {}
+    return SamplingParams(**{**base, **given})
+
+
 def penalized(logits: np.ndarray, params: SamplingParams, recent: Sequence[int]) -> np.ndarray:
     """The logits after llama.cpp's repetition, frequency and presence penalties, as float64 (a copy)."""
     z = logits.astype(np.float64)

@@ -12,6 +12,7 @@ import select
 import sys
 import time
 from contextlib import contextmanager
+from dataclasses import asdict
 from typing import Callable, Iterator, Protocol
 
 from rich import box
@@ -37,6 +38,17 @@ TARGET_STYLE = ""
 REFRESH_S = 0.1
 
 
+def percent(rate: float, digits: int = 0) -> str:
+    """A rate as a percentage that never rounds a partial figure to 100% or 0%: 2498/2507 is 99.6%, not 100%.
+
+    More decimals are shown only when the rounding would claim all or nothing."""
+    text = f"{rate:.{digits}%}"
+    while 0 < rate < 1 and text in (f"{0:.{digits}%}", f"{1:.{digits}%}") and digits < 6:
+        digits += 1
+        text = f"{rate:.{digits}%}"
+    return text
+
+
 class View(Protocol):
     def start(self, generation: Generation) -> None: ...
 
@@ -59,7 +71,7 @@ def summary_line(generation: Generation) -> str:
     s = generation.stats
     parts = [f"{s.generated_tokens} tokens", f"{s.tokens_per_second:.1f} tok/s"]
     if s.drafted:
-        parts += [f"acceptance {s.acceptance_rate:.0%} ({s.accepted}/{s.drafted})",
+        parts += [f"acceptance {percent(s.acceptance_rate)} ({s.accepted}/{s.drafted})",
                   f"mean accepted length {s.mean_accepted_length:.2f}"]
         if s.adaptive:
             parts.append(f"K auto, last {s.current_k}")
@@ -105,6 +117,7 @@ class JsonView:
             "token_ids": generation.token_ids,
             "finish_reason": generation.finish_reason,
             "seed": generation.seed,
+            "sampling": {**asdict(generation.sampling), "verify": generation.verification},
             "stats": generation.stats.as_dict(),
         }
         sys.stdout.write(json.dumps(payload) + "\n")
@@ -159,11 +172,11 @@ class TerminalView:
             return footer
         footer.append(f"{s.tokens_per_second:.1f} tok/s · {s.generated_tokens} tokens")
         if s.drafted:
-            footer.append(f" · acceptance {s.acceptance_rate:.0%} ({s.accepted}/{s.drafted})"
+            footer.append(f" · acceptance {percent(s.acceptance_rate)} ({s.accepted}/{s.drafted})"
                           f" · mean accepted length {s.mean_accepted_length:.2f}")
             if s.adaptive:
                 footer.append(f" · K {s.current_k} (auto)")
-            by_position = " ".join(f"{rate:.0%}" for rate in s.position_acceptance[:8])
+            by_position = " ".join(percent(rate) for rate in s.position_acceptance[:8])
             footer.append(f" · by position {by_position}  ")
             footer.append("■ draft", style=DRAFT_STYLE or None)
             footer.append(" ■ target")
@@ -190,12 +203,14 @@ def show_comparison(result: dict) -> None:
     """The benchmark's figures side by side: measured and predicted speed-up against the target alone."""
     console = Console(highlight=False)
     settings, costs = result["settings"], result["costs"]
-    sampling = "greedy" if not settings["temperature"] else f"temperature {settings['temperature']}"
+    temperatures = ", ".join(f"{t:g}" for t in settings["temperatures"] if t > 0)
+    sampling = "greedy" if not temperatures else \
+        f"{'greedy and ' if 0 in settings['temperatures'] else ''}temperature {temperatures}"
     speed = Table(title=f"Speed: {sampling}, {settings['prompts']} prompts × {settings['repeat']}, "
                         f"{settings['max_tokens']} tokens each", box=box.SIMPLE_HEAD)
     drafting = Table(title="Drafting", box=box.SIMPLE_HEAD)
     for table, columns in ((speed, ("tok/s", "min–max", "speed-up", "predicted")),
-                           (drafting, ("accepted", "per round", "draft/verify", "rollback", "not llama.cpp"))):
+                           (drafting, ("accepted", "tokens/pass", "draft/verify", "rollback", "not llama.cpp"))):
         table.add_column("", no_wrap=True)
         for column in columns:
             table.add_column(column, justify="right")
@@ -205,20 +220,20 @@ def show_comparison(result: dict) -> None:
                       f"{c['speedup']:.2f}×" if c["speedup"] else "–",
                       f"{c['predicted_speedup']:.2f}×" if c["predicted_speedup"] else "–")
         if c["draft_mode"] != "none":
-            drafting.add_row(c["label"], f"{c['acceptance_rate']:.0%}", f"{c['mean_accepted_length']:.2f}",
-                             f"{share['draft']:.0%} / {share['verify']:.0%}", f"{share['rollback']:.1%}",
-                             f"{share['outside_llama_cpp']:.1%}")
+            drafting.add_row(c["label"], percent(c["acceptance_rate"]), f"{c['mean_accepted_length']:.2f}",
+                             f"{percent(share['draft'])} / {percent(share['verify'])}", percent(share["rollback"], 1),
+                             percent(share["outside_llama_cpp"], 1))
     console.print(speed)
     console.print(drafting)
     for c in result["configs"]:
         if c["position_acceptance"]:
-            positions = " ".join(f"{rate:.0%}" for rate in c["position_acceptance"][:16])
+            positions = " ".join(percent(rate) for rate in c["position_acceptance"][:16])
             console.print(f"acceptance by draft position, {c['label']}: {positions}", style="dim")
     verify = " · ".join(f"K={k}: {seconds * 1000:.1f}" for k, seconds in costs["verify_s"].items())
     draft = f"{costs['draft_step_s'] * 1000:.1f} ms" if costs["draft_step_s"] is not None else "–"
     console.print(f"costs on this machine: draft step {draft}; verify of K+1 tokens (ms) {verify}", style="dim")
-    console.print("runs interleaved across configurations; tokens/s counts decoding only; per round = mean "
-                  "accepted length; draft/verify = shares of decoding time; rollback = the share spent taking "
+    console.print("runs interleaved across configurations; tokens/s counts decoding only; tokens/pass = tokens "
+                  "each target pass yields (mean accepted length); draft/verify = shares of decoding time; rollback = the share spent taking "
                   "rejected tokens back (snapshots, restores, replays: recurrent and hybrid models); "
                   "not llama.cpp = time outside its "
                   "decode calls; predicted = E[tokens](α, K) × c_verify(0) / (K c_draft + c_verify(K))",
@@ -347,6 +362,7 @@ def chat_loop(session: ChatSession, interactive: bool, quiet: bool) -> None:
         target, draft = session.pair.target.path.name, session.pair.draft.path.name if session.pair.draft else "none"
         console.print(f"spec chat · target {target} · draft {draft} · /help for commands, Ctrl-D to leave",
                       style="dim")
+        console.print(session.settings.describe(), style="dim", markup=False)
     try:
         while True:
             message = _read_message(interactive)
@@ -456,7 +472,7 @@ def _answer(session: ChatSession, message: str, console: Console, interactive: b
 def _turn_summary(s: Stats) -> str:
     parts = [f"{s.generated_tokens} tokens", f"{s.tokens_per_second:.1f} tok/s"]
     if s.drafted:
-        parts += [f"acceptance {s.acceptance_rate:.0%}", f"mean accepted length {s.mean_accepted_length:.2f}"]
+        parts += [f"acceptance {percent(s.acceptance_rate)}", f"mean accepted length {s.mean_accepted_length:.2f}"]
     parts.append(f"prompt {s.prompt_tokens - s.prompt_cached} new tokens")
     return " · ".join(parts)
 
@@ -480,9 +496,9 @@ def _show_session_stats(session: ChatSession, console: Console) -> None:
     facts = [("answers", str(sum(1 for turn in session.turns if turn.role == "assistant"))),
              ("generated tokens", str(t.generated_tokens)),
              ("tokens/s", f"{t.tokens_per_second:.1f}"),
-             ("acceptance", f"{t.acceptance_rate:.0%} ({t.accepted}/{t.drafted})" if t.drafted else "–"),
+             ("acceptance", f"{percent(t.acceptance_rate)} ({t.accepted}/{t.drafted})" if t.drafted else "–"),
              ("mean accepted length", f"{t.mean_accepted_length:.2f}" if t.rounds else "–"),
-             ("by draft position", " ".join(f"{i + 1}:{rate:.0%}" for i, rate in
+             ("by draft position", " ".join(f"{i + 1}:{percent(rate)}" for i, rate in
                                             enumerate(t.position_acceptance)) or "–"),
              ("prompt tokens reused", f"{t.prompt_cached}/{t.prompt_tokens}")]
     show_facts("session statistics", facts)

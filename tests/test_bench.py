@@ -12,7 +12,8 @@ from typer.testing import CliRunner
 
 from spec_cli import SpecError, load_pair
 from spec_cli.cli import app
-from spec_cli.bench import (TARGET_ALONE, Config, Costs, Side, builtin_prompts, compare, load_prompts,
+from spec_cli.bench import (TARGET_ALONE, Config, Costs, Side, builtin_prompts, compare, configurations,
+                             load_prompts,
                             measure_costs)
 from spec_cli.draft_length import expected_tokens
 from spec_cli.stats import Stats
@@ -155,3 +156,35 @@ def test_bench_on_a_recurrent_pair_shows_the_rollback_share(tmp_path: Path) -> N
     assert alone["time_share"]["rollback"] == 0  # nothing drafted, nothing to take back
     assert 0 < speculative["time_share"]["rollback"] < speculative["time_share"]["verify"] + \
         speculative["time_share"]["draft"]
+
+
+def test_configurations_pair_each_temperature_with_its_own_baseline_and_rules() -> None:
+    configs = configurations(["model"], [4], [0.0, 1.0], ["token", "block"])
+    assert [c.label for c in configs] == ["target alone", "model K=4", "target alone T=1", "model K=4 token T=1",
+                                          "model K=4 block T=1"]
+
+
+def test_bench_compares_verification_rules_side_by_side(target_path: Path, other_draft_path: Path,
+                                                        tmp_path: Path) -> None:
+    out = tmp_path / "rules.json"
+    result = runner.invoke(app, ["bench", "--target", str(target_path), "--draft", str(other_draft_path), "-n", "8",
+                                 "--task", "chat", "-k", "3", "--temp", "0.7,1", "--verify", "token,block",
+                                 "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "temperature 0.7, 1" in result.stdout
+    configs = {c["label"]: c for c in json.loads(out.read_text())["configs"]}
+    assert list(configs) == ["target alone T=0.7", "model K=3 token T=0.7", "model K=3 block T=0.7",
+                             "target alone T=1", "model K=3 token T=1", "model K=3 block T=1"]
+    for label, config in configs.items():
+        baseline = configs[f"target alone T={label.rsplit('T=', 1)[1]}"]["tokens_per_second"]["median"]
+        assert config["speedup"] == pytest.approx(config["tokens_per_second"]["median"] / baseline)
+        assert config["verify"] in ("token", "block") and config["temperature"] in (0.7, 1.0)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--temp", "0.5,hot"], "--temp must be a number >= 0, got 'hot'"),
+    (["--verify", "token,joint"], "unknown --verify 'joint'"),
+])
+def test_bench_sampling_mistakes(target_path: Path, args: list[str], message: str) -> None:
+    result = run_bench(target_path, *args)
+    assert result.exit_code == 1 and message in result.stderr

@@ -97,6 +97,13 @@ def test_slash_commands_change_settings(pair: Pair) -> None:
     assert session.settings.draft_max == "auto"
     run_command(session, "/set top-k 5")
     assert session.settings.sampling.top_k == 5
+    run_command(session, "/set repeat-penalty 1.1")
+    run_command(session, "/set repeat-last-n 32")
+    assert (session.settings.sampling.repeat_penalty, session.settings.sampling.repeat_last_n) == (1.1, 32)
+    assert run_command(session, "/set verify token") == "verify = token"
+    assert session.settings.verify == "token"
+    assert run_command(session, "/set") == ("temp 0.7 · top-k 5 · top-p 0.95 · min-p 0.05 · repeat-penalty 1.1 over 32"
+                                            " · presence 0 · frequency 0 · drafting model K=auto · verify token")
     run_command(session, "/draft off")
     assert session.settings.use_draft is False
     say(session, "hi")
@@ -110,7 +117,11 @@ def test_slash_commands_change_settings(pair: Pair) -> None:
 @pytest.mark.parametrize("line, message", [
     ("/set temp hot", "bad value for temp: 'hot'"),
     ("/set k -3", "bad value for k"),
-    ("/set colour red", "usage: /set"),
+    ("/set colour red", "usage: /set k|temp|top-k|top-p|min-p|repeat-penalty|repeat-last-n|presence-penalty|"
+                        "frequency-penalty|verify|max-tokens|mode|p-min VALUE"),
+    ("/set verify joint", "verify is one of: block, token"),
+    ("/set repeat-penalty 0", "repeat-penalty must be > 0"),
+    ("/set repeat-last-n 1.5", "bad value for repeat-last-n"),
     ("/draft maybe", "usage: /draft on|off"),
     ("/save", "usage: /save FILE"),
     ("/frobnicate", "unknown command /frobnicate; known: /help, /stats, /reset, /system, /set, /draft, /save, /exit"),
@@ -153,6 +164,7 @@ def test_repl_streams_answers_with_a_summary_and_commands(chat_target_path: Path
 def test_repl_ctrl_c_cancels_the_answer_and_returns_to_the_prompt(chat_target_path: Path, tmp_path: Path) -> None:
     child = spawn(chat_target_path, "-n", "20000", "--ctx", "30000")
     child.sendline("hello")
+    child.expect("hello\r\n")
     child.expect(".{40}")  # the answer is streaming
     child.sendintr()
     child.expect("answer interrupted")

@@ -134,6 +134,48 @@ def test_model_choice_mistakes(args: list[str], message: str) -> None:
     user_error(spec("run", *args, "hi"), message)
 
 
+@pytest.mark.parametrize("args, message", [
+    (["--sampling", "warm"], "unknown --sampling 'warm'; choose one of: greedy, model"),
+    (["--verify", "joint"], "unknown --verify 'joint'; choose one of: block, token"),
+    (["--repeat-penalty", "0"], "repeat-penalty must be > 0 (1 turns it off), got 0.0"),
+    (["--top-p", "0"], "top-p must be in (0, 1], got 0.0"),
+])
+def test_sampling_mistakes(pair_args: list[str], args: list[str], message: str) -> None:
+    user_error(spec("run", *pair_args, *args, "hi"), message)
+
+
+def sampling_used(*args: str) -> dict:
+    result = spec("run", *args, "-n", "4", "--json", "the cat")
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)["sampling"]
+
+
+def test_run_is_greedy_unless_asked_and_flags_win_over_the_models_settings(tmp_path: Path) -> None:
+    model = write_model(tmp_path / "recommends.gguf", seed=1,
+                        sampling={"temp": 0.6, "top_k": 20, "top_p": 0.9, "penalty_repeat": 1.1})
+    args = ["--target", str(model), "--draft", str(model), "--raw"]
+    greedy = sampling_used(*args)
+    assert (greedy["temperature"], greedy["top_k"], greedy["verify"]) == (0.0, 40, "block")
+    recommended = sampling_used(*args, "--sampling", "model")
+    assert (recommended["temperature"], recommended["top_k"], recommended["top_p"], recommended["min_p"],
+            recommended["repeat_penalty"]) == (pytest.approx(0.6), 20, pytest.approx(0.9), 0.05, pytest.approx(1.1))
+    mixed = sampling_used(*args, "--sampling", "model", "--top-k", "7", "--temp", "1", "--verify", "token")
+    assert (mixed["temperature"], mixed["top_k"], mixed["top_p"], mixed["verify"]) == \
+        (1.0, 7, pytest.approx(0.9), "token")
+
+
+def test_a_model_without_recommendations_samples_with_llama_cpps_defaults(pair_args: list[str]) -> None:
+    used = sampling_used(*pair_args, "--sampling", "model")
+    assert (used["temperature"], used["top_k"], used["top_p"], used["min_p"], used["repeat_penalty"]) == \
+        (0.8, 40, 0.95, 0.05, 1.0)
+
+
+@pytest.mark.parametrize("command", ["run", "chat"])
+def test_help_states_llama_cpps_sampler_order(command: str) -> None:
+    result = spec(command, "--help")
+    assert "penalties → top-k → top-p → min-p → temperature" in " ".join(result.stdout.split())
+
+
 def test_help_shows_examples() -> None:
     result = spec("run", "--help")
     assert result.exit_code == 0

@@ -7,7 +7,7 @@ import pytest
 
 from spec_cli.errors import SpecError
 from spec_cli.sampling import (SamplingParams, greedy_token, penalized, probabilities, recommended, residual,
-                               sample)
+                               sample, settle)
 
 PLAIN = dict(top_k=0, top_p=1.0, min_p=0.0)  # no filters: only the temperature
 
@@ -153,3 +153,15 @@ def test_describe_names_what_changes_the_distribution() -> None:
 def test_invalid_settings_are_user_errors(kwargs: dict, message: str) -> None:
     with pytest.raises(SpecError, match=message):
         SamplingParams(**kwargs)
+
+
+def test_settle_layers_defaults_preset_and_flags() -> None:
+    model = {"temperature": 0.6, "top_k": 20}
+    assert settle("greedy", model, {}) == SamplingParams()
+    assert settle("greedy", model, {"temperature": 0.7}) == SamplingParams(temperature=0.7)
+    assert settle("model", model, {}) == SamplingParams(temperature=0.6, top_k=20)
+    assert settle("model", {}, {}) == SamplingParams(temperature=0.8)
+    assert settle("model", model, {"top_k": 5, "repeat_penalty": 1.1}) == \
+        SamplingParams(temperature=0.6, top_k=5, repeat_penalty=1.1)
+    with pytest.raises(SpecError, match="unknown sampling 'warm'; choose one of: greedy, model"):
+        settle("warm", model, {})

@@ -48,7 +48,7 @@ EMBEDDING_SCALE = {"gemma3": 0.3}  # gemma3 multiplies embeddings by √n_embd: 
 def write_model(path: Path, seed: int, *, arch: str = "llama", vocab_size: int = 320, rename_token: int | None = None,
                 chat_template: str | None = None, eos: int = 2, output_scale: float = 1.0, noise: float = 0.0,
                 sliding_window: int = 4, n_embd: int = N_EMBD, n_layer: int = N_LAYER,
-                layer_scale: float = 1.0) -> Path:
+                layer_scale: float = 1.0, sampling: dict[str, float] | None = None) -> Path:
     """Write a tiny random model of `arch` to `path`; `output_scale` widens the logits (fewer near-ties).
 
     `noise` > 0 perturbs every weight of the seed's model by that fraction (drawn from another seed): a
@@ -57,7 +57,8 @@ def write_model(path: Path, seed: int, *, arch: str = "llama", vocab_size: int =
     mamba (recurrent), lfm2 (hybrid that llama.cpp rolls back in place), jamba (hybrid that it cannot).
     `n_embd` and `n_layer` make larger models for benchmarks (the feed-forward width follows n_embd);
     `layer_scale` < 1 shrinks what each layer adds to the residual stream, for a model that follows its
-    input closely (predictable, so a quantized copy of it drafts well).
+    input closely (predictable, so a quantized copy of it drafts well). `sampling` writes recommended
+    settings as `general.sampling.<key>` (top_k and penalty_last_n as integers).
     """
     n_ff = 2 * n_embd
     rng = np.random.default_rng(seed)
@@ -68,6 +69,11 @@ def write_model(path: Path, seed: int, *, arch: str = "llama", vocab_size: int =
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_name(f"tiny-{arch}-{seed}")
     writer.add_context_length(N_CTX_TRAIN)
+    for key, value in (sampling or {}).items():
+        if key in ("top_k", "penalty_last_n"):
+            writer.add_int32(f"general.sampling.{key}", int(value))
+        else:
+            writer.add_float32(f"general.sampling.{key}", value)
     writer.add_embedding_length(n_embd)
     writer.add_block_count(n_layer)
     writer.add_feed_forward_length(n_ff)
