@@ -220,31 +220,33 @@ N_SAMPLES = 3000
 PENALIZED = replace(SAMPLED, repeat_penalty=1.5, repeat_last_n=16, presence_penalty=0.3, frequency_penalty=0.2)
 
 
-def sampled_pairs(pair: Pair, prompt: list[int], sampling: SamplingParams, k: int, mode: str,
-                  verify: str = "block") -> tuple[Counter, Stats]:
+def sampled_pairs(pair: Pair, prompt: list[int], sampling: SamplingParams, k: int | str, mode: str,
+                  verify: str = "block", p_min: float = 0.0) -> tuple[Counter, Stats]:
     """The first two tokens of N_SAMPLES seeded generations, and their summed statistics."""
     observed: Counter = Counter()
-    totals = Stats(draft_max=k)
+    totals = Stats(draft_max=0)
+    room = max(k + 1, 2) if isinstance(k, int) else 17  # room for the first round's whole draft
     for seed in range(N_SAMPLES):
-        generation = finish(pair.generate(prompt, sampling=sampling, seed=seed, max_tokens=max(k + 1, 2),
-                                          draft_max=k, draft_mode=mode, verify=verify))
+        generation = finish(pair.generate(prompt, sampling=sampling, seed=seed, max_tokens=room, draft_max=k,
+                                          draft_mode=mode, verify=verify, draft_p_min=p_min))
         observed[tuple(generation.token_ids[:2])] += 1
         totals.merge(generation.stats)
     assert sum(observed.values()) == N_SAMPLES
     return observed, totals
 
 
-@pytest.mark.parametrize("drafter, k, mode, verify", [
-    ("alone", 0, "none", "block"), ("same", 2, "model", "block"), ("alone", 2, "ngram", "block"),
-    ("other", 2, "hybrid", "block"), ("alone", 2, "ngram", "token"),
-    *[("other", k, "model", verify) for k in (1, 2, 4) for verify in ("block", "token")],
+@pytest.mark.parametrize("drafter, k, mode, verify, p_min", [
+    ("alone", 0, "none", "block", 0.0), ("same", 2, "model", "block", 0.0), ("alone", 2, "ngram", "block", 0.0),
+    ("other", 2, "hybrid", "block", 0.0), ("alone", 2, "ngram", "token", 0.0), ("other", "auto", "model", "block", 0.0),
+    ("other", 4, "model", "block", 0.3),  # the confidence stop ends blocks early, depending on the draft
+    *[("other", k, "model", verify, 0.0) for k in (1, 2, 4) for verify in ("block", "token")],
 ])
-def test_sampled_first_two_tokens_follow_the_target(request: pytest.FixtureRequest, alone: Pair,
-                                                    drafter: str, k: int, mode: str, verify: str) -> None:
+def test_sampled_first_two_tokens_follow_the_target(request: pytest.FixtureRequest, alone: Pair, drafter: str,
+                                                    k: int | str, mode: str, verify: str, p_min: float) -> None:
     pair: Pair = request.getfixturevalue(drafter)
     prompt = alone.prompt_tokens(REPETITIVE, raw=True)
-    observed, totals = sampled_pairs(pair, prompt, SAMPLED, k, mode, verify)
-    assert (totals.drafted > 0) == (k > 0)
+    observed, totals = sampled_pairs(pair, prompt, SAMPLED, k, mode, verify, p_min)
+    assert (totals.drafted > 0) == (k != 0)
     if drafter == "other":
         assert totals.acceptance_rate < 0.8  # a draft far from the target: the rules are really at work
     assert chi_square_p_value(observed, exact_pair_distribution(alone, prompt), N_SAMPLES) > SIGNIFICANCE
