@@ -225,7 +225,7 @@ def sampled_pairs(pair: Pair, prompt: list[int], sampling: SamplingParams, k: in
     """The first two tokens of N_SAMPLES seeded generations, and their summed statistics."""
     observed: Counter = Counter()
     totals = Stats(draft_max=0)
-    room = max(k + 1, 2) if isinstance(k, int) else 17  # room for the first round's whole draft
+    room = max(k + 1, 2) if isinstance(k, int) else 6  # room for the first round's whole draft (auto: K ≤ 5)
     for seed in range(N_SAMPLES):
         generation = finish(pair.generate(prompt, sampling=sampling, seed=seed, max_tokens=room, draft_max=k,
                                           draft_mode=mode, verify=verify, draft_p_min=p_min))
