@@ -394,6 +394,8 @@ def _read_message(interactive: bool) -> str | None:
     while True:
         try:
             line = _user_text(input(prompt))
+            # Ctrl-C while a paste is still being checked for (just after Enter) drops the message too.
+            more = not line.endswith("\\") and _more_input_waiting()
         except EOFError:
             print()
             return "\n".join(lines) if lines else None
@@ -406,7 +408,7 @@ def _read_message(interactive: bool) -> str | None:
             prompt = "... "
             continue
         lines.append(line)
-        if not _more_input_waiting():
+        if not more:
             return "\n".join(lines)
         prompt = ""
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -178,6 +179,22 @@ def test_repl_ctrl_c_cancels_the_answer_and_returns_to_the_prompt(chat_target_pa
     assert child.exitstatus == 0
     turns = json.loads((tmp_path / "conversation.json").read_text())["turns"]
     assert turns[0] == {"role": "user", "content": "hello"} and turns[1]["interrupted"] is True
+
+
+def test_repl_ctrl_c_right_after_enter_keeps_the_session(chat_target_path: Path) -> None:
+    """Ctrl-C within the moment after Enter (while a paste is checked for) used to end `spec chat` with
+    status 130, losing the conversation; it cancels that message or its answer instead."""
+    child = spawn(chat_target_path, "-n", "20000", "--ctx", "30000")
+    child.expect(">>> ")
+    for _ in range(3):
+        child.sendline("hello")
+        time.sleep(0.005)  # the line is read; the 20 ms check for more pasted lines is running
+        child.sendintr()
+        child.expect(">>> ")
+    child.sendline("/exit")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
 
 
 def test_repl_joins_continued_lines_into_one_message(chat_target_path: Path, tmp_path: Path) -> None:
