@@ -12,6 +12,7 @@ for K·c_draft + c_verify(K) seconds, against c_verify(0) per token for the targ
 
 from __future__ import annotations
 
+import itertools
 import json
 import statistics
 import time
@@ -114,11 +115,19 @@ class Config:
 
     @property
     def label(self) -> str:
-        label = "target alone" if self.draft_mode == "none" else f"{self.draft_mode} K={self.draft_max}"
+        return self._named("target alone" if self.draft_mode == "none" else f"{self.draft_mode} K={self.draft_max}")
+
+    @property
+    def series(self) -> str:
+        """What a plot draws as one line across K: the label without K."""
+        return self._named("target alone" if self.draft_mode == "none" else self.draft_mode)
+
+    def _named(self, name: str) -> str:
+        """`name` with the rule and temperature of sampled decoding (the target alone has no rule)."""
         if self.temperature == 0:
-            return label
-        return f"{label} T={self.temperature:g}" if self.draft_mode == "none" else \
-            f"{label} {self.verify} T={self.temperature:g}"
+            return name
+        rule = "" if self.draft_mode == "none" else f" {self.verify}"
+        return f"{name}{rule} T={self.temperature:g}"
 
 
 TARGET_ALONE = Config("none", 0)
@@ -271,6 +280,7 @@ def report(sides: Sequence[Side], costs: Costs, settings: dict[str, object]) -> 
             and isinstance(k, int) else None
         configs.append({
             "label": side.label,
+            "series": side.config.series,
             "draft_mode": side.config.draft_mode,
             "draft_max": k,
             "temperature": side.config.temperature,
@@ -296,7 +306,8 @@ def report(sides: Sequence[Side], costs: Costs, settings: dict[str, object]) -> 
 
 
 def plot(result: dict[str, object], path: Path) -> None:
-    """tokens/s and acceptance against K, one line per draft mode, the target alone as a reference line."""
+    """tokens/s and acceptance against K, one line per series (draft mode, and rule and temperature when
+    sampled), the target alone at each temperature as a reference line."""
     try:
         import matplotlib
 
@@ -307,19 +318,19 @@ def plot(result: dict[str, object], path: Path) -> None:
         raise SpecError("--plot needs matplotlib: pip install 'spec-cli[plot]'") from exc
     configs = result["configs"]
     figure, (speed, acceptance) = plt.subplots(1, 2, figsize=(11, 4.2))
-    alone = next((c for c in configs if c["draft_mode"] == "none"), None)
-    if alone is not None:
-        speed.axhline(alone["tokens_per_second"]["median"], color="grey", linestyle="--", label="target alone")
-    for mode in dict.fromkeys(c["draft_mode"] for c in configs if c["draft_mode"] != "none"):
-        fixed = sorted((c for c in configs if c["draft_mode"] == mode and isinstance(c["draft_max"], int)),
-                       key=lambda c: c["draft_max"])
+    baselines = [c for c in configs if c["draft_mode"] == "none"]
+    for alone, dashes in zip(baselines, itertools.cycle(("--", "-.", (0, (1, 1)), (0, (5, 1, 1, 1, 1, 1))))):
+        speed.axhline(alone["tokens_per_second"]["median"], color="grey", linestyle=dashes, label=alone["label"])
+    for series in dict.fromkeys(c["series"] for c in configs if c["draft_mode"] != "none"):
+        members = [c for c in configs if c["series"] == series]
+        fixed = sorted((c for c in members if isinstance(c["draft_max"], int)), key=lambda c: c["draft_max"])
         line = speed.plot([c["draft_max"] for c in fixed], [c["tokens_per_second"]["median"] for c in fixed],
-                          marker="o", label=mode)[0]
+                          marker="o", label=series)[0]
         acceptance.plot([c["draft_max"] for c in fixed], [c["acceptance_rate"] for c in fixed], marker="o",
-                        label=mode, color=line.get_color())
-        for auto in (c for c in configs if c["draft_mode"] == mode and c["draft_max"] == "auto"):
+                        label=series, color=line.get_color())
+        for auto in (c for c in members if c["draft_max"] == "auto"):
             speed.axhline(auto["tokens_per_second"]["median"], color=line.get_color(), linestyle=":",
-                          label=f"{mode} K=auto")
+                          label=auto["label"])
     speed.set(xlabel="K (draft tokens per round)", ylabel="tokens/s (median)", title="Decoding speed")
     acceptance.set(xlabel="K (draft tokens per round)", ylabel="acceptance rate", ylim=(0, 1.05),
                    title="Acceptance")

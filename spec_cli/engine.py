@@ -1,9 +1,11 @@
 """The draft-and-verify loop: one generator that yields a `TokenEvent` per emitted token.
 
 Each round the drafter proposes d1..dK, the target scores [last, d1..dK] in one batch (K + 1 rows of
-logits), the longest acceptable prefix d1..dn is kept and one token from the target follows it: the
-correction at position n + 1, or the bonus token when n = K. With K = 0 (no drafter) the same loop is
-plain target-only decoding, which is what `--no-draft` measures against.
+logits), a prefix d1..dn is kept and one token from the target follows it: the correction at position
+n + 1, or the bonus token when n = K. Greedy keeps the drafts the target would have chosen; sampled rounds
+let a rule from `verification` (block by default, or token by token) decide n and the next token's law.
+With K = 0 (no drafter) the same loop is plain target-only decoding, which is what `--no-draft` measures
+against.
 
 Invariant between rounds: the target's memory holds a prefix of the sequence without its last token
 (all of it, unless a recurrent memory went back to a snapshot); the next round's batch feeds the rest, the
@@ -24,7 +26,7 @@ from spec_cli.drafters import Draft, Drafter
 from spec_cli.llama import Context
 from spec_cli.sampling import SamplingParams, greedy_token, probabilities, sample
 from spec_cli.stats import Stats
-from spec_cli.verification import RULES, Distributions
+from spec_cli.verification import DEFAULT_VERIFY, RULES, Distributions
 
 
 @dataclass(frozen=True)
@@ -46,7 +48,7 @@ class Generation:
 
     def __init__(self, target: Context, drafter: Drafter | None, prompt: Sequence[int],
                  sampling: SamplingParams, seed: int, draft_length: DraftLength, max_tokens: int,
-                 verify: str = "block") -> None:
+                 verify: str = DEFAULT_VERIFY) -> None:
         self.target = target
         self.drafter = drafter
         self.prompt = list(prompt)

@@ -162,6 +162,18 @@ def test_configurations_pair_each_temperature_with_its_own_baseline_and_rules() 
     configs = configurations(["model"], [4], [0.0, 1.0], ["token", "block"])
     assert [c.label for c in configs] == ["target alone", "model K=4", "target alone T=1", "model K=4 token T=1",
                                           "model K=4 block T=1"]
+    assert [c.series for c in configs] == ["target alone", "model", "target alone T=1", "model token T=1",
+                                           "model block T=1"]
+
+
+def test_plot_of_rules_and_temperatures(target_path: Path, other_draft_path: Path, tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "rules.png"
+    result = runner.invoke(app, ["bench", "--target", str(target_path), "--draft", str(other_draft_path), "-n", "4",
+                                 "--task", "creative", "-k", "1,2", "--temp", "0,1", "--verify", "token,block",
+                                 "--plot", str(out)])
+    assert result.exit_code == 0, result.output
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_bench_compares_verification_rules_side_by_side(target_path: Path, other_draft_path: Path,

@@ -14,6 +14,7 @@ import pytest
 
 from spec_cli import Pair, SamplingParams, SpecError, load_pair
 from spec_cli.chat import ChatSession, Settings, run_command
+from tiny_models import CHAT_TEMPLATE, write_model
 
 
 def settings(**changes: object) -> Settings:
@@ -150,12 +151,26 @@ def spawn(model: Path, *extra: str) -> pexpect.spawn:
 def test_repl_streams_answers_with_a_summary_and_commands(chat_target_path: Path) -> None:
     child = spawn(chat_target_path, "-n", "12")
     child.sendline("hello")
-    child.expect(r"12 tokens · [\d.]+ tok/s · acceptance \d+% · mean accepted length [\d.]+")
+    child.expect(r"12 tokens · [\d.]+ tok/s · acceptance [\d.]+% · mean accepted length [\d.]+")
     child.sendline("/stats")
     child.expect("session statistics")
     child.expect("by draft position")
     child.sendline("/nope")
     child.expect("unknown command /nope; known: /help")
+    child.sendline("/exit")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+
+
+def test_repl_samples_as_the_model_recommends_and_says_so(tmp_path: Path) -> None:
+    model = write_model(tmp_path / "recommends.gguf", seed=1, chat_template=CHAT_TEMPLATE,
+                        sampling={"temp": 0.6, "top_k": 20, "penalty_repeat": 1.1})
+    child = spawn(model, "-n", "4", "--top-p", "0.5")
+    child.expect("temp 0.6 · top-k 20 · top-p 0.5 · min-p 0.05 · repeat-penalty 1.1 over 64")
+    child.sendline("/set temp 0")
+    child.sendline("/set")
+    child.expect("greedy · repeat-penalty 1.1 over 64 · presence 0 · frequency 0 · drafting model K=auto")
     child.sendline("/exit")
     child.expect(pexpect.EOF)
     child.close()
