@@ -148,6 +148,14 @@ def spawn(model: Path, *extra: str) -> pexpect.spawn:
     return child
 
 
+def leave(child: pexpect.spawn) -> None:
+    """/exit, and the REPL ends cleanly."""
+    child.sendline("/exit")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+
+
 def test_repl_streams_answers_with_a_summary_and_commands(chat_target_path: Path) -> None:
     child = spawn(chat_target_path, "-n", "12")
     child.sendline("hello")
@@ -157,10 +165,7 @@ def test_repl_streams_answers_with_a_summary_and_commands(chat_target_path: Path
     child.expect("by draft position")
     child.sendline("/nope")
     child.expect("unknown command /nope; known: /help")
-    child.sendline("/exit")
-    child.expect(pexpect.EOF)
-    child.close()
-    assert child.exitstatus == 0
+    leave(child)
 
 
 def test_repl_samples_as_the_model_recommends_and_says_so(tmp_path: Path) -> None:
@@ -171,10 +176,7 @@ def test_repl_samples_as_the_model_recommends_and_says_so(tmp_path: Path) -> Non
     child.sendline("/set temp 0")
     child.sendline("/set")
     child.expect("greedy · repeat-penalty 1.1 over 64 · presence 0 · frequency 0 · drafting model K=auto")
-    child.sendline("/exit")
-    child.expect(pexpect.EOF)
-    child.close()
-    assert child.exitstatus == 0
+    leave(child)
 
 
 def test_repl_ctrl_c_cancels_the_answer_and_returns_to_the_prompt(chat_target_path: Path, tmp_path: Path) -> None:
@@ -206,10 +208,7 @@ def test_repl_ctrl_c_right_after_enter_keeps_the_session(chat_target_path: Path)
         time.sleep(0.005)  # the line is read; the 20 ms check for more pasted lines is running
         child.sendintr()
         child.expect(">>> ")
-    child.sendline("/exit")
-    child.expect(pexpect.EOF)
-    child.close()
-    assert child.exitstatus == 0
+    leave(child)
 
 
 def test_repl_joins_continued_lines_into_one_message(chat_target_path: Path, tmp_path: Path) -> None:
