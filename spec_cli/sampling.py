@@ -139,10 +139,11 @@ def settle(preset: str, model_recommends: dict[str, float | int], given: dict[st
 
 
 def penalized(logits: np.ndarray, params: SamplingParams, recent: Sequence[int]) -> np.ndarray:
-    """The logits after llama.cpp's repetition, frequency and presence penalties, as float64 (a copy)."""
-    z = logits.astype(np.float64)
+    """The logits after llama.cpp's repetition, frequency and presence penalties: `logits` itself when none
+    applies, else a float32 copy (llama.cpp's precision; float32 also keeps top-k's partition fast)."""
     if not params.penalizes or not len(recent):
-        return z
+        return logits
+    z = logits.astype(np.float32)
     tokens, counts = np.unique(np.asarray(recent[-params.repeat_last_n:]), return_counts=True)
     seen = z[tokens]
     seen = np.where(seen <= 0, seen * params.repeat_penalty, seen / params.repeat_penalty)
@@ -152,8 +153,6 @@ def penalized(logits: np.ndarray, params: SamplingParams, recent: Sequence[int])
 
 def greedy_token(logits: np.ndarray, params: SamplingParams, recent: Sequence[int] = ()) -> int:
     """The token greedy decoding picks: the most likely one after the penalties."""
-    if not params.penalizes:
-        return int(np.argmax(logits))
     return int(np.argmax(penalized(logits, params, recent)))
 
 
@@ -168,7 +167,7 @@ def probabilities(logits: np.ndarray, params: SamplingParams, recent: Sequence[i
     if params.greedy:
         return one_hot(int(np.argmax(z)), z.size)
     kept = np.argpartition(z, -params.top_k)[-params.top_k:] if 0 < params.top_k < z.size else np.arange(z.size)
-    values = z[kept]
+    values = z[kept].astype(np.float64)
     if params.top_p < 1.0 or params.min_p > 0.0:
         at_one = np.exp(values - values.max())
         at_one /= at_one.sum()
@@ -195,19 +194,27 @@ def one_hot(token: int, n_vocab: int) -> np.ndarray:
 
 
 def sample(probs: np.ndarray, rng: np.random.Generator) -> int:
-    """Draw one token id from `probs` by inverting the CDF with a single uniform."""
-    cumulative = np.cumsum(probs)
+    """Draw one token id from `probs` by inverting the CDF with a single uniform, over the tokens with
+    probability > 0 only (the filters leave few; the token drawn is the same as over the whole CDF)."""
+    support = np.flatnonzero(probs > 0)
+    cumulative = np.cumsum(probs[support])
     index = int(np.searchsorted(cumulative, rng.random() * cumulative[-1], side="right"))
-    return min(index, probs.size - 1)
+    return int(support[min(index, support.size - 1)])
 
 
-def residual(p: np.ndarray, q: np.ndarray) -> np.ndarray:
-    """norm(max(0, p − q)): the distribution that corrects a rejection so the output follows p.
+def residual(p: np.ndarray, q: np.ndarray, w: float = 1.0) -> np.ndarray:
+    """norm(max(0, w·p − q)): the distribution that corrects a rejection so the output follows p (w = 1 for
+    token verification; block verification weighs p by what the drafted path still owes it, w ≤ 1).
 
     Where q = 0 and p > 0 the residual keeps all of p there: those are tokens the draft can never propose.
-    If p − q has no positive mass (p == q up to rounding, so a rejection was practically impossible), p
-    itself is the right distribution.
+    If it has no positive mass (p == q up to rounding, so a rejection was practically impossible), p
+    itself is the right distribution. Computed over the tokens with p > 0, the only ones with mass.
     """
-    diff = np.maximum(p - q, 0.0)
+    support = np.flatnonzero(p > 0)
+    diff = np.maximum(w * p[support] - q[support], 0.0)
     total = diff.sum()
-    return diff / total if total > 0 else p
+    if total <= 0:
+        return p
+    law = np.zeros(p.size)
+    law[support] = diff / total
+    return law

@@ -64,16 +64,17 @@ def _path_weights(p: Distributions, q: Distributions, draft: Sequence[int]) -> l
     return weights
 
 
-def _block_residual(w: float, p: np.ndarray, q: np.ndarray) -> np.ndarray:
-    """max(0, w · p − q), not normalised: its mass is r in the thresholds."""
-    return np.maximum(w * p - q, 0.0)
+def _residual_mass(w: float, p: np.ndarray, q: np.ndarray) -> float:
+    """r = Σ_x max(0, w · p(x) − q(x)), over the tokens where p > 0 (the only ones that count)."""
+    support = np.flatnonzero(p > 0)
+    return float(np.maximum(w * p[support] - q[support], 0.0).sum())
 
 
 def _stop_threshold(i: int, weights: list[float], p: Distributions, q: Distributions, k: int) -> float:
     """h_i of block verification for 1 ≤ i ≤ K."""
     if i == k:
         return weights[k]
-    r = float(_block_residual(weights[i], p[i], q[i]).sum())
+    r = _residual_mass(weights[i], p[i], q[i])
     return r / (r + 1.0 - weights[i]) if r > 0 else 0.0
 
 
@@ -97,10 +98,7 @@ def block_verification(p: Distributions, q: Distributions, draft: Sequence[int],
         tau = 0
     if tau == k:
         return Verdict(k, p[k])
-    mass = _block_residual(weights[tau], p[tau], q[tau])
-    total = mass.sum()
-    # No positive mass: ending here had probability 0 (only rounding gets here); p is then the right law.
-    return Verdict(tau, mass / total if total > 0 else p[tau])
+    return Verdict(tau, residual(p[tau], q[tau], weights[tau]))
 
 
 Rule = Callable[[Distributions, Distributions, Sequence[int], Sequence[float]], Verdict]

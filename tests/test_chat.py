@@ -104,8 +104,8 @@ def test_slash_commands_change_settings(pair: Pair) -> None:
     assert (session.settings.sampling.repeat_penalty, session.settings.sampling.repeat_last_n) == (1.1, 32)
     assert run_command(session, "/set verify token") == "verify = token"
     assert session.settings.verify == "token"
-    assert run_command(session, "/set") == ("temp 0.7 · top-k 5 · top-p 0.95 · min-p 0.05 · repeat-penalty 1.1 over 32"
-                                            " · presence 0 · frequency 0 · drafting model K=auto · verify token")
+    assert run_command(session, "/set") == ("temp 0.7 · top-k 5 · top-p 0.95 · min-p 0.05 · repeat-penalty 1.1 "
+                                            "over 32 · presence 0 · frequency 0 · drafting model K=auto · verify token")
     run_command(session, "/draft off")
     assert session.settings.use_draft is False
     say(session, "hi")

@@ -30,6 +30,15 @@ def test_residual_keeps_p_where_the_draft_gives_zero() -> None:
     np.testing.assert_allclose(residual(p, q), [0.0, 0.0, 1.0])
 
 
+def test_residual_weighs_p_by_what_the_path_still_owes() -> None:
+    """Block verification's norm(max(0, w·p − q)): with w = 0.5, only token 0 keeps positive mass."""
+    p = np.array([0.6, 0.3, 0.1])
+    q = np.array([0.1, 0.5, 0.4])
+    np.testing.assert_allclose(residual(p, q, 0.5), [1.0, 0.0, 0.0])
+    np.testing.assert_allclose(residual(p, q), [1.0, 0.0, 0.0])
+    np.testing.assert_allclose(residual(p, np.array([0.2, 0.1, 0.7]), 0.5), [0.1 / 0.15, 0.05 / 0.15, 0.0])
+
+
 def test_residual_falls_back_to_p_when_p_equals_q() -> None:
     p = np.array([0.1, 0.9])
     np.testing.assert_allclose(residual(p, p.copy()), p)
