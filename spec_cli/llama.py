@@ -149,6 +149,7 @@ class ModelInfo:
     has_chat_template: bool
     memory: str  # attention, sliding window, recurrent or hybrid
     rollback: str  # how spec takes rejected tokens back from that memory
+    recommended_sampling: dict[str, str]  # the GGUF's general.sampling.* keys (without the prefix), as written
 
 
 def model_info(path: Path, max_rollback: int) -> ModelInfo:
@@ -164,7 +165,8 @@ def model_info(path: Path, max_rollback: int) -> ModelInfo:
         kind = memory.memory_kind(model._handle, n_swa)
         return ModelInfo(architecture, quantization, int(context) if context else None, model.n_vocab,
                          model.chat_template() is not None, kind,
-                         memory.rollback_method(kind, n_swa, _in_place_rollback(path, kind, max_rollback)))
+                         memory.rollback_method(kind, n_swa, _in_place_rollback(path, kind, max_rollback)),
+                         model.metadata_under("general.sampling."))
     finally:
         model.close()
 
@@ -264,6 +266,19 @@ class Model:
             buf = ctypes.create_string_buffer(n + 1)
             llama_cpp.llama_model_meta_val_str(self._handle, key.encode(), buf, len(buf))
         return buf.value.decode("utf-8", errors="replace")
+
+    def metadata_under(self, prefix: str) -> dict[str, str]:
+        """Every metadata key starting with `prefix` (e.g. "general.sampling."), without it, with its value."""
+        found = {}
+        buf = ctypes.create_string_buffer(256)
+        for i in range(llama_cpp.llama_model_meta_count(self._handle)):
+            if llama_cpp.llama_model_meta_key_by_index(self._handle, i, buf, len(buf)) < 0:
+                continue
+            key = buf.value.decode("utf-8", errors="replace")
+            value = self.metadata(key) if key.startswith(prefix) else None
+            if value is not None:
+                found[key[len(prefix):]] = value
+        return found
 
     def sliding_window(self) -> int:
         """The attention window in tokens, 0 for none. A vocab-only load leaves llama.cpp's own field at 0,

@@ -321,8 +321,18 @@ def show_pair(name: str, description: str, settings: dict[str, object], members:
                       ("type", m.info.quantization), ("context length", str(m.info.context_length or "?")),
                       ("vocabulary", str(m.info.vocab_size)),
                       ("chat template", "yes" if m.info.has_chat_template else "no"),
-                      ("memory", m.info.memory), ("rollback", m.info.rollback)]
+                      ("memory", m.info.memory), ("rollback", m.info.rollback),
+                      ("recommended sampling", " · ".join(f"{key} {_number(value)}" for key, value in
+                                                          m.info.recommended_sampling.items()) or "none (llama.cpp's defaults)")]
         show_facts(m.member, facts)
+
+
+def _number(text: str) -> str:
+    """A metadata value as written, numbers without llama.cpp's trailing zeros (0.600000 → 0.6)."""
+    try:
+        return f"{float(text):g}"
+    except ValueError:
+        return text
 
 
 def show_rules(rules: list[Rule]) -> None:

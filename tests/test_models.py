@@ -157,3 +157,14 @@ def test_doctor_reports_the_default_pairs_memory(hybrid_pair_name: str, user_dir
     result = spec("doctor")
     assert result.exit_code == 0, result.output
     assert "tiny-lfm2: target memory" in result.stdout and "in place" in result.stdout
+
+
+def test_show_reports_the_sampling_a_gguf_recommends(tmp_path: Path, user_dirs: Path) -> None:
+    target = write_model(tmp_path / "recommends.gguf", 1, sampling={"temp": 0.6, "top_k": 20})
+    user_file = user_dirs / ".config" / "spec-cli" / "models.toml"
+    user_file.parent.mkdir(parents=True)
+    user_file.write_text(f'[pairs.tiny]\ntarget = {{ path = "{target}" }}\ndraft = {{ path = "{target}" }}\n')
+    result = spec("models", "show", "tiny")
+    assert result.exit_code == 0, result.output
+    assert "recommended sampling" in result.stdout
+    assert "temp 0.6 · top_k 20" in " ".join(result.stdout.split())
