@@ -322,9 +322,12 @@ def show_pair(name: str, description: str, settings: dict[str, object], members:
                       ("vocabulary", str(m.info.vocab_size)),
                       ("chat template", "yes" if m.info.has_chat_template else "no"),
                       ("memory", m.info.memory), ("rollback", m.info.rollback),
-                      ("recommended sampling", " · ".join(f"{key} {_number(value)}" for key, value in
-                                                          m.info.recommended_sampling.items()) or "none (llama.cpp's defaults)")]
+                      ("recommended sampling", _recommended(m.info.recommended_sampling))]
         show_facts(m.member, facts)
+
+
+def _recommended(sampling: dict[str, str]) -> str:
+    return " · ".join(f"{key} {_number(value)}" for key, value in sampling.items()) or "none (llama.cpp's defaults)"
 
 
 def _number(text: str) -> str:
