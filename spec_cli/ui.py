@@ -233,10 +233,10 @@ def show_comparison(result: dict) -> None:
     draft = f"{costs['draft_step_s'] * 1000:.1f} ms" if costs["draft_step_s"] is not None else "–"
     console.print(f"costs on this machine: draft step {draft}; verify of K+1 tokens (ms) {verify}", style="dim")
     console.print("runs interleaved across configurations; tokens/s counts decoding only; tokens/pass = tokens "
-                  "each target pass yields (mean accepted length); draft/verify = shares of decoding time; rollback = the share spent taking "
-                  "rejected tokens back (snapshots, restores, replays: recurrent and hybrid models); "
-                  "not llama.cpp = time outside its "
-                  "decode calls; predicted = E[tokens](α, K) × c_verify(0) / (K c_draft + c_verify(K))",
+                  "each target pass yields (mean accepted length); draft/verify = shares of decoding time; "
+                  "rollback = the share spent taking rejected tokens back (snapshots, restores, replays: "
+                  "recurrent and hybrid models); not llama.cpp = time outside its decode calls; "
+                  "predicted = E[tokens](α, K) × c_verify(0) / (K c_draft + c_verify(K))",
                   style="dim", markup=False)
 
 
