@@ -202,16 +202,22 @@ def sample(probs: np.ndarray, rng: np.random.Generator) -> int:
     return int(support[min(index, support.size - 1)])
 
 
+def excess(p: np.ndarray, q: np.ndarray, w: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+    """max(0, w·p − q), unnormalised, as (tokens, values) over the tokens with p > 0: it has no mass
+    elsewhere, and the filters leave p few tokens. Its sum is block verification's r."""
+    support = np.flatnonzero(p > 0)
+    return support, np.maximum(w * p[support] - q[support], 0.0)
+
+
 def residual(p: np.ndarray, q: np.ndarray, w: float = 1.0) -> np.ndarray:
     """norm(max(0, w·p − q)): the distribution that corrects a rejection so the output follows p (w = 1 for
     token verification; block verification weighs p by what the drafted path still owes it, w ≤ 1).
 
     Where q = 0 and p > 0 the residual keeps all of p there: those are tokens the draft can never propose.
     If it has no positive mass (p == q up to rounding, so a rejection was practically impossible), p
-    itself is the right distribution. Computed over the tokens with p > 0, the only ones with mass.
+    itself is the right distribution.
     """
-    support = np.flatnonzero(p > 0)
-    diff = np.maximum(w * p[support] - q[support], 0.0)
+    support, diff = excess(p, q, w)
     total = diff.sum()
     if total <= 0:
         return p

@@ -27,7 +27,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from spec_cli.sampling import residual
+from spec_cli.sampling import excess, residual
 
 Distributions = Sequence[np.ndarray]
 
@@ -64,17 +64,11 @@ def _path_weights(p: Distributions, q: Distributions, draft: Sequence[int]) -> l
     return weights
 
 
-def _residual_mass(w: float, p: np.ndarray, q: np.ndarray) -> float:
-    """r = Σ_x max(0, w · p(x) − q(x)), over the tokens where p > 0 (the only ones that count)."""
-    support = np.flatnonzero(p > 0)
-    return float(np.maximum(w * p[support] - q[support], 0.0).sum())
-
-
 def _stop_threshold(i: int, weights: list[float], p: Distributions, q: Distributions, k: int) -> float:
     """h_i of block verification for 1 ≤ i ≤ K."""
     if i == k:
         return weights[k]
-    r = _residual_mass(weights[i], p[i], q[i])
+    r = float(excess(p[i], q[i], weights[i])[1].sum())
     return r / (r + 1.0 - weights[i]) if r > 0 else 0.0
 
 
