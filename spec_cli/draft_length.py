@@ -1,41 +1,21 @@
 """How many tokens to draft next round: a fixed K, or K chosen from measured acceptance and costs.
 
 With per-token acceptance probability α, a round that drafts K tokens emits on average
-E[tokens](K) = (1 − α^(K+1)) / (1 − α) (Leviathan et al. 2023) and costs K·c_d + c_v(K), where c_d is a draft
-step and c_v(K) a target pass over K + 1 tokens; `AdaptiveK` refines E with acceptance measured per draft
-position. `AdaptiveK` estimates α and both costs as it goes and
-moves K towards the value that maximises E[tokens](K) / (K·c_d + c_v(K)), at most 2 a round; until it has
-measured enough it follows the transformers heuristic (K + 2 after a fully accepted round, K − 1
-otherwise), which also explores K.
+E[tokens](K) = (1 − α^(K+1)) / (1 − α) (Leviathan et al. 2023). Acceptance is tracked per draft position
+instead (`PositionAcceptance`), since later positions are accepted less often, and a round's cost comes from
+`costs.LoopCosts`: K draft steps with the catch-up a fully accepted round leaves, the target's pass over
+K + 1 tokens, and the loop's own work per token. `AdaptiveK` moves K towards the value that maximises
+E[tokens](K) / seconds(K), at most 2 a round; until it has measured enough it follows the transformers
+heuristic (K + 2 after a fully accepted round, K − 1 otherwise), which also explores K.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Protocol, Sequence
 
 import numpy as np
 
-
-class DraftLength(Protocol):
-    k_max: int
-    """The most tokens a round may draft."""
-
-    def next_k(self) -> int:
-        """K for the next round (the engine still shrinks it to fit max_tokens and the context)."""
-
-    def update(self, drafted: int, accepted: int, draft_s: float, verify_s: float) -> None:
-        """Learn from a finished round: `accepted` of `drafted` kept; seconds spent drafting and verifying."""
-
-
-class FixedK:
-    def __init__(self, k: int) -> None:
-        self.k_max = k
-
-    def next_k(self) -> int:
-        return self.k_max
-
-    def update(self, drafted: int, accepted: int, draft_s: float, verify_s: float) -> None:
-        pass
+from spec_cli.costs import LoopCosts
 
 
 def expected_tokens(alpha: float, k: int) -> float:
@@ -45,78 +25,121 @@ def expected_tokens(alpha: float, k: int) -> float:
     return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
 
 
-class AdaptiveK:
-    """Chooses K to maximise expected tokens per second from running estimates of acceptance, c_d and c_v(K).
+class PositionAcceptance:
+    """a_i = P(d_i accepted | d_1..d_{i−1} accepted), counted per draft position i.
 
-    A single α assumes every draft position is accepted alike, but later positions are accepted less often
-    (the draft drifts from the target), so the geometric formula overrates long drafts. Acceptance is
-    therefore tracked per position: a_i = P(d_i accepted | d_1..d_{i−1} accepted), and
-    E[tokens](K) = 1 + Σ_{i≤K} a_1·…·a_i. Positions seen too rarely fall back to the overall α̂, the
-    truncated-geometric estimate Σ accepted / (Σ accepted + rounds that ended in a rejection). Counts decay
-    by `decay` a round so the estimates follow the text (code and prose differ).
-    c_v(K) is fitted as a + b·(K + 1) over the verify times seen so far, and never taken below half the
-    cheapest verify measured (a fit through few, noisy points can dip towards zero for small K).
+    E[tokens](K) = 1 + Σ_{i≤K} a_1·…·a_i and P(all K accepted) = a_1·…·a_K. Positions seen fewer than twice
+    fall back to the overall α̂ (the truncated-geometric estimate Σ accepted / (Σ accepted + rounds that ended
+    in a rejection)). Before any round α̂ is 1: optimism that gets a drafter tried (and measured) before a
+    hybrid drafter weighs it against the others; one round corrects it. Counts decay by `decay` a round, so
+    the estimates follow the text (code and prose differ); 1 keeps plain counts.
     """
 
-    def __init__(self, k_max: int, k_start: int = 4, warmup_rounds: int = 3, decay: float = 0.98) -> None:
-        self.k_max = k_max
-        self.k = min(k_start, k_max)
-        self.warmup_rounds = warmup_rounds
+    def __init__(self, decay: float = 1.0) -> None:
         self.decay = decay
-        self.rounds = 0
         self.accepted = 0.0
         self.rejections = 0.0
-        self.reached = np.zeros(k_max)
-        self.accepted_at = np.zeros(k_max)
-        self.draft_time = 0.0
-        self.drafted = 0.0
-        self.verify_samples: dict[int, tuple[float, int]] = {}
+        self.reached = np.zeros(0)
+        self.accepted_at = np.zeros(0)
+
+    @classmethod
+    def from_counts(cls, reached: Sequence[int], accepted_at: Sequence[int], rejections: int) -> PositionAcceptance:
+        """Plain counts, as `Stats` keeps them."""
+        acceptance = cls()
+        acceptance._grow(len(reached))
+        acceptance.reached[:] = reached
+        acceptance.accepted_at[:len(accepted_at)] = accepted_at
+        acceptance.accepted, acceptance.rejections = float(sum(accepted_at)), float(rejections)
+        return acceptance
 
     @property
     def alpha(self) -> float:
         total = self.accepted + self.rejections
-        return self.accepted / total if total else 0.5
+        return self.accepted / total if total else 1.0
+
+    def update(self, drafted: int, accepted: int) -> None:
+        """A round kept `accepted` of `drafted` tokens."""
+        self._grow(drafted)
+        self.accepted = self.accepted * self.decay + accepted
+        self.rejections = self.rejections * self.decay + (accepted < drafted)
+        self.reached *= self.decay
+        self.accepted_at *= self.decay
+        self.reached[:min(accepted + 1, drafted)] += 1  # positions drafted with every earlier one accepted
+        self.accepted_at[:accepted] += 1
+
+    def _grow(self, k: int) -> None:
+        if k > len(self.reached):
+            self.reached = np.concatenate([self.reached, np.zeros(k - len(self.reached))])
+            self.accepted_at = np.concatenate([self.accepted_at, np.zeros(k - len(self.accepted_at))])
+
+    def rates(self, k: int) -> np.ndarray:
+        """a_1..a_k, measured where a position was reached at least twice, α̂ elsewhere."""
+        reached, accepted = np.zeros(k), np.zeros(k)
+        seen = min(k, len(self.reached))
+        reached[:seen], accepted[:seen] = self.reached[:seen], self.accepted_at[:seen]
+        return np.where(reached >= 2.0, accepted / np.maximum(reached, 1e-9), self.alpha)
 
     def expected_tokens(self, k: int) -> float:
-        """E[tokens](K) = 1 + Σ_{i≤K} Π_{j≤i} a_j, with per-position rates where there is evidence."""
-        seen = self.reached[:k] >= 2.0
-        rates = np.where(seen, self.accepted_at[:k] / np.maximum(self.reached[:k], 1e-9), self.alpha)
-        rates = np.concatenate([rates, np.full(k - len(rates), self.alpha)])
-        return 1.0 + float(np.cumprod(rates).sum())
+        return 1.0 + float(np.cumprod(self.rates(k)).sum())
+
+    def all_accepted(self, k: int) -> float:
+        return float(np.prod(self.rates(k)))
+
+
+class DraftLength(Protocol):
+    k_max: int
+    """The most tokens a round may draft."""
+    acceptance: PositionAcceptance
+    """What rounds drafted at this controller's K kept; a hybrid drafter compares drafters by it."""
+
+    def next_k(self) -> int:
+        """K for the next round (the engine still shrinks it to fit max_tokens and the context)."""
+
+    def update(self, drafted: int, accepted: int) -> None:
+        """Learn from a finished round: `accepted` of `drafted` kept."""
+
+
+class FixedK:
+    def __init__(self, k: int, decay: float = 0.98) -> None:
+        self.k_max = k
+        self.acceptance = PositionAcceptance(decay)
+
+    def next_k(self) -> int:
+        return self.k_max
+
+    def update(self, drafted: int, accepted: int) -> None:
+        if drafted:
+            self.acceptance.update(drafted, accepted)
+
+
+class AdaptiveK:
+    """Chooses K to maximise expected tokens per second from running estimates of a_i and of `costs`.
+
+    `drafts_with_model`: whether each drafted token costs a draft-model step (False for n-gram lookup).
+    """
+
+    def __init__(self, costs: LoopCosts, drafts_with_model: bool, k_max: int, k_start: int = 4,
+                 warmup_rounds: int = 3, decay: float = 0.98) -> None:
+        self.costs = costs
+        self.drafts_with_model = drafts_with_model
+        self.k_max = k_max
+        self.k = min(k_start, k_max)
+        self.warmup_rounds = warmup_rounds
+        self.rounds = 0
+        self.acceptance = PositionAcceptance(decay)
 
     def next_k(self) -> int:
         return self.k
 
-    def update(self, drafted: int, accepted: int, draft_s: float, verify_s: float) -> None:
+    def update(self, drafted: int, accepted: int) -> None:
         if drafted == 0:
             return
         self.rounds += 1
-        self.accepted = self.accepted * self.decay + accepted
-        self.rejections = self.rejections * self.decay + (1 if accepted < drafted else 0)
-        self.reached *= self.decay
-        self.accepted_at *= self.decay
-        reached = min(accepted + 1, drafted)  # positions drafted with every earlier one accepted
-        self.reached[:reached] += 1
-        self.accepted_at[:accepted] += 1
-        self.draft_time += draft_s
-        self.drafted += drafted
-        total, count = self.verify_samples.get(drafted, (0.0, 0))
-        self.verify_samples[drafted] = (total + verify_s, count + 1)
+        self.acceptance.update(drafted, accepted)
         self.k = self._heuristic(drafted, accepted) if self.rounds < self.warmup_rounds else self._best_k()
 
     def _heuristic(self, drafted: int, accepted: int) -> int:
         return min(self.k_max, self.k + 2) if accepted == drafted else max(1, self.k - 1)
-
-    def verify_cost(self) -> tuple[float, float]:
-        """(a, b) of c_v(K) = a + b·(K + 1), least squares over the mean verify time of each K seen,
-        weighted by how often each K was seen."""
-        ks = np.array([k + 1 for k in self.verify_samples], dtype=float)
-        means = np.array([total / count for total, count in self.verify_samples.values()])
-        counts = np.array([count for _total, count in self.verify_samples.values()], dtype=float)
-        if len(ks) < 2:
-            return float(means[0]), 0.0
-        b, a = np.polyfit(ks, means, 1, w=np.sqrt(counts))
-        return float(a), max(float(b), 0.0)
 
     def _best_k(self) -> int:
         """The K with the highest modelled rate within ±2 of the current one.
@@ -124,9 +147,8 @@ class AdaptiveK:
         Moving by at most 2 a round keeps one noisy cost fit (a busy machine, few K values seen yet) from
         throwing K to an extreme; each move also measures a new K, which improves the fit.
         """
-        a, b = self.verify_cost()
-        floor = 0.5 * min(total / count for total, count in self.verify_samples.values())
-        draft_step = self.draft_time / self.drafted
         candidates = range(max(1, self.k - 2), min(self.k_max, self.k + 2) + 1)
-        return max(candidates, key=lambda k: self.expected_tokens(k)
-                   / (k * draft_step + max(a + b * (k + 1), floor)))
+        rates = {k: self.costs.rate(k, self.acceptance, self.drafts_with_model) for k in candidates}
+        if None in rates.values():
+            return self.k
+        return max(rates, key=lambda k: rates[k])

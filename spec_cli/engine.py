@@ -21,7 +21,8 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from spec_cli.draft_length import AdaptiveK, DraftLength, FixedK
+from spec_cli.costs import LoopCosts
+from spec_cli.draft_length import DraftLength, FixedK
 from spec_cli.drafters import Draft, Drafter
 from spec_cli.llama import Context
 from spec_cli.sampling import SamplingParams, greedy_token, probabilities, sample
@@ -48,7 +49,9 @@ class Generation:
 
     def __init__(self, target: Context, drafter: Drafter | None, prompt: Sequence[int],
                  sampling: SamplingParams, seed: int, draft_length: DraftLength, max_tokens: int,
-                 verify: str = DEFAULT_VERIFY) -> None:
+                 verify: str = DEFAULT_VERIFY, costs: LoopCosts | None = None) -> None:
+        """`costs`: running estimates that outlive this generation (the pair's), fed with each round's
+        timings; the generation's own timings are in `stats.costs`."""
         self.target = target
         self.drafter = drafter
         self.prompt = list(prompt)
@@ -58,8 +61,8 @@ class Generation:
         self.seed = seed
         self.draft_length = draft_length if drafter is not None else FixedK(0)
         self.max_tokens = max_tokens
-        self.stats = Stats(draft_max=self.draft_length.k_max, prompt_tokens=len(self.prompt),
-                           adaptive=isinstance(self.draft_length, AdaptiveK))
+        self.costs = costs
+        self.stats = Stats(draft_max=self.draft_length.k_max, prompt_tokens=len(self.prompt))
         self.token_ids: list[int] = []
         self.text = ""
         self.finish_reason: str | None = None
@@ -113,18 +116,16 @@ class Generation:
             """K for this round: the controller's choice, shrunk to leave room for K + 1 new tokens within
             max_tokens and the context."""
             room = min(self.max_tokens - len(self.token_ids), target.n_ctx - len(seq))
-            stats.current_k = self.draft_length.next_k()
-            return min(stats.current_k, room - 1)
+            return min(self.draft_length.next_k(), room - 1)
 
-        def propose(k: int) -> tuple[Draft, float]:
+        def propose(k: int) -> Draft:
             if drafter is None or k == 0:
-                return Draft(), 0.0
+                return Draft()
             started, busy = time.perf_counter(), drafter.busy_s
             draft = drafter.propose(seq, k, self.sampling, rng)
-            elapsed = time.perf_counter() - started
-            stats.draft_s += elapsed
+            stats.draft_s += time.perf_counter() - started
             stats.llama_s += drafter.busy_s - busy
-            return draft, elapsed
+            return draft
 
         def verify(draft: Draft) -> tuple[int, int, float]:
             """Score [last, d1..dK] in one target pass (after any tokens a rollback took back); return
@@ -152,30 +153,44 @@ class Generation:
             verdict = self._verify(p, draft.q, draft.tokens, rng.random(len(draft.tokens)))
             return verdict.accepted, sample(verdict.next_token, rng)
 
+        def learn(draft: Draft, n: int, verify_s: float, round_s: float, emitted: int) -> None:
+            """Tell the K controller and the drafter what was kept, and the cost models what it cost."""
+            self.draft_length.update(len(draft.tokens), n)
+            if drafter is not None:
+                drafter.update(len(draft.tokens), n)
+            for costs in filter(None, (stats.costs, self.costs)):
+                costs.record_round(draft.steps, len(draft.tokens), verify_s, round_s, emitted)
+
         def play_round(decode_start: float) -> Iterator[TokenEvent]:
-            draft, draft_s = propose(draft_length())
+            round_start = time.perf_counter()
+            draft = propose(draft_length())
+            stats.current_k = len(draft.tokens) or stats.current_k  # the K last drafted, for live views
             n, token, verify_s = verify(draft)
             stats.record_round(len(draft.tokens), n)
-            self.draft_length.update(len(draft.tokens), n, draft_s, verify_s)
-            for i, emitted in enumerate([*draft.tokens[:n], token]):
-                if model.is_end_of_generation(emitted):
+            emitted = 0
+            for i, kept in enumerate([*draft.tokens[:n], token]):
+                if model.is_end_of_generation(kept):
                     self.finish_reason = "stop"
                     break
-                seq.append(emitted)
-                self.token_ids.append(emitted)
-                piece = decoder.decode(model.piece(emitted))
+                seq.append(kept)
+                self.token_ids.append(kept)
+                piece = decoder.decode(model.piece(kept))
                 self.text += piece
                 stats.generated_tokens += 1
                 stats.decode_s = time.perf_counter() - decode_start
-                yield TokenEvent(emitted, piece, from_draft=i < n)
+                emitted = i + 1
+                yield TokenEvent(kept, piece, from_draft=i < n)
             rewind()
             stats.decode_s = time.perf_counter() - decode_start  # a round that ends on EOS counts too
+            learn(draft, n, verify_s, time.perf_counter() - round_start, emitted)
 
         try:
             started = time.perf_counter()
             stats.prompt_cached = target.prefill(seq[:-1])
             if drafter is not None:
-                drafter.prefill(seq[:-1])
+                steps = drafter.prefill(seq[:-1])
+                for costs in filter(None, (stats.costs, self.costs)):
+                    costs.record_draft(steps)
             rollback_base = spent_in_llama()[1]
             decode_start = time.perf_counter()
             stats.prompt_s = decode_start - started

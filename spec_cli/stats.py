@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from spec_cli.costs import LoopCosts
+
 
 @dataclass
 class Stats:
@@ -26,6 +28,7 @@ class Stats:
     accepted: int = 0
     accepted_at: list[int] = field(default_factory=list)
     drafted_at: list[int] = field(default_factory=list)
+    reached_at: list[int] = field(default_factory=list)  # rounds that drafted position i with all before it kept
     prompt_s: float = 0.0
     decode_s: float = 0.0
     draft_s: float = 0.0
@@ -33,6 +36,7 @@ class Stats:
     llama_s: float = 0.0
     rollback_s: float = 0.0  # taking back rejected tokens: snapshots, restores, replays (within the above)
     memory: dict[str, dict[str, str]] = field(default_factory=dict)  # per model: kind, rollback method
+    costs: LoopCosts = field(default_factory=LoopCosts)  # each call's seconds, for the cost model
 
     def merge(self, other: Stats) -> None:
         """Add another generation's counts and times to these (a chat session's totals)."""
@@ -40,10 +44,12 @@ class Stats:
                      "accepted",
                      "prompt_s", "decode_s", "draft_s", "verify_s", "llama_s", "rollback_s"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
-        for mine, theirs in ((self.drafted_at, other.drafted_at), (self.accepted_at, other.accepted_at)):
+        for mine, theirs in ((self.drafted_at, other.drafted_at), (self.accepted_at, other.accepted_at),
+                             (self.reached_at, other.reached_at)):
             mine.extend([0] * (len(theirs) - len(mine)))
             for i, count in enumerate(theirs):
                 mine[i] += count
+        self.costs.merge(other.costs)
 
     def record_round(self, drafted: int, accepted: int) -> None:
         """Count one draft-and-verify round in which `accepted` of `drafted` tokens were kept."""
@@ -51,7 +57,8 @@ class Stats:
         self.rejected_rounds += accepted < drafted
         self.drafted += drafted
         self.accepted += accepted
-        for counts, n in ((self.drafted_at, drafted), (self.accepted_at, accepted)):
+        for counts, n in ((self.drafted_at, drafted), (self.accepted_at, accepted),
+                          (self.reached_at, min(accepted + 1, drafted))):
             counts.extend([0] * (n - len(counts)))
             for i in range(n):
                 counts[i] += 1
@@ -115,4 +122,5 @@ class Stats:
             "adaptive_k": self.adaptive,
             "current_k": self.current_k,
             "memory": self.memory,
+            "costs": self.costs.as_dict(),
         }

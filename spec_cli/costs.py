@@ -1,0 +1,145 @@
+"""What a round of the draft-and-verify loop costs on this machine, measured as the loop runs.
+
+Three costs make up a round that drafts K tokens and emits E of them:
+- c_d(n), a draft-model step that feeds n tokens (n = 1 while drafting; the catch-up at the start of a round
+  feeds 1 token after a rejection and 2, [d_K, bonus], after a fully accepted round, more after n-gram
+  rounds the model sat out);
+- c_v(K), the target's pass over [last, d1..dK] with the verification work on its logits;
+- o, the loop's own work per emitted token (detokenising, the consumer of the events, rewinding).
+
+`round_seconds` puts them together as the K controller, the hybrid drafter and `spec bench`'s prediction
+all use them, so the bench's predicted column checks the very model the loop optimises.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+
+class Acceptance(Protocol):
+    def expected_tokens(self, k: int) -> float:
+        """E[tokens emitted by a round drafting k]: the accepted drafts plus the target's own token."""
+
+    def all_accepted(self, k: int) -> float:
+        """P(every one of k drafted tokens is accepted)."""
+
+
+class BatchCosts:
+    """Mean seconds of a call by size n, with older calls weighing `decay`× less at each new call of that size.
+
+    `decay` = 1 gives plain means (a benchmark's pooled figures); below 1 the means follow the machine's load.
+    A size never seen is read off a least-squares line through the sizes seen (weighted by how often each
+    was seen). With one size n0 seen, the guess errs cheap on both sides, so that whatever depends on it gets
+    tried and measured: proportional to n + 1 below n0, the same as n0 above (as if batching were free).
+    """
+
+    def __init__(self, decay: float = 1.0) -> None:
+        self.decay = decay
+        self.weight: dict[int, float] = {}
+        self.total: dict[int, float] = {}
+
+    def record(self, n: int, seconds: float) -> None:
+        self.weight[n] = self.weight.get(n, 0.0) * self.decay + 1.0
+        self.total[n] = self.total.get(n, 0.0) * self.decay + seconds
+
+    def merge(self, other: BatchCosts) -> None:
+        for n, weight in other.weight.items():
+            self.weight[n] = self.weight.get(n, 0.0) + weight
+            self.total[n] = self.total.get(n, 0.0) + other.total[n]
+
+    def __bool__(self) -> bool:
+        return bool(self.weight)
+
+    def mean(self, n: int) -> float | None:
+        return self.total[n] / self.weight[n] if n in self.weight else None
+
+    def seconds(self, n: int) -> float | None:
+        """c(n): the measured mean where n was seen, the fitted line elsewhere (None before any call)."""
+        known = self.mean(n)
+        if known is not None or not self.weight:
+            return known
+        sizes = np.array(list(self.weight), dtype=float)
+        means = np.array([self.total[m] / self.weight[m] for m in self.weight])
+        if len(sizes) == 1:
+            return float(means[0] * min(1.0, (n + 1) / (sizes[0] + 1)))
+        slope, intercept = np.polyfit(sizes, means, 1, w=np.sqrt(list(self.weight.values())))
+        return float(max(intercept + max(slope, 0.0) * n, self._floor(n, sizes, means)))
+
+    @staticmethod
+    def _floor(n: int, sizes: np.ndarray, means: np.ndarray) -> float:
+        """A line through noisy points can dip: never below what a smaller size measured, nor, below the
+        sizes seen, below the smallest one's cost in proportion to n + 1."""
+        below = means[sizes <= n]
+        if len(below):
+            return float(below.max())
+        smallest = sizes.argmin()
+        return float(means[smallest] * (n + 1) / (sizes[smallest] + 1))
+
+    def as_dict(self) -> dict[str, float]:
+        return {str(n): self.total[n] / self.weight[n] for n in sorted(self.weight)}
+
+
+@dataclass
+class LoopCosts:
+    """c_d(n) by batch size, c_v(K) by K, and o per emitted token, as measured so far."""
+
+    decay: float = 1.0
+    draft: BatchCosts = field(init=False)
+    verify: BatchCosts = field(init=False)
+    other_s: float = 0.0
+    other_tokens: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.draft, self.verify = BatchCosts(self.decay), BatchCosts(self.decay)
+
+    def record_round(self, steps: list[tuple[int, float]], k: int, verify_s: float, round_s: float,
+                     emitted: int) -> None:
+        """One round: its draft steps (tokens fed, seconds), its verify, and all it took, `emitted` tokens."""
+        self.record_draft(steps)
+        self.verify.record(k, verify_s)
+        self.other_s = self.other_s * self.decay + max(0.0, round_s - verify_s - sum(s for _, s in steps))
+        self.other_tokens = self.other_tokens * self.decay + emitted
+
+    def record_draft(self, steps: list[tuple[int, float]]) -> None:
+        """Draft-model decodes, (tokens fed, seconds) each; a prompt's is the size of a large catch-up."""
+        for n, seconds in steps:
+            self.draft.record(n, seconds)
+
+    def merge(self, other: LoopCosts) -> None:
+        self.draft.merge(other.draft)
+        self.verify.merge(other.verify)
+        self.other_s += other.other_s
+        self.other_tokens += other.other_tokens
+
+    @property
+    def per_token(self) -> float:
+        """o: the loop's own seconds per emitted token."""
+        return self.other_s / self.other_tokens if self.other_tokens else 0.0
+
+    def draft_seconds(self, k: int, acceptance: Acceptance) -> float | None:
+        """Expected draft-model seconds of a round drafting k, in the steady state: k steps of c_d(1), and
+        c_d(2) − c_d(1) more when the round before was fully accepted (the catch-up on [d_K, bonus])."""
+        step, catch_up = self.draft.seconds(1), self.draft.seconds(2)
+        if step is None or catch_up is None:
+            return None
+        return k * step + acceptance.all_accepted(k) * (catch_up - step)
+
+    def round_seconds(self, k: int, acceptance: Acceptance, drafts_with_model: bool) -> float | None:
+        """Expected seconds of a round drafting k: drafting (free for an n-gram lookup), c_v(K), o per token."""
+        verify = self.verify.seconds(k)
+        draft = self.draft_seconds(k, acceptance) if drafts_with_model and k > 0 else 0.0
+        if verify is None or draft is None:
+            return None
+        return draft + verify + self.per_token * acceptance.expected_tokens(k)
+
+    def rate(self, k: int, acceptance: Acceptance, drafts_with_model: bool) -> float | None:
+        """Expected tokens per second of rounds drafting k; None while a cost it needs is unmeasured."""
+        seconds = self.round_seconds(k, acceptance, drafts_with_model)
+        return acceptance.expected_tokens(k) / seconds if seconds else None
+
+    def as_dict(self) -> dict[str, object]:
+        return {"draft_step_s": self.draft.as_dict(), "verify_s": self.verify.as_dict(),
+                "other_per_token_s": self.per_token}

@@ -1,0 +1,107 @@
+"""The loop's cost model: per-size means, the fitted line for sizes not seen, and a round's expected cost."""
+
+from __future__ import annotations
+
+import pytest
+
+from spec_cli.costs import BatchCosts, LoopCosts
+from spec_cli.draft_length import PositionAcceptance
+
+
+class Fixed:
+    """An acceptance model with a given E[tokens](k) and P(all k accepted)."""
+
+    def __init__(self, expected: float, all_accepted: float) -> None:
+        self._expected, self._all = expected, all_accepted
+
+    def expected_tokens(self, k: int) -> float:
+        return self._expected if k else 1.0
+
+    def all_accepted(self, k: int) -> float:
+        return self._all if k else 1.0
+
+
+def test_means_by_size_and_a_line_between_them() -> None:
+    costs = BatchCosts()
+    for n, seconds in [(1, 0.010), (1, 0.012), (3, 0.020), (5, 0.030)]:
+        costs.record(n, seconds)
+    assert costs.seconds(1) == pytest.approx(0.011)
+    assert costs.seconds(3) == pytest.approx(0.020)
+    assert 0.020 < costs.seconds(4) < 0.030  # read off the fitted line
+    slope = costs.seconds(7) - costs.seconds(6)
+    assert costs.seconds(9) - costs.seconds(6) == pytest.approx(3 * slope)  # beyond the sizes seen: the same line
+    assert slope == pytest.approx(0.0047, abs=0.0002)  # weighted least squares (the size seen twice weighs more)
+
+
+def test_decay_follows_the_latest_calls() -> None:
+    costs = BatchCosts(decay=0.5)
+    for seconds in (1.0, 1.0, 1.0, 3.0):
+        costs.record(2, seconds)
+    assert costs.seconds(2) == pytest.approx((0.125 + 0.25 + 0.5 + 3.0) / (0.125 + 0.25 + 0.5 + 1.0))
+    plain = BatchCosts()
+    for seconds in (1.0, 1.0, 1.0, 3.0):
+        plain.record(2, seconds)
+    assert plain.seconds(2) == pytest.approx(1.5)
+
+
+def test_one_size_seen_guesses_cheap_on_both_sides() -> None:
+    """Optimism gets the other sizes tried: cheaper below (in proportion to n + 1), no dearer above."""
+    costs = BatchCosts()
+    assert costs.seconds(3) is None
+    costs.record(3, 0.040)
+    assert costs.seconds(0) == pytest.approx(0.010)
+    assert costs.seconds(8) == pytest.approx(0.040)
+
+
+def test_merge_pools_calls() -> None:
+    first, second = BatchCosts(), BatchCosts()
+    first.record(1, 0.010)
+    second.record(1, 0.020)
+    second.record(2, 0.030)
+    first.merge(second)
+    assert first.as_dict() == {"1": pytest.approx(0.015), "2": pytest.approx(0.030)}
+
+
+def loop_costs(c1: float = 0.010, c2: float = 0.016, verify=lambda k: 0.040 + 0.004 * k) -> LoopCosts:
+    costs = LoopCosts()
+    for k in (0, 2, 4, 6):
+        costs.verify.record(k, verify(k))
+    costs.draft.record(1, c1)
+    costs.draft.record(2, c2)
+    return costs
+
+
+def test_a_model_round_pays_k_steps_and_the_catch_up_of_a_full_acceptance() -> None:
+    costs = loop_costs()
+    acceptance = Fixed(expected=3.5, all_accepted=0.4)
+    draft = 4 * 0.010 + 0.4 * (0.016 - 0.010)
+    assert costs.draft_seconds(4, acceptance) == pytest.approx(draft)
+    assert costs.round_seconds(4, acceptance, drafts_with_model=True) == pytest.approx(draft + 0.056)
+    assert costs.round_seconds(4, acceptance, drafts_with_model=False) == pytest.approx(0.056)  # n-gram: free
+    assert costs.rate(4, acceptance, True) == pytest.approx(3.5 / (draft + 0.056))
+    assert costs.rate(0, acceptance, True) == pytest.approx(1 / 0.040)  # no draft: one target step
+
+
+def test_the_loops_own_work_counts_per_token() -> None:
+    costs = loop_costs()
+    costs.record_round([(1, 0.010), (1, 0.010)], k=2, verify_s=0.048, round_s=0.074, emitted=3)
+    assert costs.per_token == pytest.approx(0.006 / 3)
+    acceptance = Fixed(expected=2.5, all_accepted=0.5)
+    assert costs.round_seconds(2, acceptance, False) == pytest.approx(costs.verify.seconds(2) + 2.5 * 0.002)
+
+
+def test_rate_is_unknown_until_the_costs_it_needs_are_measured() -> None:
+    costs = LoopCosts()
+    acceptance = PositionAcceptance()
+    assert costs.rate(3, acceptance, False) is None
+    costs.verify.record(3, 0.05)
+    assert costs.rate(3, acceptance, False) == pytest.approx(4 / 0.05)  # optimistic: all accepted
+    assert costs.rate(3, acceptance, True) is None  # no draft step measured yet
+
+
+def test_the_line_never_dips_below_what_smaller_sizes_measured() -> None:
+    costs = BatchCosts()
+    for n, seconds in [(4, 0.050), (6, 0.040), (8, 0.060)]:  # noise: K=6 measured cheaper than K=4
+        costs.record(n, seconds)
+    assert costs.seconds(5) >= 0.050
+    assert 0.010 <= costs.seconds(0) < 0.050  # at least K=4's cost in proportion to K + 1
