@@ -9,21 +9,26 @@ without x. After verification the engine tells the drafter how much of the seque
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Protocol, Sequence
 
 import numpy as np
 
+from spec_cli.costs import LoopCosts
+from spec_cli.draft_length import DraftLength
 from spec_cli.llama import Context
 from spec_cli.sampling import SamplingParams, one_hot, penalized, probabilities, sample
 
 
 @dataclass
 class Draft:
-    """Proposed tokens d1..dK and, when sampling, the distributions q1..qK they were drawn from."""
+    """Proposed tokens d1..dK and, when sampling, the distributions q1..qK they were drawn from; `steps` are
+    the draft model's decodes, (tokens fed, seconds) each, for the cost model."""
 
     tokens: list[int] = field(default_factory=list)
     q: list[np.ndarray] = field(default_factory=list)
+    steps: list[tuple[int, float]] = field(default_factory=list)
 
 
 class Drafter(Protocol):
@@ -32,12 +37,16 @@ class Drafter(Protocol):
     rollback_s: float
     """The part of `busy_s` spent taking back rejected draft tokens (snapshots, restores)."""
 
-    def prefill(self, tokens: Sequence[int]) -> None:
-        """Take in a new prompt before the first round (work that would otherwise land in round one)."""
+    def prefill(self, tokens: Sequence[int]) -> list[tuple[int, float]]:
+        """Take in a new prompt before the first round (work that would otherwise land in round one); return
+        the draft model's decode, (tokens fed, seconds), for the cost model: the size of a large catch-up."""
 
     def propose(self, tokens: Sequence[int], k: int, sampling: SamplingParams,
                 rng: np.random.Generator) -> Draft:
         """Propose up to `k` tokens to follow `tokens`."""
+
+    def update(self, drafted: int, accepted: int) -> None:
+        """The target kept `accepted` of the `drafted` tokens last proposed."""
 
     def rewind(self, n_keep: int) -> None:
         """Only the first `n_keep` tokens of the sequence last proposed from are still valid."""
@@ -63,8 +72,10 @@ class ModelDrafter:
     def rollback_s(self) -> float:
         return self.context.rollback_s
 
-    def prefill(self, tokens: Sequence[int]) -> None:
-        self.context.prefill(tokens)
+    def prefill(self, tokens: Sequence[int]) -> list[tuple[int, float]]:
+        started = time.perf_counter()
+        fed = len(tokens) - self.context.prefill(tokens)
+        return [(fed, time.perf_counter() - started)] if fed else []
 
     def propose(self, tokens: Sequence[int], k: int, sampling: SamplingParams,
                 rng: np.random.Generator) -> Draft:
@@ -79,22 +90,39 @@ class ModelDrafter:
         pending = list(tokens[self.context.n_past:])
         recent = sampling.recent(tokens)
         for step in range(k):
+            started = time.perf_counter()
             logits = self.context.decode(pending, 1, n_final=len(pending) if step == 0 else 0)[0]
-            if sampling.greedy:
-                z = penalized(logits, sampling, recent)
-                token = int(np.argmax(z))
-                if self.p_min > 0 and _top_probability(z) < self.p_min:
-                    break
-            else:
-                q = probabilities(logits, sampling, recent)
-                if q.max() < self.p_min:
-                    break
-                token = sample(q, rng)
-                draft.q.append(q)
+            choice = self._next_token(logits, sampling, recent, rng)
+            draft.steps.append((len(pending), time.perf_counter() - started))
+            if choice is None:
+                break
+            token, q = choice
             draft.tokens.append(token)
+            if q is not None:
+                draft.q.append(q)
             recent = sampling.recent([*recent, token])
             pending = [token]
         return draft
+
+    def _next_token(self, logits: np.ndarray, sampling: SamplingParams, recent: list[int],
+                    rng: np.random.Generator) -> tuple[int, np.ndarray | None] | None:
+        """The drafted token and its q (None when greedy), or None when the confidence stop ends the draft."""
+        if sampling.greedy:
+            z = penalized(logits, sampling, recent)
+            if self.p_min > 0 and _top_probability(z) < self.p_min:
+                return None
+            return int(np.argmax(z)), None
+        q = probabilities(logits, sampling, recent)
+        if q.max() < self.p_min:
+            return None
+        return sample(q, rng), q
+
+    def pending(self, tokens: Sequence[int]) -> int:
+        """How many tokens the next proposal must feed before its first draft step (its catch-up)."""
+        return len(tokens) - self.context.n_past
+
+    def update(self, drafted: int, accepted: int) -> None:
+        pass
 
     def rewind(self, n_keep: int) -> None:
         """What a snapshot restore takes back beyond `n_keep`, the next catch-up feeds again."""
@@ -125,9 +153,10 @@ class NgramDrafter:
         self._tokens: list[int] = []
         self._index: dict[tuple[int, ...], int] = {}
 
-    def prefill(self, tokens: Sequence[int]) -> None:
+    def prefill(self, tokens: Sequence[int]) -> list[tuple[int, float]]:
         self._tokens, self._index = [], {}
         self._extend(tokens)
+        return []
 
     def propose(self, tokens: Sequence[int], k: int, sampling: SamplingParams,
                 rng: np.random.Generator) -> Draft:
@@ -136,6 +165,9 @@ class NgramDrafter:
         if not sampling.greedy:
             draft.q = [one_hot(token, self.n_vocab) for token in draft.tokens]
         return draft
+
+    def update(self, drafted: int, accepted: int) -> None:
+        pass
 
     def rewind(self, n_keep: int) -> None:
         if n_keep < len(self._tokens):
@@ -160,12 +192,59 @@ class NgramDrafter:
                     self._index[tuple(self._tokens[end + 1 - n:end + 1])] = end
 
 
-class HybridDrafter:
-    """N-gram lookup when the sequence repeats itself, the draft model otherwise."""
+@dataclass
+class HybridState:
+    """What a hybrid drafter learns, kept across generations: a K controller (with its acceptance) for each
+    of its drafters, how often each has drafted, ρ (the tokens per second its rounds have been yielding,
+    decayed), and the regret of deferring the draft model against the backlog's price when deferring began
+    (a backlog grows while the model waits; a price fixed at the start keeps the rule from chasing it)."""
 
-    def __init__(self, ngram: NgramDrafter, model: ModelDrafter) -> None:
+    lengths: dict[str, DraftLength]
+    warmup_rounds: int = 8
+    decay: float = 0.95
+    tokens: float = 0.0
+    seconds: float = 0.0
+    regret_s: float = 0.0
+    backlog_s: float = 0.0
+    tried: dict[str, int] = field(default_factory=dict)  # rounds each drafter has drafted
+
+    def record(self, tokens: int, seconds: float) -> None:
+        self.tokens = self.tokens * self.decay + tokens
+        self.seconds = self.seconds * self.decay + seconds
+
+    @property
+    def rho(self) -> float | None:
+        return self.tokens / self.seconds if self.seconds else None
+
+
+class HybridDrafter:
+    """Each round, n-gram lookup, the draft model or no draft at all (a plain target step), whichever is
+    expected to serve the long-run rate best.
+
+    Each option's round is priced by the cost model (`LoopCosts`): E[tokens] from that drafter's own
+    acceptance by position (n-gram rounds and model rounds are tracked apart), E[seconds] from its costs (an
+    n-gram proposal is nearly free to draft; no draft yields one token for one target step). The choice is
+    the largest E[tokens] − ρ·E[seconds], ρ being the rate rounds have been yielding lately: the rule that
+    maximises tokens per second over many rounds (a renewal-reward argument). Picking the best rate per
+    round instead would spend a 9-token, 165 ms model round where a plain step and the n-gram rounds that
+    follow it yield more per second.
+
+    The draft model sits n-gram and plain rounds out: it catches up on what they emitted in one batch when
+    it is next chosen. That backlog is paid once, whenever the model is next used, and a large one costs
+    more than the model's next round saves (a 45-token catch-up took 223 ms on the demo's Q4_1 draft). So
+    while the model would be the best choice but for its backlog, the runner-up drafts, and the time it
+    loses against the model is added up; once that regret reaches the backlog's cost the model pays it (the
+    ski-rental rule: never more than twice the cost of the best choice in hindsight). On text that keeps
+    repeating itself the model stays out; on fresh text it comes back. Which drafter proposed a token never
+    touches exactness (tests as for every mode).
+    """
+
+    def __init__(self, ngram: NgramDrafter, model: ModelDrafter, costs: LoopCosts, state: HybridState) -> None:
         self.ngram = ngram
         self.model = model
+        self.costs = costs
+        self.state = state
+        self.chosen: tuple[str, float] | None = None  # the option of the round in flight, and its E[seconds]
 
     @property
     def busy_s(self) -> float:
@@ -175,14 +254,69 @@ class HybridDrafter:
     def rollback_s(self) -> float:
         return self.model.rollback_s
 
-    def prefill(self, tokens: Sequence[int]) -> None:
+    def prefill(self, tokens: Sequence[int]) -> list[tuple[int, float]]:
         self.ngram.prefill(tokens)
-        self.model.prefill(tokens)
+        return self.model.prefill(tokens)
 
     def propose(self, tokens: Sequence[int], k: int, sampling: SamplingParams,
                 rng: np.random.Generator) -> Draft:
-        draft = self.ngram.propose(tokens, k, sampling, rng)
-        return draft if draft.tokens else self.model.propose(tokens, k, sampling, rng)
+        lengths = self.state.lengths
+        ngram = self.ngram.propose(tokens, min(k, lengths["ngram"].next_k()), sampling, rng)
+        k_model = min(k, lengths["model"].next_k())
+        options = {"none": (0, lengths["model"].acceptance, False)}
+        if ngram.tokens:
+            options["ngram"] = (len(ngram.tokens), lengths["ngram"].acceptance, False)
+        if k_model:
+            options["model"] = (k_model, lengths["model"].acceptance, True)
+        priced = {name: (acceptance.expected_tokens(n), self.costs.round_seconds(n, acceptance, with_model))
+                  for name, (n, acceptance, with_model) in options.items()}
+        name = self._choose(priced, self.model.pending(tokens))
+        self.chosen = (name, priced[name][1] or 0.0)  # 0: not priced yet, so left out of ρ
+        if name == "model":
+            return self.model.propose(tokens, k_model, sampling, rng)
+        return ngram if name == "ngram" else Draft()
+
+    def _choose(self, priced: dict[str, tuple[float, float | None]], pending: int) -> str:
+        """The option with the largest E[tokens] − ρ·E[seconds] (see the class notes)."""
+        state = self.state
+        for name in ("ngram", "model"):
+            if name in priced and (priced[name][1] is None or state.tried.get(name, 0) < state.warmup_rounds):
+                return name  # too little known yet: try it (the n-gram first, it costs no draft-model work)
+        if priced["none"][1] is None:
+            return "none"
+        rho = state.rho or 1.0 / priced["none"][1]
+        surplus = {name: tokens - rho * seconds for name, (tokens, seconds) in priced.items()}
+        best = max(surplus, key=lambda name: surplus[name])
+        if best != "model":
+            if best == "ngram":
+                state.regret_s = 0.0  # the n-gram's stretch grows the backlog: price it afresh after it
+            return best
+        if state.regret_s == 0.0:
+            state.backlog_s = self._catch_up_s(pending) - self._catch_up_s(2)  # the price, fixed when deferring starts
+        runner_up = max((name for name in surplus if name != "model"), key=lambda name: surplus[name])
+        tokens = priced[runner_up][0]
+        # Deferring one more round loses the surplus against the model and grows the backlog by its tokens.
+        regret_s = state.regret_s + (surplus["model"] - surplus[runner_up]) / rho \
+            + self._catch_up_s(pending + round(tokens)) - self._catch_up_s(pending)
+        if regret_s >= state.backlog_s:
+            state.regret_s = 0.0
+            return "model"
+        state.regret_s = regret_s
+        return runner_up
+
+    def _catch_up_s(self, pending: int) -> float:
+        """c_d(pending): the draft model's catch-up on `pending` tokens (0 while none has been measured)."""
+        return self.costs.draft.seconds(max(pending, 1)) or 0.0
+
+    def update(self, drafted: int, accepted: int) -> None:
+        if self.chosen is None:
+            return
+        name, seconds = self.chosen
+        self.state.tried[name] = self.state.tried.get(name, 0) + 1
+        if name in self.state.lengths:
+            self.state.lengths[name].update(drafted, accepted)
+        if seconds:
+            self.state.record(accepted + 1, seconds)
 
     def rewind(self, n_keep: int) -> None:
         self.ngram.rewind(n_keep)

@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Sequence
 
 from spec_cli import vocab
+from spec_cli.costs import LoopCosts
 from spec_cli.draft_length import AdaptiveK, DraftLength, FixedK
-from spec_cli.drafters import Drafter, HybridDrafter, ModelDrafter, NgramDrafter
+from spec_cli.drafters import Drafter, HybridDrafter, HybridState, ModelDrafter, NgramDrafter
 from spec_cli.engine import Generation
 from spec_cli.errors import SpecError
 from spec_cli.llama import Context, Model
@@ -29,6 +30,7 @@ DEFAULT_CTX = 2048
 DRAFTING_MODES = ("model", "ngram", "hybrid")  # the ways a user can choose to draft
 DRAFT_MODES = (*DRAFTING_MODES, "none")
 AUTO_K_MAX = 16
+COSTS_DECAY = 0.95  # each call of a size weighs 5% less at the next: the costs follow the machine's load
 
 
 def needs_draft_model(mode: str) -> bool:
@@ -55,9 +57,11 @@ class Pair:
         self.draft = draft
         self._contexts: list[Context] = []
         self._models = [m for m in (target, draft) if m is not None]
-        # One K controller per draft mode, kept across generations: what it learns of this machine's
-        # costs and of the pair's acceptance carries over from one prompt (or chat turn) to the next.
-        self._adaptive: dict[str, AdaptiveK] = {}
+        # The loop's costs on this machine, and one K controller per draft mode, drafter and K, kept across
+        # generations: what they learn carries over from one prompt (or chat turn) to the next.
+        self.costs = LoopCosts(decay=COSTS_DECAY)
+        self._lengths: dict[tuple[str, str, int | str], DraftLength] = {}
+        self._hybrids: dict[int | str, HybridState] = {}
         try:
             self.target_context = self._context(target, n_ctx, n_threads, max_draft)
             self.draft_context = self._context(draft, n_ctx, n_threads, 0) if draft else None
@@ -122,31 +126,47 @@ class Pair:
         if seed is None:
             seed = secrets.randbits(32)
         mode = draft_mode or ("model" if self.draft_context else "none")
-        drafter = self._drafter(mode, draft_p_min)
-        generation = Generation(self.target_context, drafter, tokens, sampling, seed,
-                                self._draft_length(draft_max, mode), max_tokens, verify)
+        self._check_drafting(mode, draft_p_min, draft_max)
+        drafter, draft_length = self._drafting(mode, draft_p_min, draft_max)
+        generation = Generation(self.target_context, drafter, tokens, sampling, seed, draft_length, max_tokens,
+                                verify, self.costs)
+        generation.stats.adaptive = draft_max == "auto" and drafter is not None
         in_use = ("target", "draft") if needs_draft_model(mode) else ("target",)
         generation.stats.memory = {name: facts for name, facts in self.memory().items() if name in in_use}
         return generation
 
-    def _draft_length(self, draft_max: int | str, mode: str) -> DraftLength:
+    def _check_drafting(self, mode: str, p_min: float, draft_max: int | str) -> None:
         if draft_max != "auto":
-            return FixedK(_fixed_k(draft_max))
-        return self._adaptive.setdefault(mode, AdaptiveK(k_max=AUTO_K_MAX))
-
-    def _drafter(self, mode: str, p_min: float) -> Drafter | None:
+            _fixed_k(draft_max)
         if mode not in DRAFT_MODES:
             raise SpecError(f"unknown draft mode {mode!r}; choose one of: {', '.join(DRAFT_MODES)}")
         if not 0 <= p_min < 1:
             raise SpecError(f"draft-p-min must be in [0, 1), got {p_min}")
-        if mode == "none":
-            return None
-        if mode == "ngram":
-            return NgramDrafter(self.target.n_vocab)
         if needs_draft_model(mode) and self.draft_context is None:
             raise SpecError(f"draft mode {mode!r} needs a draft model; give one, or use --draft-mode ngram")
+
+    def _drafting(self, mode: str, p_min: float, draft_max: int | str) -> tuple[Drafter | None, DraftLength]:
+        """The drafter for `mode` and the controller of its K. A hybrid drafter chooses K for each of its
+        drafters itself, each with its own controller; the engine only caps it (K, or AUTO_K_MAX for auto)."""
+        if mode == "none":
+            return None, FixedK(0)
+        if mode == "ngram":
+            return NgramDrafter(self.target.n_vocab), self._draft_length(mode, "ngram", draft_max)
         model = ModelDrafter(self.draft_context, p_min)
-        return model if mode == "model" else HybridDrafter(NgramDrafter(self.target.n_vocab), model)
+        if mode == "model":
+            return model, self._draft_length(mode, "model", draft_max)
+        state = self._hybrids.setdefault(draft_max, HybridState(
+            {drafter: self._draft_length(mode, drafter, draft_max) for drafter in ("ngram", "model")}))
+        hybrid = HybridDrafter(NgramDrafter(self.target.n_vocab), model, self.costs, state)
+        return hybrid, FixedK(AUTO_K_MAX if draft_max == "auto" else _fixed_k(draft_max))
+
+    def _draft_length(self, mode: str, drafter: str, draft_max: int | str) -> DraftLength:
+        """The controller of K for `drafter` ("model" or "ngram") drafting in `mode`, kept across generations."""
+        key = (mode, drafter, draft_max)
+        if key not in self._lengths:
+            self._lengths[key] = FixedK(_fixed_k(draft_max)) if draft_max != "auto" else \
+                AdaptiveK(self.costs, drafts_with_model=drafter == "model", k_max=AUTO_K_MAX)
+        return self._lengths[key]
 
     def close(self) -> None:
         for context in self._contexts:

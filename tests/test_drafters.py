@@ -1,10 +1,14 @@
-"""The n-gram drafter's matching on hand-made sequences, and its q for sampling."""
+"""The n-gram drafter's matching on hand-made sequences, its q for sampling, and the hybrid drafter's choices
+on a synthetic machine."""
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
-from spec_cli.drafters import NgramDrafter
+from spec_cli.costs import LoopCosts
+from spec_cli.draft_length import FixedK
+from spec_cli.drafters import Draft, HybridDrafter, HybridState, NgramDrafter
 from spec_cli.sampling import SamplingParams
 
 GREEDY = SamplingParams()
@@ -63,3 +67,106 @@ def test_sampling_proposals_carry_one_hot_q() -> None:
     assert len(draft.q) == 2
     for token, q in zip(draft.tokens, draft.q):
         assert q.shape == (50,) and q[token] == 1.0 and q.sum() == 1.0
+
+
+class FakeModel:
+    """A draft model whose catch-up backlog is set by the test; it proposes k copies of token 9."""
+
+    busy_s = rollback_s = 0.0
+
+    def __init__(self, pending: int = 1) -> None:
+        self.backlog = pending
+        self.proposed = 0
+
+    def pending(self, _tokens: list[int]) -> int:
+        return self.backlog
+
+    def propose(self, _tokens: list[int], k: int, _sampling: SamplingParams, _rng: np.random.Generator) -> Draft:
+        self.proposed += 1
+        return Draft(tokens=[9] * k)
+
+    def prefill(self, _tokens: list[int]) -> list[tuple[int, float]]:
+        return []
+
+    def rewind(self, _n_keep: int) -> None:
+        pass
+
+
+MATCH, NO_MATCH = [1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3], [1, 2, 3, 4, 5, 6]
+
+
+def machine() -> LoopCosts:
+    """Verify 25 ms + 4 ms a drafted token; draft steps 12 ms, a catch-up of n tokens 12 + 4 (n − 1) ms."""
+    costs = LoopCosts()
+    for k in range(9):
+        costs.verify.record(k, 0.025 + 0.004 * k)
+    for n in (1, 2, 10, 40):
+        costs.draft.record(n, 0.012 + 0.004 * (n - 1))
+    return costs
+
+
+def hybrid(model_accepts: int, ngram_accepts: int = 4, pending: int = 1,
+           k: int = 4) -> tuple[HybridDrafter, FakeModel]:
+    """A hybrid past its warm-up: each drafter has drafted k tokens 8 times, keeping the number given."""
+    state = HybridState({"ngram": FixedK(k), "model": FixedK(k)})
+    for name, accepted in (("ngram", ngram_accepts), ("model", model_accepts)):
+        for _ in range(state.warmup_rounds):
+            state.lengths[name].update(k, accepted)
+        state.tried[name] = state.warmup_rounds
+    model = FakeModel(pending)
+    drafter = HybridDrafter(NgramDrafter(n_vocab=100), model, machine(), state)
+    drafter.prefill(MATCH[:1])
+    return drafter, model
+
+
+def choice(drafter: HybridDrafter, tokens: list[int]) -> str:
+    drafter.rewind(1)  # a new sequence for the n-gram index
+    drafter.propose(tokens, 4, GREEDY, np.random.default_rng(0))
+    return drafter.chosen[0]
+
+
+def test_hybrid_tries_each_drafter_before_weighing_them() -> None:
+    state = HybridState({"ngram": FixedK(4), "model": FixedK(4)})
+    drafter = HybridDrafter(NgramDrafter(n_vocab=100), FakeModel(), machine(), state)
+    drafter.prefill(MATCH[:1])
+    for _ in range(state.warmup_rounds):
+        assert choice(drafter, MATCH) == "ngram"
+        drafter.update(4, 0)  # a useless n-gram, still tried as often as the warm-up says
+    assert choice(drafter, NO_MATCH) == "model"
+    assert choice(drafter, MATCH) == "model"  # the model's warm-up comes next; the n-gram's is over
+
+
+def test_hybrid_takes_the_drafter_that_serves_the_rate_best() -> None:
+    # A perfect n-gram costs no draft steps: it wins where it matches; the model wins where it does not.
+    drafter, _ = hybrid(model_accepts=4, ngram_accepts=4)
+    assert choice(drafter, MATCH) == "ngram"
+    assert choice(drafter, NO_MATCH) == "model"
+    # A draft model that is never right costs more than it yields: plain target steps instead.
+    drafter, model = hybrid(model_accepts=0, ngram_accepts=0)
+    assert [choice(drafter, tokens) for tokens in (MATCH, NO_MATCH)] == ["none", "none"]
+    assert model.proposed == 0
+
+
+def test_a_large_backlog_defers_the_model_until_the_regret_reaches_its_price() -> None:
+    """Ski rental: while deferring, the regret grows by the surplus lost and the backlog's growth; the model
+    pays the backlog once that regret reaches the backlog's price when deferring began."""
+    drafter, model = hybrid(model_accepts=4, pending=40)
+    price = drafter.costs.draft.seconds(40) - drafter.costs.draft.seconds(2)
+    deferred = 0
+    while choice(drafter, NO_MATCH) == "none":
+        deferred += 1
+        model.backlog += 1
+        drafter.update(0, 0)
+        assert deferred < 100
+    assert deferred >= 2
+    assert drafter.state.regret_s == 0.0 and drafter.state.backlog_s == pytest.approx(price)
+    # A backlog of 3 costs less than one round of deferring: the model catches up at once.
+    drafter, model = hybrid(model_accepts=4, pending=3)
+    assert choice(drafter, NO_MATCH) == "model"
+
+
+def test_an_ngram_stretch_prices_the_backlog_afresh() -> None:
+    drafter, model = hybrid(model_accepts=4, pending=40)
+    assert choice(drafter, NO_MATCH) == "none" and drafter.state.regret_s > 0
+    assert choice(drafter, MATCH) == "ngram"
+    assert drafter.state.regret_s == 0.0
