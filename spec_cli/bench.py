@@ -5,9 +5,12 @@ in machine load hits all of them alike; figures are medians over runs. Every con
 loaded models and the same code path (draft mode "none" is target-only decoding), so the ratios measure
 speculation and nothing else.
 
-Next to each measured speed-up stands the one the theory predicts from the measured acceptance α and the
-machine's costs (Leviathan et al. 2023): a round drafting K tokens yields E = (1 − α^(K+1)) / (1 − α) tokens
-for K·c_draft + c_verify(K) seconds, against c_verify(0) per token for the target alone.
+Next to each draft-model row's measured speed-up stands the one the loop's cost model predicts
+(`costs.LoopCosts`, the model `-k auto` and the hybrid drafter optimise): a round drafting K tokens yields
+E[tokens](K) = 1 + Σ_{i≤K} a_1·…·a_i, from the row's acceptance by draft position, for K draft steps, the
+catch-up a fully accepted round leaves, the target's pass over K + 1 tokens and the loop's own work per
+token, each priced at its mean over every call of the run. Against the target alone measured in the same
+run, a prediction far from the measurement means the model misses a cost, and `auto` would pick K wrongly.
 """
 
 from __future__ import annotations
@@ -15,15 +18,14 @@ from __future__ import annotations
 import itertools
 import json
 import statistics
-import time
 from dataclasses import dataclass, field
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
-from spec_cli.draft_length import expected_tokens
+from spec_cli.costs import LoopCosts
+from spec_cli.draft_length import PositionAcceptance
 from spec_cli.errors import SpecError
-from spec_cli.llama import Context
 from spec_cli.pair import Pair
 from spec_cli.sampling import SamplingParams
 from spec_cli.stats import Stats
@@ -67,6 +69,13 @@ PROMPTS = {
 TASKS = ("mixed", *PROMPTS)
 
 
+def builtin_prompt_sets(tasks: Sequence[str]) -> dict[str | None, list[str]]:
+    """The built-in prompts of each task given, by task (one task: the set needs no name)."""
+    if len(tasks) == 1:
+        return {None: builtin_prompts(tasks[0])}
+    return {task: builtin_prompts(task) for task in tasks}
+
+
 def builtin_prompts(task: str) -> list[str]:
     if task == "mixed":
         return [p for kind in ("chat", "code", "summary", "creative") for p in PROMPTS[kind]]
@@ -105,13 +114,14 @@ def load_prompts(path: Path, notify: Callable[[str], None] = lambda _message: No
 
 @dataclass(frozen=True)
 class Config:
-    """One way of decoding: a draft mode ("none" for the target alone), K (a number or "auto"), and for
-    sampled decoding the temperature and the verification rule."""
+    """One way of decoding: a draft mode ("none" for the target alone), K (a number or "auto"), for sampled
+    decoding the temperature and the verification rule; and the prompt set it runs on (None: the only one)."""
 
     draft_mode: str
     draft_max: int | str
     temperature: float = 0.0
     verify: str = DEFAULT_VERIFY
+    task: str | None = None
 
     @property
     def label(self) -> str:
@@ -119,8 +129,9 @@ class Config:
 
     @property
     def series(self) -> str:
-        """What a plot draws as one line across K: the label without K."""
-        return self._named("target alone" if self.draft_mode == "none" else self.draft_mode)
+        """What a plot draws as one line across K: the label without K, with the prompt set."""
+        name = self._named("target alone" if self.draft_mode == "none" else self.draft_mode)
+        return f"{name}, {self.task}" if self.task else name
 
     def _named(self, name: str) -> str:
         """`name` with the rule and temperature of sampled decoding (the target alone has no rule)."""
@@ -134,15 +145,17 @@ TARGET_ALONE = Config("none", 0)
 
 
 def configurations(modes: Sequence[str], ks: Sequence[int | str], temperatures: Sequence[float],
-                   rules: Sequence[str]) -> list[Config]:
-    """For each temperature, the target alone and then every mode × K × rule (greedy needs no rule)."""
+                   rules: Sequence[str], tasks: Sequence[str | None] = (None,)) -> list[Config]:
+    """For each prompt set and temperature, the target alone and then every mode × K × rule (greedy needs no
+    rule)."""
     configs = []
-    for temperature in temperatures:
-        configs.append(Config("none", 0, temperature))
-        for mode in modes:
-            for k in ks:
-                for rule in (rules if temperature > 0 else [DEFAULT_VERIFY]):
-                    configs.append(Config(mode, k, temperature, rule))
+    for task in tasks:
+        for temperature in temperatures:
+            configs.append(Config("none", 0, temperature, task=task))
+            for mode in modes:
+                for k in ks:
+                    for rule in (rules if temperature > 0 else [DEFAULT_VERIFY]):
+                        configs.append(Config(mode, k, temperature, rule, task))
     return configs
 
 
@@ -191,6 +204,11 @@ class Side:
         denominator = t.accepted + t.rejected_rounds
         return t.accepted / denominator if denominator else 0.0
 
+    @property
+    def acceptance(self) -> PositionAcceptance:
+        t = self.totals
+        return PositionAcceptance.from_counts(t.reached_at, t.accepted_at, t.rejected_rounds)
+
     def share(self, part: str) -> float:
         """Fraction of decode time spent in `part`: "draft_s", "verify_s", "rollback_s" (taking rejected tokens
         back: snapshots, restores, replays) or "overhead_s" (outside llama.cpp)."""
@@ -198,68 +216,23 @@ class Side:
         return getattr(t, part) / t.decode_s if t.decode_s else 0.0
 
 
-@dataclass
-class Costs:
-    """This machine's two costs: one draft step, and one target pass over K + 1 tokens for each K."""
-
-    draft_step_s: float | None
-    verify_s: dict[int, float]
-
-    def predicted_speedup(self, alpha: float, k: int) -> float | None:
-        """E[tokens per round] · c_verify(0) / (K · c_draft + c_verify(K))."""
-        if self.draft_step_s is None or k not in self.verify_s or 0 not in self.verify_s:
-            return None
-        return expected_tokens(alpha, k) * self.verify_s[0] / (k * self.draft_step_s + self.verify_s[k])
-
-
-def measure_costs(pair: Pair, prompt: Sequence[int], ks: Sequence[int], repeats: int = 5) -> Costs:
-    """Median times of a draft step and of a target pass over K + 1 tokens, measured after `prompt`.
-
-    Draft steps and verify passes alternate as they do in real rounds, so the measurement includes what
-    switching between the two models costs (caches, thread pools); c_verify(0), the target alone, is timed
-    back to back, as target-only decoding runs.
-    """
-    target, draft = pair.target_context, pair.draft_context
-    for context in filter(None, (target, draft)):
-        context.prefill(prompt)
-
-    def timed(context: Context, n_tokens: int, n_final: int) -> float:
-        """One decode as a round makes it (`n_final` of the tokens sure to stay), then taken back."""
-        started = time.perf_counter()
-        context.decode([prompt[-1]] * n_tokens, n_tokens, n_final=n_final)
-        elapsed = time.perf_counter() - started
-        context.trim(len(prompt))
-        return elapsed
-
-    timed(target, 1, 1)  # warm-up: first calls pay for allocations that later ones do not
-    verify = {0: statistics.median(timed(target, 1, 1) for _ in range(repeats))}  # back to back, as target alone runs
-    draft_steps: list[float] = []
-    for k in sorted(set(ks) - {0}):
-        passes = []
-        for _ in range(repeats):
-            if draft is not None:
-                draft_steps.append(timed(draft, 1, 0))
-            passes.append(timed(target, k + 1, 1))
-        verify[k] = statistics.median(passes)
-    return Costs(statistics.median(draft_steps) if draft_steps else None, verify)
-
-
-def compare(pair: Pair, configs: Sequence[Config], prompts: Sequence[str], max_tokens: int = 128,
-            repeat: int = 1, raw: bool = False, sampling: SamplingParams = SamplingParams(),
+def compare(pair: Pair, configs: Sequence[Config], prompts: Mapping[str | None, Sequence[str]],
+            max_tokens: int = 128, repeat: int = 1, raw: bool = False, sampling: SamplingParams = SamplingParams(),
             progress: Callable[[str], None] = lambda _label: None) -> list[Side]:
-    """Runs of every prompt under every configuration, rotating through the configurations; one Side each.
+    """Runs of every prompt of each set under every configuration for that set (`prompts` by task), rotating
+    through the configurations; one Side each.
 
     Each run of a prompt uses the same seed in every configuration, so sampled runs compare like with like.
     `sampling` gives every setting but the temperature, which each configuration brings.
     """
     sides = [Side(config) for config in configs]
-    for round_number in range(repeat):
-        for prompt_number, prompt in enumerate(prompts):
-            for side in sides:
+    for round_number, (task, task_prompts) in itertools.product(range(repeat), prompts.items()):
+        for prompt_number, prompt in enumerate(task_prompts):
+            for side in (side for side in sides if side.config.task == task):
                 progress(side.label)
                 config = side.config
                 generation = pair.generate(prompt, draft_mode=config.draft_mode, raw=raw,
-                                           seed=round_number * len(prompts) + prompt_number,
+                                           seed=round_number * len(task_prompts) + prompt_number,
                                            sampling=replace(sampling, temperature=config.temperature),
                                            draft_max=config.draft_max, max_tokens=max_tokens, verify=config.verify)
                 for _event in generation:
@@ -268,16 +241,36 @@ def compare(pair: Pair, configs: Sequence[Config], prompts: Sequence[str], max_t
     return sides
 
 
-def report(sides: Sequence[Side], costs: Costs, settings: dict[str, object]) -> dict[str, object]:
-    """Everything the benchmark measured, as one JSON-ready object. Speed-ups are against the target alone
-    at the same temperature."""
-    baselines = {s.config.temperature: s.tokens_per_second for s in sides if s.config.draft_mode == "none"}
+def pooled_costs(sides: Sequence[Side]) -> LoopCosts:
+    """Every call of the run priced together: the cost model's inputs for the predicted column."""
+    costs = LoopCosts()
+    for side in sides:
+        costs.merge(side.totals.costs)
+    return costs
+
+
+def predicted_speedup(side: Side, costs: LoopCosts, baseline: float | None) -> float | None:
+    """The cost model's tokens/s for a fixed-K draft-model row over the target alone's measured tokens/s.
+
+    Only draft-model rows with a fixed K have one K and one drafter per round; n-gram proposals vary in
+    length from round to round, and hybrid and auto rows change drafter or K as they go."""
+    k = side.config.draft_max
+    if side.config.draft_mode != "model" or not isinstance(k, int) or not k or not baseline:
+        return None
+    rate = costs.rate(k, side.acceptance, drafts_with_model=True)
+    return rate / baseline if rate else None
+
+
+def report(sides: Sequence[Side], settings: dict[str, object]) -> dict[str, object]:
+    """Everything the benchmark measured, as one JSON-ready object. Speed-ups are against the target alone on
+    the same prompt set at the same temperature; the costs are pooled over the whole run."""
+    baselines = {(s.config.task, s.config.temperature): s.tokens_per_second for s in sides
+                 if s.config.draft_mode == "none"}
+    costs = pooled_costs(sides)
     configs = []
     for side in sides:
         k = side.config.draft_max
-        baseline = baselines.get(side.config.temperature)
-        predicted = costs.predicted_speedup(side.alpha, k) if side.config.draft_mode == "model" \
-            and isinstance(k, int) else None
+        baseline = baselines.get((side.config.task, side.config.temperature))
         configs.append({
             "label": side.label,
             "series": side.config.series,
@@ -285,10 +278,11 @@ def report(sides: Sequence[Side], costs: Costs, settings: dict[str, object]) -> 
             "draft_max": k,
             "temperature": side.config.temperature,
             "verify": side.config.verify,
+            "task": side.config.task,
             "tokens_per_second": {"median": side.tokens_per_second, "min": min(side.rates),
                                   "max": max(side.rates)},
             "speedup": side.tokens_per_second / baseline if baseline else None,
-            "predicted_speedup": predicted,
+            "predicted_speedup": predicted_speedup(side, costs, baseline),
             "acceptance_rate": side.acceptance_rate,
             "alpha": side.alpha,
             "mean_accepted_length": side.mean_accepted_length,
@@ -299,28 +293,26 @@ def report(sides: Sequence[Side], costs: Costs, settings: dict[str, object]) -> 
         })
     return {
         "settings": settings,
-        "costs": {"draft_step_s": costs.draft_step_s,
-                  "verify_s": {str(k): seconds for k, seconds in costs.verify_s.items()}},
+        "costs": costs.as_dict(),
         "configs": configs,
     }
 
 
 def plot(result: dict[str, object], path: Path) -> None:
-    """tokens/s and acceptance against K, one line per series (draft mode, and rule and temperature when
-    sampled), the target alone at each temperature as a reference line."""
+    """tokens/s (from 0) and acceptance against K, one line per series (draft mode, rule and temperature when
+    sampled, prompt set when there are several), the target alone of each as a reference line."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-        from matplotlib.ticker import MaxNLocator
     except ImportError as exc:
         raise SpecError("--plot needs matplotlib: pip install 'spec-cli[plot]'") from exc
     configs = result["configs"]
     figure, (speed, acceptance) = plt.subplots(1, 2, figsize=(11, 4.2))
     baselines = [c for c in configs if c["draft_mode"] == "none"]
     for alone, dashes in zip(baselines, itertools.cycle(("--", "-.", (0, (1, 1)), (0, (5, 1, 1, 1, 1, 1))))):
-        speed.axhline(alone["tokens_per_second"]["median"], color="grey", linestyle=dashes, label=alone["label"])
+        speed.axhline(alone["tokens_per_second"]["median"], color="grey", linestyle=dashes, label=alone["series"])
     for series in dict.fromkeys(c["series"] for c in configs if c["draft_mode"] != "none"):
         members = [c for c in configs if c["series"] == series]
         fixed = sorted((c for c in members if isinstance(c["draft_max"], int)), key=lambda c: c["draft_max"])
@@ -330,12 +322,14 @@ def plot(result: dict[str, object], path: Path) -> None:
                         label=series, color=line.get_color())
         for auto in (c for c in members if c["draft_max"] == "auto"):
             speed.axhline(auto["tokens_per_second"]["median"], color=line.get_color(), linestyle=":",
-                          label=auto["label"])
+                          label=f"{auto['series']} K=auto")
     speed.set(xlabel="K (draft tokens per round)", ylabel="tokens/s (median)", title="Decoding speed")
+    speed.set_ylim(bottom=0)  # from 0, so the gaps between lines read as the ratios they are
     acceptance.set(xlabel="K (draft tokens per round)", ylabel="acceptance rate", ylim=(0, 1.05),
                    title="Acceptance")
+    ks = sorted({c["draft_max"] for c in configs if c["draft_mode"] != "none" and isinstance(c["draft_max"], int)})
     for axes in (speed, acceptance):
-        axes.xaxis.set_major_locator(MaxNLocator(integer=True))
+        axes.set_xticks(ks)
         axes.grid(alpha=0.3)
         axes.legend(fontsize=8)
     figure.tight_layout()

@@ -329,7 +329,7 @@ Examples:
 
   spec bench -k 1,2,4,8,auto --repeat 3 --plot k-sweep.png
 
-  spec bench --task rewrite --modes model,ngram,hybrid
+  spec bench --task chat,rewrite --modes model,ngram,hybrid -k 4,6,auto
 
   spec bench --temp 0.7,1.0 --verify token,block -k 4,6
 
@@ -343,7 +343,7 @@ def bench(
     draft: DraftOpt = None,
     pair: PairOpt = None,
     prompts_file: Annotated[Optional[Path], typer.Option("--prompts", help="Your prompts: one per line, or JSON Lines with a \"prompt\" field.", show_default=False)] = None,
-    task: Annotated[str, typer.Option("--task", help=f"Built-in prompts when --prompts is not given: {', '.join(benchmark.TASKS)}.")] = "mixed",
+    task: Annotated[str, typer.Option("--task", help=f"Built-in prompts when --prompts is not given: {', '.join(benchmark.TASKS)}. Several, comma-separated, are measured in one run, each against the target alone on its own prompts.")] = "mixed",
     ks: Annotated[Optional[str], typer.Option("--k", "-k", help="Draft lengths to compare, comma-separated numbers or auto (default: the pair's recommended K, and auto).", show_default=False)] = None,
     modes: Annotated[str, typer.Option("--modes", help="Draft modes to compare, comma-separated: model, ngram, hybrid.")] = "model",
     max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", min=1, help="Tokens generated per run.")] = 128,
@@ -359,12 +359,12 @@ def bench(
 ) -> None:
     """Measure speculative configurations against the target alone on the same pair, interleaved.
 
-    Reports median and min-max tokens/s (decoding only), speed-up against the target alone in the same run, the speed-up the theory predicts from the measured acceptance and this machine's draft and verify costs, acceptance by draft position, and where the time goes.
+    Reports median and min-max tokens/s (decoding only), speed-up against the target alone in the same run, the speed-up the loop's cost model predicts from the measured acceptance and the run's costs, acceptance by draft position, and where the time goes.
     """
     with _user_errors():
         mode_list = _csv(modes, parse=_draft_mode)
-        prompts = (benchmark.load_prompts(prompts_file, notify=ui.note) if prompts_file
-                   else benchmark.builtin_prompts(task))
+        prompts = ({None: benchmark.load_prompts(prompts_file, notify=ui.note)} if prompts_file
+                   else benchmark.builtin_prompt_sets(list(dict.fromkeys(_csv(task, parse=str)))))
         temperatures = _csv(temps, parse=_temperature)
         rules = _csv(verify, parse=_verify_rule)
         k_given = _csv(ks, parse=_draft_max) if ks else []
@@ -373,19 +373,18 @@ def bench(
                               max_draft=_largest_k(k_given))
         with _open_pair(options) as loaded:
             k_list = k_given or list(dict.fromkeys([loaded.draft_max, "auto"]))
-            configs = benchmark.configurations(mode_list, k_list, temperatures, rules)
+            configs = benchmark.configurations(mode_list, k_list, temperatures, rules, list(prompts))
             raw = not loaded.pair.has_chat_template
-            with ui.progress(len(configs) * repeat * len(prompts)) as advance:
-                costs = benchmark.measure_costs(loaded.pair, loaded.pair.prompt_tokens(prompts[0], raw),
-                                                [k for k in k_list if isinstance(k, int)])
+            runs = sum(len(prompts[c.task]) for c in configs) * repeat
+            with ui.progress(runs) as advance:
                 sides = benchmark.compare(loaded.pair, configs, prompts, max_tokens=max_tokens, repeat=repeat,
                                           raw=raw, progress=advance)
             settings = {"target": str(loaded.pair.target.path),
                         "draft": str(loaded.pair.draft.path) if loaded.pair.draft else None,
-                        "prompts": len(prompts), "task": None if prompts_file else task,
+                        "prompts": sum(map(len, prompts.values())), "task": None if prompts_file else task,
                         "max_tokens": max_tokens, "repeat": repeat, "temperatures": temperatures,
                         "threads": threads or os.cpu_count()}
-            result = benchmark.report(sides, costs, settings)
+            result = benchmark.report(sides, settings)
             ui.show_comparison(result)
             if json_file is not None:
                 _write(json_file, json.dumps(result, indent=2) + "\n")

@@ -200,44 +200,69 @@ def make_view(as_json: bool, quiet: bool) -> View:
 
 
 def show_comparison(result: dict) -> None:
-    """The benchmark's figures side by side: measured and predicted speed-up against the target alone."""
+    """The benchmark's figures side by side: measured and predicted speed-up against the target alone; a
+    speed and a drafting table for each prompt set."""
     console = Console(highlight=False)
     settings, costs = result["settings"], result["costs"]
     temperatures = ", ".join(f"{t:g}" for t in settings["temperatures"] if t > 0)
     sampling = "greedy" if not temperatures else \
         f"{'greedy and ' if 0 in settings['temperatures'] else ''}temperature {temperatures}"
-    speed = Table(title=f"Speed: {sampling}, {settings['prompts']} prompts × {settings['repeat']}, "
-                        f"{settings['max_tokens']} tokens each", box=box.SIMPLE_HEAD)
-    drafting = Table(title="Drafting", box=box.SIMPLE_HEAD)
-    for table, columns in ((speed, ("tok/s", "min–max", "speed-up", "predicted")),
-                           (drafting, ("accepted", "tokens/pass", "draft/verify", "rollback", "not llama.cpp"))):
-        table.add_column("", no_wrap=True)
-        for column in columns:
-            table.add_column(column, justify="right")
-    for c in result["configs"]:
-        rate, share = c["tokens_per_second"], c["time_share"]
-        speed.add_row(c["label"], f"{rate['median']:.1f}", f"{rate['min']:.1f}–{rate['max']:.1f}",
-                      f"{c['speedup']:.2f}×" if c["speedup"] else "–",
-                      f"{c['predicted_speedup']:.2f}×" if c["predicted_speedup"] else "–")
-        if c["draft_mode"] != "none":
-            drafting.add_row(c["label"], percent(c["acceptance_rate"]), f"{c['mean_accepted_length']:.2f}",
-                             f"{percent(share['draft'])} / {percent(share['verify'])}", percent(share["rollback"], 1),
-                             percent(share["outside_llama_cpp"], 1))
-    console.print(speed)
-    console.print(drafting)
+    for task in dict.fromkeys(c["task"] for c in result["configs"]):
+        configs = [c for c in result["configs"] if c["task"] == task]
+        prompts = len(configs[0]["runs"]) // settings["repeat"]
+        console.print(_speed_table(configs, f"Speed{f', {task} prompts' if task else ''}: {sampling}, {prompts} "
+                                            f"prompts × {settings['repeat']}, {settings['max_tokens']} tokens each"))
+        console.print(_drafting_table(configs, f"Drafting{f', {task} prompts' if task else ''}"))
     for c in result["configs"]:
         if c["position_acceptance"]:
             positions = " ".join(percent(rate) for rate in c["position_acceptance"][:16])
-            console.print(f"acceptance by draft position, {c['label']}: {positions}", style="dim")
-    verify = " · ".join(f"K={k}: {seconds * 1000:.1f}" for k, seconds in costs["verify_s"].items())
-    draft = f"{costs['draft_step_s'] * 1000:.1f} ms" if costs["draft_step_s"] is not None else "–"
-    console.print(f"costs on this machine: draft step {draft}; verify of K+1 tokens (ms) {verify}", style="dim")
+            where = f" ({c['task']})" if c["task"] else ""
+            console.print(f"acceptance by draft position, {c['label']}{where}: {positions}", style="dim")
+    console.print(_costs_line(costs), style="dim")
     console.print("runs interleaved across configurations; tokens/s counts decoding only; tokens/pass = tokens "
                   "each target pass yields (mean accepted length); draft/verify = shares of decoding time; "
                   "rollback = the share spent taking rejected tokens back (snapshots, restores, replays: "
                   "recurrent and hybrid models); not llama.cpp = time outside its decode calls; "
-                  "predicted = E[tokens](α, K) × c_verify(0) / (K c_draft + c_verify(K))",
+                  "predicted = the cost model's tokens/s, E[tokens](K) / (draft steps with their catch-up + "
+                  "c_verify(K) + o per token), over the target alone's",
                   style="dim", markup=False)
+
+
+def _speed_table(configs: list[dict], title: str) -> Table:
+    table = _table(title, ("tok/s", "min–max", "speed-up", "predicted"))
+    for c in configs:
+        rate = c["tokens_per_second"]
+        table.add_row(c["label"], f"{rate['median']:.1f}", f"{rate['min']:.1f}–{rate['max']:.1f}",
+                      f"{c['speedup']:.2f}×" if c["speedup"] else "–",
+                      f"{c['predicted_speedup']:.2f}×" if c["predicted_speedup"] else "–")
+    return table
+
+
+def _drafting_table(configs: list[dict], title: str) -> Table:
+    table = _table(title, ("accepted", "tokens/pass", "draft/verify", "rollback", "not llama.cpp"))
+    for c in configs:
+        if c["draft_mode"] != "none":
+            share = c["time_share"]
+            table.add_row(c["label"], percent(c["acceptance_rate"]), f"{c['mean_accepted_length']:.2f}",
+                          f"{percent(share['draft'])} / {percent(share['verify'])}", percent(share["rollback"], 1),
+                          percent(share["outside_llama_cpp"], 1))
+    return table
+
+
+def _table(title: str, columns: tuple[str, ...]) -> Table:
+    table = Table(title=title, box=box.SIMPLE_HEAD)
+    table.add_column("", no_wrap=True)
+    for column in columns:
+        table.add_column(column, justify="right")
+    return table
+
+
+def _costs_line(costs: dict) -> str:
+    """The run's mean cost of each kind of call, in ms: what the predicted column is built from."""
+    def listed(by_size: dict[str, float], name: str) -> str:
+        return " · ".join(f"{name}={n}: {seconds * 1000:.1f}" for n, seconds in by_size.items()) or "–"
+    return (f"costs on this machine (ms): draft step by tokens fed {listed(costs['draft_step_s'], 'n')}; "
+            f"verify {listed(costs['verify_s'], 'K')}; loop per token {costs['other_per_token_s'] * 1000:.2f}")
 
 
 @contextmanager

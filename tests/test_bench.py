@@ -12,10 +12,8 @@ from typer.testing import CliRunner
 
 from spec_cli import SpecError, load_pair
 from spec_cli.cli import app
-from spec_cli.bench import (TARGET_ALONE, Config, Costs, Side, builtin_prompts, compare, configurations,
-                             load_prompts,
-                            measure_costs)
-from spec_cli.draft_length import expected_tokens
+from spec_cli.bench import (TARGET_ALONE, Config, Side, builtin_prompts, compare, configurations, load_prompts,
+                            pooled_costs, predicted_speedup)
 from spec_cli.stats import Stats
 from tiny_models import write_model
 
@@ -41,31 +39,39 @@ def test_side_figures() -> None:
     assert side.share("overhead_s") == pytest.approx(0.1)
 
 
-def test_predicted_speedup_formula() -> None:
-    costs = Costs(draft_step_s=0.01, verify_s={0: 0.04, 4: 0.06})
-    expected = expected_tokens(0.8, 4) * 0.04 / (4 * 0.01 + 0.06)
-    assert costs.predicted_speedup(0.8, 4) == pytest.approx(expected)
-    assert costs.predicted_speedup(0.8, 3) is None  # K=3 was not measured
-    assert Costs(None, {0: 0.04}).predicted_speedup(0.8, 0) is None
+def test_predicted_speedup_prices_the_rows_acceptance_with_the_runs_costs() -> None:
+    """E[tokens](K) from the row's acceptance by position, each call at its mean over the whole run (every
+    row's calls pooled), over the target alone's measured rate."""
+    alone, model, ngram = Stats(draft_max=0), Stats(draft_max=4), Stats(draft_max=4)
+    for _ in range(10):
+        alone.costs.record_round([], 0, verify_s=0.040, round_s=0.041, emitted=1)
+    for drafted, accepted in [(4, 4), (4, 2), (4, 4), (4, 0)]:
+        model.record_round(drafted, accepted)
+        model.costs.record_round([(2 if accepted == 4 else 1, 0.012), (1, 0.010), (1, 0.010), (1, 0.010)], 4,
+                                 verify_s=0.060, round_s=0.110, emitted=accepted + 1)
+    ngram.record_round(3, 3)
+    ngram.costs.record_round([], 3, verify_s=0.056, round_s=0.058, emitted=4)
+    sides = [Side(TARGET_ALONE, [alone]), Side(Config("model", 4), [model]), Side(Config("ngram", 4), [ngram])]
+    costs = pooled_costs(sides)
+    assert costs.draft.seconds(1) == pytest.approx((0.012 * 2 + 0.010 * 12) / 14)
+    e = 1 + 3 / 4 + 3 / 4 + 2 / 4 + 2 / 4  # a_1..a_4 = 3/4, 3/3, 2/3, 2/2
+    draft = 4 * costs.draft.seconds(1) + (2 / 4) * (costs.draft.seconds(2) - costs.draft.seconds(1))
+    per_token = (10 * 0.001 + 0.008 * 4 + 0.002) / (10 + 14 + 4)  # round time beyond draft and verify, per token
+    expected = e / (draft + 0.060 + per_token * e)
+    assert predicted_speedup(sides[1], costs, 25.0) == pytest.approx(expected / 25.0)
+    assert predicted_speedup(sides[2], costs, 25.0) is None  # n-gram proposals vary in length
+    assert predicted_speedup(Side(Config("model", "auto"), [model]), costs, 25.0) is None
 
 
 def test_runs_rotate_through_configurations(target_path: Path) -> None:
     configs = [TARGET_ALONE, Config("model", 2), Config("ngram", "auto")]
     order: list[str] = []
     with load_pair(target_path, target_path) as pair:
-        sides = compare(pair, configs, ["the cat", "a dog"], max_tokens=4, repeat=2, raw=True,
+        sides = compare(pair, configs, {None: ["the cat", "a dog"]}, max_tokens=4, repeat=2, raw=True,
                         progress=order.append)
     labels = [c.label for c in configs]
     assert order == labels * 4
     assert [len(side.runs) for side in sides] == [4, 4, 4]
-
-
-def test_costs_are_measured_for_each_k(target_path: Path) -> None:
-    with load_pair(target_path, target_path) as pair:
-        prompt = pair.prompt_tokens("the cat and the dog", raw=True)
-        costs = measure_costs(pair, prompt, [2, 4], repeats=2)
-        assert sorted(costs.verify_s) == [0, 2, 4] and costs.draft_step_s > 0
-        assert pair.target_context.n_past == len(prompt)  # measuring leaves the cache as it found it
 
 
 def test_prompt_files(tmp_path: Path) -> None:
@@ -112,7 +118,7 @@ def test_json_schema(target_path: Path, tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     data = json.loads(out.read_text())
     assert set(data) == {"settings", "costs", "configs"}
-    assert set(data["costs"]["verify_s"]) == {"0", "2", "4"}
+    assert set(data["costs"]["verify_s"]) >= {"0", "2", "4"} and "1" in data["costs"]["draft_step_s"]
     assert [c["label"] for c in data["configs"]] == ["target alone", "model K=2", "model K=4", "model K=auto"]
     for config in data["configs"]:
         assert set(config) >= {"tokens_per_second", "speedup", "predicted_speedup", "acceptance_rate", "alpha",
@@ -200,3 +206,33 @@ def test_bench_compares_verification_rules_side_by_side(target_path: Path, other
 def test_bench_sampling_mistakes(target_path: Path, args: list[str], message: str) -> None:
     result = run_bench(target_path, *args)
     assert result.exit_code == 1 and message in result.stderr
+
+
+def test_several_prompt_sets_in_one_run(target_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each set has its own target-alone baseline and tables; the plot's speed axis starts at 0."""
+    pytest.importorskip("matplotlib")
+    from matplotlib.figure import Figure
+
+    limits: list[tuple[float, float]] = []
+    save = Figure.savefig
+    monkeypatch.setattr(Figure, "savefig", lambda figure, *a, **kw: (limits.append(figure.axes[0].get_ylim()),
+                                                                      save(figure, *a, **kw)))
+    out = tmp_path / "sets.json"
+    result = run_bench(target_path, "--task", "chat,rewrite", "-k", "2", "--modes", "model,hybrid",
+                       "--json", str(out), "--plot", str(tmp_path / "sets.png"))
+    assert result.exit_code == 0, result.output
+    assert "Speed, chat prompts" in result.stdout and "Drafting, rewrite prompts" in result.stdout
+    configs = json.loads(out.read_text())["configs"]
+    assert [(c["task"], c["label"]) for c in configs] == [
+        (task, label) for task in ("chat", "rewrite") for label in ("target alone", "model K=2", "hybrid K=2")]
+    for config in configs:
+        assert len(config["runs"]) == len(builtin_prompts(config["task"]))
+        baseline = next(c for c in configs if c["task"] == config["task"] and c["draft_mode"] == "none")
+        assert config["speedup"] == pytest.approx(config["tokens_per_second"]["median"]
+                                                  / baseline["tokens_per_second"]["median"])
+    assert limits and limits[0][0] == 0
+
+
+def test_unknown_task_in_a_list(target_path: Path) -> None:
+    result = run_bench(target_path, "--task", "chat,poetry")
+    assert result.exit_code == 1 and "unknown task 'poetry'" in result.stderr
