@@ -40,15 +40,18 @@ class BatchCosts:
         self.decay = decay
         self.weight: dict[int, float] = {}
         self.total: dict[int, float] = {}
+        self._line: tuple[float, float] | None = None  # (slope, intercept), fitted when first needed
 
     def record(self, n: int, seconds: float) -> None:
         self.weight[n] = self.weight.get(n, 0.0) * self.decay + 1.0
         self.total[n] = self.total.get(n, 0.0) * self.decay + seconds
+        self._line = None
 
     def merge(self, other: BatchCosts) -> None:
         for n, weight in other.weight.items():
             self.weight[n] = self.weight.get(n, 0.0) + weight
             self.total[n] = self.total.get(n, 0.0) + other.total[n]
+        self._line = None
 
     def __bool__(self) -> bool:
         return bool(self.weight)
@@ -65,8 +68,11 @@ class BatchCosts:
         means = np.array([self.total[m] / self.weight[m] for m in self.weight])
         if len(sizes) == 1:
             return float(means[0] * min(1.0, (n + 1) / (sizes[0] + 1)))
-        slope, intercept = np.polyfit(sizes, means, 1, w=np.sqrt(list(self.weight.values())))
-        return float(max(intercept + max(slope, 0.0) * n, self._floor(n, sizes, means)))
+        if self._line is None:
+            slope, intercept = np.polyfit(sizes, means, 1, w=np.sqrt(list(self.weight.values())))
+            self._line = (max(float(slope), 0.0), float(intercept))
+        slope, intercept = self._line
+        return max(intercept + slope * n, self._floor(n, sizes, means))
 
     @staticmethod
     def _floor(n: int, sizes: np.ndarray, means: np.ndarray) -> float:

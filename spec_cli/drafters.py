@@ -207,10 +207,15 @@ class HybridState:
     regret_s: float = 0.0
     backlog_s: float = 0.0
     tried: dict[str, int] = field(default_factory=dict)  # rounds each drafter has drafted
+    model_share: float = 1.0  # of recent rounds, decayed: how much the draft model is still in use
 
-    def record(self, tokens: int, seconds: float) -> None:
-        self.tokens = self.tokens * self.decay + tokens
-        self.seconds = self.seconds * self.decay + seconds
+    def record(self, chosen: str, tokens: int, seconds: float) -> None:
+        """A round drafted by `chosen` emitted `tokens` in an expected `seconds` (0: not priced yet)."""
+        self.tried[chosen] = self.tried.get(chosen, 0) + 1
+        self.model_share = self.model_share * self.decay + (1.0 - self.decay) * (chosen == "model")
+        if seconds:
+            self.tokens = self.tokens * self.decay + tokens
+            self.seconds = self.seconds * self.decay + seconds
 
     @property
     def rho(self) -> float | None:
@@ -230,12 +235,15 @@ class HybridDrafter:
     follow it yield more per second.
 
     The draft model sits n-gram and plain rounds out: it catches up on what they emitted in one batch when
-    it is next chosen. That backlog is paid once, whenever the model is next used, and a large one costs
-    more than the model's next round saves (a 45-token catch-up took 223 ms on the demo's Q4_1 draft). So
-    while the model would be the best choice but for its backlog, the runner-up drafts, and the time it
-    loses against the model is added up; once that regret reaches the backlog's cost the model pays it (the
-    ski-rental rule: never more than twice the cost of the best choice in hindsight). On text that keeps
-    repeating itself the model stays out; on fresh text it comes back. Which drafter proposed a token never
+    it is next chosen (about 4 ms a token on the demo's Q4_1 draft). So the other options are charged that
+    growth of the backlog, in proportion to the model's share of recent rounds: on fresh text the model is
+    in use and an n-gram round must beat it after paying its catch-up; on text that keeps repeating itself
+    the model is out, and stays out. A large backlog costs more than the model's next round saves (45 tokens
+    took 223 ms). So while the model would be the best choice but for its backlog, the runner-up drafts,
+    and the time it loses against the model is added up; once that regret reaches the backlog's price when
+    deferring began, the model pays it (the ski-rental rule: never more than twice the cost of the best
+    choice in hindsight). Deferring saves the price only if the model then stays out for good, so the price
+    is weighed by the share of recent rounds the model did not draft. Which drafter proposed a token never
     touches exactness (tests as for every mode).
     """
 
@@ -245,6 +253,7 @@ class HybridDrafter:
         self.costs = costs
         self.state = state
         self.chosen: tuple[str, float] | None = None  # the option of the round in flight, and its E[seconds]
+        self._unused: tuple[int, list[int]] | None = None  # where an n-gram proposal not taken was made; it
 
     @property
     def busy_s(self) -> float:
@@ -261,6 +270,7 @@ class HybridDrafter:
     def propose(self, tokens: Sequence[int], k: int, sampling: SamplingParams,
                 rng: np.random.Generator) -> Draft:
         lengths = self.state.lengths
+        self._learn_in_hindsight(tokens)
         ngram = self.ngram.propose(tokens, min(k, lengths["ngram"].next_k()), sampling, rng)
         k_model = min(k, lengths["model"].next_k())
         options = {"none": (0, lengths["model"].acceptance, False)}
@@ -272,6 +282,7 @@ class HybridDrafter:
                   for name, (n, acceptance, with_model) in options.items()}
         name = self._choose(priced, self.model.pending(tokens))
         self.chosen = (name, priced[name][1] or 0.0)  # 0: not priced yet, so left out of ρ
+        self._unused = (len(tokens), ngram.tokens) if ngram.tokens and name != "ngram" else None
         if name == "model":
             return self.model.propose(tokens, k_model, sampling, rng)
         return ngram if name == "ngram" else Draft()
@@ -285,24 +296,47 @@ class HybridDrafter:
         if priced["none"][1] is None:
             return "none"
         rho = state.rho or 1.0 / priced["none"][1]
-        surplus = {name: tokens - rho * seconds for name, (tokens, seconds) in priced.items()}
+        # Whatever the model sits out, it catches up on later; that is a cost of the other options as far as
+        # the model is still in use (its share of recent rounds).
+        growth = {name: 0.0 if name == "model" else self._catch_up_s(pending + round(tokens)) - self._catch_up_s(pending)
+                  for name, (tokens, _seconds) in priced.items()}
+        surplus = {name: tokens - rho * (seconds + state.model_share * growth[name])
+                   for name, (tokens, seconds) in priced.items()}
         best = max(surplus, key=lambda name: surplus[name])
         if best != "model":
             if best == "ngram":
                 state.regret_s = 0.0  # the n-gram's stretch grows the backlog: price it afresh after it
             return best
-        if state.regret_s == 0.0:
-            state.backlog_s = self._catch_up_s(pending) - self._catch_up_s(2)  # the price, fixed when deferring starts
+        if state.regret_s == 0.0:  # the price, fixed when deferring starts; deferring saves it only if the
+            # model stays out for good, which is as unlikely as the model is still in use
+            state.backlog_s = (1.0 - state.model_share) * (self._catch_up_s(pending) - self._catch_up_s(2))
         runner_up = max((name for name in surplus if name != "model"), key=lambda name: surplus[name])
-        tokens = priced[runner_up][0]
         # Deferring one more round loses the surplus against the model and grows the backlog by its tokens.
         regret_s = state.regret_s + (surplus["model"] - surplus[runner_up]) / rho \
-            + self._catch_up_s(pending + round(tokens)) - self._catch_up_s(pending)
+            + (1.0 - state.model_share) * growth[runner_up]
         if regret_s >= state.backlog_s:
             state.regret_s = 0.0
             return "model"
         state.regret_s = regret_s
         return runner_up
+
+    def _learn_in_hindsight(self, tokens: Sequence[int]) -> None:
+        """Score last round's untaken n-gram proposal against the tokens the round emitted.
+
+        An option that is not chosen is never measured, so a poor estimate (learnt on other text) would keep
+        it out for good. The n-gram's can be measured for free: emitted token i follows the target's law, so
+        it equals the proposal's d_i with probability p(d_i), the very chance token verification accepts a
+        one-hot q with. Past the emitted tokens nothing is known, so a proposal that matched all of them
+        counts as drafted that far.
+        """
+        if self._unused is None:
+            return
+        start, proposal = self._unused
+        self._unused = None
+        emitted = tokens[start:start + len(proposal)]
+        matched = next((i for i, (d, x) in enumerate(zip(proposal, emitted)) if d != x), len(emitted))
+        if emitted:
+            self.state.lengths["ngram"].acceptance.update(min(matched + 1, len(emitted)), matched)
 
     def _catch_up_s(self, pending: int) -> float:
         """c_d(pending): the draft model's catch-up on `pending` tokens (0 while none has been measured)."""
@@ -312,11 +346,9 @@ class HybridDrafter:
         if self.chosen is None:
             return
         name, seconds = self.chosen
-        self.state.tried[name] = self.state.tried.get(name, 0) + 1
         if name in self.state.lengths:
             self.state.lengths[name].update(drafted, accepted)
-        if seconds:
-            self.state.record(accepted + 1, seconds)
+        self.state.record(name, accepted + 1, seconds)
 
     def rewind(self, n_keep: int) -> None:
         self.ngram.rewind(n_keep)

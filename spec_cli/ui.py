@@ -218,7 +218,8 @@ def show_comparison(result: dict) -> None:
             positions = " ".join(percent(rate) for rate in c["position_acceptance"][:16])
             where = f" ({c['task']})" if c["task"] else ""
             console.print(f"acceptance by draft position, {c['label']}{where}: {positions}", style="dim")
-    console.print(_costs_line(costs), style="dim")
+    for task, task_costs in costs.items():
+        console.print(_costs_line(task_costs, "" if task == "all" else f", {task} prompts"), style="dim")
     console.print("runs interleaved across configurations; tokens/s counts decoding only; tokens/pass = tokens "
                   "each target pass yields (mean accepted length); draft/verify = shares of decoding time; "
                   "rollback = the share spent taking rejected tokens back (snapshots, restores, replays: "
@@ -257,11 +258,11 @@ def _table(title: str, columns: tuple[str, ...]) -> Table:
     return table
 
 
-def _costs_line(costs: dict) -> str:
+def _costs_line(costs: dict, where: str) -> str:
     """The run's mean cost of each kind of call, in ms: what the predicted column is built from."""
     def listed(by_size: dict[str, float], name: str) -> str:
         return " · ".join(f"{name}={n}: {seconds * 1000:.1f}" for n, seconds in by_size.items()) or "–"
-    return (f"costs on this machine (ms): draft step by tokens fed {listed(costs['draft_step_s'], 'n')}; "
+    return (f"costs on this machine{where} (ms): draft step by tokens fed {listed(costs['draft_step_s'], 'n')}; "
             f"verify {listed(costs['verify_s'], 'K')}; loop per token {costs['other_per_token_s'] * 1000:.2f}")
 
 

@@ -118,7 +118,8 @@ def test_json_schema(target_path: Path, tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     data = json.loads(out.read_text())
     assert set(data) == {"settings", "costs", "configs"}
-    assert set(data["costs"]["verify_s"]) >= {"0", "2", "4"} and "1" in data["costs"]["draft_step_s"]
+    assert set(data["costs"]) == {"all"}  # one prompt set
+    assert set(data["costs"]["all"]["verify_s"]) >= {"0", "2", "4"} and "1" in data["costs"]["all"]["draft_step_s"]
     assert [c["label"] for c in data["configs"]] == ["target alone", "model K=2", "model K=4", "model K=auto"]
     for config in data["configs"]:
         assert set(config) >= {"tokens_per_second", "speedup", "predicted_speedup", "acceptance_rate", "alpha",
@@ -222,7 +223,9 @@ def test_several_prompt_sets_in_one_run(target_path: Path, tmp_path: Path, monke
                        "--json", str(out), "--plot", str(tmp_path / "sets.png"))
     assert result.exit_code == 0, result.output
     assert "Speed, chat prompts" in result.stdout and "Drafting, rewrite prompts" in result.stdout
-    configs = json.loads(out.read_text())["configs"]
+    data = json.loads(out.read_text())
+    configs = data["configs"]
+    assert set(data["costs"]) == {"chat", "rewrite"} and "costs on this machine, rewrite prompts" in result.stdout
     assert [(c["task"], c["label"]) for c in configs] == [
         (task, label) for task in ("chat", "rewrite") for label in ("target alone", "model K=2", "hybrid K=2")]
     for config in configs:
