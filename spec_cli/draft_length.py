@@ -17,6 +17,8 @@ import numpy as np
 
 from spec_cli.costs import LoopCosts
 
+PRIOR_WEIGHT = 3.0  # pseudo-rounds at α̂ behind each position's rate
+
 
 def expected_tokens(alpha: float, k: int) -> float:
     """E[tokens per round] = (1 − α^(K+1)) / (1 − α): accepted drafts plus the target's own token."""
@@ -28,15 +30,16 @@ def expected_tokens(alpha: float, k: int) -> float:
 class PositionAcceptance:
     """a_i = P(d_i accepted | d_1..d_{i−1} accepted), counted per draft position i.
 
-    E[tokens](K) = 1 + Σ_{i≤K} a_1·…·a_i and P(all K accepted) = a_1·…·a_K. Positions seen fewer than twice
-    fall back to the overall α̂ (the truncated-geometric estimate Σ accepted / (Σ accepted + rounds that ended
-    in a rejection)). Before any round α̂ is 1: optimism that gets a drafter tried (and measured) before a
+    E[tokens](K) = 1 + Σ_{i≤K} a_1·…·a_i and P(all K accepted) = a_1·…·a_K. Positions seldom reached lean on
+    the overall α̂ (the truncated-geometric estimate Σ accepted / (Σ accepted + rounds that ended in a
+    rejection)). Before any round α̂ is 1: optimism that gets a drafter tried (and measured) before a
     hybrid drafter weighs it against the others; one round corrects it. Counts decay by `decay` a round, so
     the estimates follow the text (code and prose differ); 1 keeps plain counts.
     """
 
-    def __init__(self, decay: float = 1.0) -> None:
+    def __init__(self, decay: float = 1.0, prior_weight: float = PRIOR_WEIGHT) -> None:
         self.decay = decay
+        self.prior_weight = prior_weight
         self.accepted = 0.0
         self.rejections = 0.0
         self.reached = np.zeros(0)
@@ -44,8 +47,8 @@ class PositionAcceptance:
 
     @classmethod
     def from_counts(cls, reached: Sequence[int], accepted_at: Sequence[int], rejections: int) -> PositionAcceptance:
-        """Plain counts, as `Stats` keeps them."""
-        acceptance = cls()
+        """Plain counts, as `Stats` keeps them, taken as they are (no prior: a benchmark's counts are final)."""
+        acceptance = cls(prior_weight=0.0)
         acceptance._grow(len(reached))
         acceptance.reached[:] = reached
         acceptance.accepted_at[:len(accepted_at)] = accepted_at
@@ -73,11 +76,14 @@ class PositionAcceptance:
             self.accepted_at = np.concatenate([self.accepted_at, np.zeros(k - len(self.accepted_at))])
 
     def rates(self, k: int) -> np.ndarray:
-        """a_1..a_k, measured where a position was reached at least twice, α̂ elsewhere."""
+        """a_1..a_k, each position's counts shrunk towards α̂ by `prior_weight` pseudo-rounds: a position
+        reached three times is mostly α̂, one reached fifty times is its own (a single early rejection at
+        position 3 used to pull K down for a whole generation)."""
         reached, accepted = np.zeros(k), np.zeros(k)
         seen = min(k, len(self.reached))
         reached[:seen], accepted[:seen] = self.reached[:seen], self.accepted_at[:seen]
-        return np.where(reached >= 2.0, accepted / np.maximum(reached, 1e-9), self.alpha)
+        w, alpha = self.prior_weight, self.alpha
+        return np.where(reached + w > 0, (accepted + w * alpha) / np.maximum(reached + w, 1e-9), alpha)
 
     def expected_tokens(self, k: int) -> float:
         return 1.0 + float(np.cumprod(self.rates(k)).sum())

@@ -264,6 +264,9 @@ class HybridDrafter:
         return self.model.rollback_s
 
     def prefill(self, tokens: Sequence[int]) -> list[tuple[int, float]]:
+        """A new prompt: the model takes it all in, so no backlog is left to defer."""
+        self.state.regret_s = 0.0
+        self._unused = None
         self.ngram.prefill(tokens)
         return self.model.prefill(tokens)
 

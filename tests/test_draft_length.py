@@ -16,7 +16,10 @@ def test_fixed_k_never_changes_but_learns_acceptance() -> None:
     for accepted in (0, 0, 5):
         fixed.update(5, accepted)
     assert fixed.next_k() == 5 and fixed.k_max == 5
-    assert fixed.acceptance.rates(1)[0] == pytest.approx(1 / (1 + 0.98 + 0.98 ** 2))  # older rounds weigh less
+    reached = 1 + 0.98 + 0.98 ** 2  # older rounds weigh less
+    alpha = 5 / (5 + 0.98 + 0.98 ** 2)  # 5 accepted tokens against the two rounds that ended in a rejection
+    assert fixed.acceptance.alpha == pytest.approx(alpha)
+    assert fixed.acceptance.rates(1)[0] == pytest.approx((1 + 3 * alpha) / (reached + 3))
 
 
 def test_expected_tokens_formula() -> None:
@@ -27,7 +30,7 @@ def test_expected_tokens_formula() -> None:
 
 def test_acceptance_by_position() -> None:
     """Early positions always accepted, position 3 never: E stops growing at K = 2, unlike geometric α."""
-    acceptance = PositionAcceptance()
+    acceptance = PositionAcceptance(prior_weight=0.0)
     assert acceptance.expected_tokens(4) == 5.0  # optimistic before any round
     for _ in range(20):
         acceptance.update(4, 2)
@@ -38,9 +41,20 @@ def test_acceptance_by_position() -> None:
     assert expected_tokens(acceptance.alpha, 4) > expected_tokens(acceptance.alpha, 2) + 0.3
 
 
+def test_few_rounds_lean_on_the_overall_rate() -> None:
+    """One early rejection at position 3 of 3 rounds is weak evidence: its rate is shrunk towards α̂."""
+    acceptance = PositionAcceptance()
+    for drafted, accepted in [(4, 2), (3, 3), (5, 5)]:
+        acceptance.update(drafted, accepted)
+    alpha = acceptance.alpha
+    assert alpha == pytest.approx(10 / 11)
+    assert acceptance.rates(3)[2] == pytest.approx((2 + 3 * alpha) / (3 + 3))
+    assert acceptance.rates(3)[2] > 2 / 3
+
+
 def test_counts_from_stats_equal_the_running_counts() -> None:
     rounds = [(4, 4), (4, 1), (3, 3), (4, 0), (2, 1)]
-    stats, running = Stats(draft_max=4), PositionAcceptance()
+    stats, running = Stats(draft_max=4), PositionAcceptance(prior_weight=0.0)
     for drafted, accepted in rounds:
         stats.record_round(drafted, accepted)
         running.update(drafted, accepted)
