@@ -192,6 +192,9 @@ class NgramDrafter:
                     self._index[tuple(self._tokens[end + 1 - n:end + 1])] = end
 
 
+RHO_CARRIED = 0.1  # of ρ's decayed counts (worth ~20 rounds), what a new prompt keeps: about two rounds
+
+
 @dataclass
 class HybridState:
     """What a hybrid drafter learns, kept across generations: a K controller (with its acceptance) for each
@@ -264,8 +267,11 @@ class HybridDrafter:
         return self.model.rollback_s
 
     def prefill(self, tokens: Sequence[int]) -> list[tuple[int, float]]:
-        """A new prompt: the model takes it all in, so no backlog is left to defer."""
-        self.state.regret_s = 0.0
+        """A new prompt: the model takes it all in, so it starts in use with no backlog to defer; and ρ,
+        learnt on other text (code the n-gram copied at 70 tokens/s), counts as two rounds' worth, so that
+        the new text's own rounds set it within a few rounds."""
+        self.state.regret_s, self.state.model_share = 0.0, 1.0
+        self.state.tokens, self.state.seconds = self.state.tokens * RHO_CARRIED, self.state.seconds * RHO_CARRIED
         self._unused = None
         self.ngram.prefill(tokens)
         return self.model.prefill(tokens)
