@@ -109,7 +109,7 @@ def hybrid(model_accepts: int, ngram_accepts: int = 4, pending: int = 1, k: int 
            model_share: float = 1.0) -> tuple[HybridDrafter, FakeModel]:
     """A hybrid past its warm-up: each drafter has drafted k tokens 8 times, keeping the number given; the
     model drafted `model_share` of the recent rounds."""
-    state = HybridState({"ngram": FixedK(k), "model": FixedK(k)}, model_share=model_share)
+    state = HybridState({"ngram": FixedK(k), "model": FixedK(k)})
     for name, accepted in (("ngram", ngram_accepts), ("model", model_accepts)):
         for _ in range(state.warmup_rounds):
             state.lengths[name].update(k, accepted)
@@ -117,6 +117,7 @@ def hybrid(model_accepts: int, ngram_accepts: int = 4, pending: int = 1, k: int 
     model = FakeModel(pending)
     drafter = HybridDrafter(NgramDrafter(n_vocab=100), model, machine(), state)
     drafter.prefill(MATCH[:1])
+    state.model_share = model_share  # a prompt starts with the model in use; the test says how much since
     return drafter, model
 
 
@@ -168,6 +169,20 @@ def test_a_large_backlog_defers_the_model_until_the_regret_reaches_its_price() -
     # A model in use all along will be needed again: deferring saves nothing.
     drafter, model = hybrid(model_accepts=4, pending=40, model_share=1.0)
     assert choice(drafter, NO_MATCH) == "model"
+
+
+def test_a_new_prompt_starts_afresh() -> None:
+    """The prompt's prefill catches the model up: no deferral carries over, the model counts as in use, and
+    the rate learnt on the last text weighs about two rounds."""
+    drafter, _ = hybrid(model_accepts=4, pending=40, model_share=0.2)
+    assert choice(drafter, NO_MATCH) == "none" and drafter.state.regret_s > 0
+    drafter.state.record("ngram", 20, 0.1)
+    rho = drafter.state.rho
+    drafter.prefill(MATCH[:1])
+    assert drafter.state.regret_s == 0.0 and drafter.state.model_share == 1.0
+    assert drafter.state.rho == pytest.approx(rho)
+    drafter.state.record("none", 1, 0.025)
+    assert drafter.state.rho < 0.5 * rho
 
 
 def test_an_ngram_stretch_prices_the_backlog_afresh() -> None:
