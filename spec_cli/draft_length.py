@@ -70,6 +70,11 @@ class PositionAcceptance:
         self.reached[:min(accepted + 1, drafted)] += 1  # positions drafted with every earlier one accepted
         self.accepted_at[:accepted] += 1
 
+    def forget(self, keep: float) -> None:
+        """Scale every count by `keep`: what was learnt weighs less against what comes next."""
+        self.accepted, self.rejections = self.accepted * keep, self.rejections * keep
+        self.reached, self.accepted_at = self.reached * keep, self.accepted_at * keep
+
     def _grow(self, k: int) -> None:
         if k > len(self.reached):
             self.reached = np.concatenate([self.reached, np.zeros(k - len(self.reached))])

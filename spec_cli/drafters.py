@@ -192,7 +192,7 @@ class NgramDrafter:
                     self._index[tuple(self._tokens[end + 1 - n:end + 1])] = end
 
 
-RHO_CARRIED = 0.1  # of ρ's decayed counts (worth ~20 rounds), what a new prompt keeps: about two rounds
+CARRIED = 0.1  # of decayed counts worth ~20 rounds, what a new prompt keeps: about two rounds
 
 
 @dataclass
@@ -211,6 +211,14 @@ class HybridState:
     backlog_s: float = 0.0
     tried: dict[str, int] = field(default_factory=dict)  # rounds each drafter has drafted
     model_share: float = 1.0  # of recent rounds, decayed: how much the draft model is still in use
+
+    def new_text(self) -> None:
+        """A new prompt: the model starts caught up (in use, nothing to defer); ρ and the n-gram's acceptance,
+        learnt on other text, count for about two rounds (a lookup right on copied code is wrong on prose, and
+        the reverse). The model's acceptance carries over: it depends on the pair more than on the text."""
+        self.regret_s, self.model_share = 0.0, 1.0
+        self.tokens, self.seconds = self.tokens * CARRIED, self.seconds * CARRIED
+        self.lengths["ngram"].acceptance.forget(CARRIED)
 
     def record(self, chosen: str, tokens: int, seconds: float) -> None:
         """A round drafted by `chosen` emitted `tokens` in an expected `seconds` (0: not priced yet)."""
@@ -267,11 +275,8 @@ class HybridDrafter:
         return self.model.rollback_s
 
     def prefill(self, tokens: Sequence[int]) -> list[tuple[int, float]]:
-        """A new prompt: the model takes it all in, so it starts in use with no backlog to defer; and ρ,
-        learnt on other text (code the n-gram copied at 70 tokens/s), counts as two rounds' worth, so that
-        the new text's own rounds set it within a few rounds."""
-        self.state.regret_s, self.state.model_share = 0.0, 1.0
-        self.state.tokens, self.state.seconds = self.state.tokens * RHO_CARRIED, self.state.seconds * RHO_CARRIED
+        """A new prompt, taken in whole by the model (see `HybridState.new_text`)."""
+        self.state.new_text()
         self._unused = None
         self.ngram.prefill(tokens)
         return self.model.prefill(tokens)

@@ -110,13 +110,13 @@ def hybrid(model_accepts: int, ngram_accepts: int = 4, pending: int = 1, k: int 
     """A hybrid past its warm-up: each drafter has drafted k tokens 8 times, keeping the number given; the
     model drafted `model_share` of the recent rounds."""
     state = HybridState({"ngram": FixedK(k), "model": FixedK(k)})
+    model = FakeModel(pending)
+    drafter = HybridDrafter(NgramDrafter(n_vocab=100), model, machine(), state)
+    drafter.prefill(MATCH[:1])
     for name, accepted in (("ngram", ngram_accepts), ("model", model_accepts)):
         for _ in range(state.warmup_rounds):
             state.lengths[name].update(k, accepted)
         state.tried[name] = state.warmup_rounds
-    model = FakeModel(pending)
-    drafter = HybridDrafter(NgramDrafter(n_vocab=100), model, machine(), state)
-    drafter.prefill(MATCH[:1])
     state.model_share = model_share  # a prompt starts with the model in use; the test says how much since
     return drafter, model
 
