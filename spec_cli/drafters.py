@@ -264,7 +264,7 @@ class HybridDrafter:
         self.costs = costs
         self.state = state
         self.chosen: tuple[str, float] | None = None  # the option of the round in flight, and its E[seconds]
-        self._unused: tuple[int, list[int]] | None = None  # where an n-gram proposal not taken was made; it
+        self._unused: tuple[int, list[int]] | None = None  # (where, what): the n-gram proposal a round passed over
 
     @property
     def busy_s(self) -> float:
@@ -312,7 +312,8 @@ class HybridDrafter:
         rho = state.rho or 1.0 / priced["none"][1]
         # Whatever the model sits out, it catches up on later; that is a cost of the other options as far as
         # the model is still in use (its share of recent rounds).
-        growth = {name: 0.0 if name == "model" else self._catch_up_s(pending + round(tokens)) - self._catch_up_s(pending)
+        growth = {name: 0.0 if name == "model" else
+                  self._catch_up_s(pending + round(tokens)) - self._catch_up_s(pending)
                   for name, (tokens, _seconds) in priced.items()}
         surplus = {name: tokens - rho * (seconds + state.model_share * growth[name])
                    for name, (tokens, seconds) in priced.items()}
