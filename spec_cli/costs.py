@@ -53,9 +53,6 @@ class BatchCosts:
             self.total[n] = self.total.get(n, 0.0) + other.total[n]
         self._line = None
 
-    def __bool__(self) -> bool:
-        return bool(self.weight)
-
     def mean(self, n: int) -> float | None:
         return self.total[n] / self.weight[n] if n in self.weight else None
 
