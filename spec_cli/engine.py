@@ -88,6 +88,7 @@ class Generation:
             return target.busy_s + drafter.busy_s, target.rollback_s + drafter.rollback_s
 
         rollback_base = spent_in_llama()[1]  # moved past the prompt's snapshot once the prompt is in
+        cost_books = [stats.costs, *filter(None, [self.costs])]  # this generation's, and the pair's running ones
 
         def rewind() -> None:
             """Make both memories hold at most seq[:-1]: drop drafted tokens the target did not keep.
@@ -158,7 +159,7 @@ class Generation:
             self.draft_length.update(len(draft.tokens), n)
             if drafter is not None:
                 drafter.update(len(draft.tokens), n)
-            for costs in filter(None, (stats.costs, self.costs)):
+            for costs in cost_books:
                 costs.record_round(draft.steps, len(draft.tokens), verify_s, round_s, emitted)
 
         def play_round(decode_start: float) -> Iterator[TokenEvent]:
@@ -189,7 +190,7 @@ class Generation:
             stats.prompt_cached = target.prefill(seq[:-1])
             if drafter is not None:
                 steps = drafter.prefill(seq[:-1])
-                for costs in filter(None, (stats.costs, self.costs)):
+                for costs in cost_books:
                     costs.record_draft(steps)
             rollback_base = spent_in_llama()[1]
             decode_start = time.perf_counter()
