@@ -44,7 +44,8 @@ class Generation:
     live while it runs and final once it has finished.
 
     finish_reason is "stop" (end-of-generation token), "length" (max_tokens), "context" (the context is
-    full) or "interrupted" (the consumer stopped early, e.g. on Ctrl-C).
+    full), "interrupted" (the consumer stopped early, e.g. on Ctrl-C) or "error" (set by the consumer when
+    the run cannot go on, e.g. an RPC worker was lost).
     """
 
     def __init__(self, target: Context, drafter: Drafter | None, prompt: Sequence[int],

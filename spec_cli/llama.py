@@ -1,4 +1,5 @@
-"""Adapter over llama-cpp-python's low-level API; with `memory.py` the only modules that import `llama_cpp`.
+"""Adapter over llama-cpp-python's low-level API; with `memory.py` and `rpc.py` (ggml's device registry) the only
+modules that import `llama_cpp`.
 
 It offers exactly what speculative decoding needs: load a GGUF model, tokenize and detokenize, decode a
 batch asking for logits only at the last n positions, and trim a context's memory back to n tokens (how,
@@ -21,7 +22,7 @@ import numpy as np
 import llama_cpp
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
-from spec_cli import memory
+from spec_cli import memory, rpc
 from spec_cli.errors import SpecError
 
 GGUF_MAGIC = b"GGUF"
@@ -121,9 +122,11 @@ def amx_weights_disabled() -> bool:
 
 
 def supports_gpu_offload() -> bool:
-    """True when this llama.cpp build can place layers on a GPU (CUDA, Metal, Vulkan …)."""
+    """True when this llama.cpp build can place layers on a GPU of this machine (CUDA, Metal, Vulkan …).
+    llama.cpp's own `llama_supports_gpu_offload` also says yes for a CPU-only build with RPC, whose only
+    devices are other machines."""
     _Backend.ensure()
-    return bool(llama_cpp.llama_supports_gpu_offload())
+    return bool(rpc.local_devices())
 
 
 @dataclass(frozen=True)
@@ -197,8 +200,14 @@ def _in_place_rollback(path: Path, kind: str, max_rollback: int) -> int:
 class Model:
     """A loaded GGUF model: weights, vocabulary and metadata."""
 
-    def __init__(self, path: str | os.PathLike[str], gpu_layers: int = 0, vocab_only: bool = False) -> None:
-        """Load `path`; with `vocab_only` only the vocabulary and metadata (fast: no weights are read)."""
+    def __init__(self, path: str | os.PathLike[str], gpu_layers: int = 0, vocab_only: bool = False,
+                 devices: ctypes.Array[ctypes.c_void_p] | None = None, tensor_split: Sequence[float] = ()) -> None:
+        """Load `path`; with `vocab_only` only the vocabulary and metadata (fast: no weights are read).
+
+        `gpu_layers` layers go to `devices` (a NULL-terminated list from `rpc.device_list`; None: the GPUs
+        llama.cpp finds), weighted by `tensor_split` (one weight per device; empty: by free memory); the
+        rest stay on the CPU.
+        """
         self.path = Path(path)
         check_gguf(self.path)
         _Backend.ensure()
@@ -206,6 +215,11 @@ class Model:
         params.n_gpu_layers = gpu_layers
         params.vocab_only = vocab_only
         params.use_extra_bufts = not amx_weights_disabled()
+        if devices is not None:
+            params.devices = ctypes.cast(devices, ctypes.c_void_p)
+        split = (ctypes.c_float * llama_cpp.llama_max_devices())(*tensor_split)
+        if tensor_split:
+            params.tensor_split = split
         _Backend.forget()
         handle = llama_cpp.llama_model_load_from_file(str(self.path).encode(), params)
         if not handle:

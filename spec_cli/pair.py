@@ -16,7 +16,7 @@ import secrets
 from pathlib import Path
 from typing import Sequence
 
-from spec_cli import vocab
+from spec_cli import rpc, vocab
 from spec_cli.costs import LoopCosts
 from spec_cli.draft_length import AdaptiveK, DraftLength, FixedK
 from spec_cli.drafters import Drafter, HybridDrafter, HybridState, ModelDrafter, NgramDrafter
@@ -182,19 +182,25 @@ class Pair:
 
 
 def load_pair(target: str | os.PathLike[str], draft: str | os.PathLike[str] | None = None, *,
-              n_ctx: int = DEFAULT_CTX, n_threads: int | None = None, gpu_layers: int = 0,
-              draft_gpu_layers: int = 0, max_draft: int = AUTO_K_MAX) -> Pair:
+              n_ctx: int = DEFAULT_CTX, n_threads: int | None = None, gpu_layers: int | None = None,
+              draft_gpu_layers: int | None = None, max_draft: int = AUTO_K_MAX, rpc: Sequence[str] = (),
+              draft_rpc: Sequence[str] = (), tensor_split: Sequence[float] = ()) -> Pair:
     """Load a target and (unless `draft` is None) a draft, checking that their vocabularies agree.
 
-    `max_draft` is the largest fixed K that will be asked for (`auto` never goes past `AUTO_K_MAX`)."""
+    `max_draft` is the largest fixed K that will be asked for (`auto` never goes past `AUTO_K_MAX`).
+    `rpc` lists llama.cpp RPC workers ("host:port") the target's layers are split over, weighted by
+    `tensor_split` (one weight per device: the workers', then local GPUs); `gpu_layers` of them go to
+    devices (default: none, or all with workers), the rest stay on this machine's CPU. The draft stays
+    local unless `draft_rpc` names workers for it: it is small, and local drafting pays no round trips.
+    """
     if n_ctx < 16:
         raise SpecError(f"the context must hold at least 16 tokens, got {n_ctx}")
     threads = n_threads or os.cpu_count() or 1
-    target_model = Model(Path(target), gpu_layers)
+    target_model = _load(target, gpu_layers, rpc, tensor_split)
     draft_model = None
     try:
         if draft is not None:
-            draft_model = Model(Path(draft), draft_gpu_layers)
+            draft_model = _load(draft, draft_gpu_layers, draft_rpc, ())
             vocab.check(target_model, draft_model)
         return Pair(target_model, draft_model, n_ctx, threads, max(max_draft, AUTO_K_MAX))
     except BaseException:
@@ -202,3 +208,23 @@ def load_pair(target: str | os.PathLike[str], draft: str | os.PathLike[str] | No
             if model is not None:
                 model.close()
         raise
+
+
+def _load(path: str | os.PathLike[str], gpu_layers: int | None, workers: Sequence[str],
+          tensor_split: Sequence[float]) -> Model:
+    """One model on this machine's devices and `workers`' ("host:port"), every layer on devices by default
+    when there are workers."""
+    endpoints = rpc.parse_endpoints(",".join(workers)) if workers else ()
+    devices = rpc.device_list(endpoints)
+    if tensor_split:
+        _check_split(tensor_split, len(devices) - 1 if devices is not None else len(rpc.local_devices()))
+    layers = gpu_layers if gpu_layers is not None else (-1 if endpoints else 0)
+    return Model(Path(path), layers, devices=devices, tensor_split=tensor_split)
+
+
+def _check_split(weights: Sequence[float], n_devices: int) -> None:
+    if len(weights) != n_devices:
+        raise SpecError(f"--tensor-split gives {len(weights)} weights for {n_devices} devices "
+                        "(one per RPC worker, in --rpc order, then one per local GPU)")
+    if any(w < 0 for w in weights) or not any(weights):
+        raise SpecError("--tensor-split weights must be >= 0 and not all 0")

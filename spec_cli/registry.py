@@ -24,6 +24,7 @@ from spec_cli.derive import derive, derived_path
 from spec_cli.errors import SpecError
 from spec_cli.memory import KINDS
 from spec_cli.paths import user_registry_path
+from spec_cli.rpc import parse_endpoints
 
 MEMBERS = ("target", "draft")
 SHIPPED = "models.toml (shipped)"
@@ -43,6 +44,7 @@ class PairSpec:
     draft_gpu_layers: int
     origin: str
     memory: str = ""  # the target's kind of memory as the entry states it ("" when not stated)
+    rpc: tuple[str, ...] = ()  # llama.cpp RPC workers ("host:port") the target is split over
 
     def source(self, member: str) -> dict[str, Any]:
         return self.target if member == "target" else self.draft
@@ -122,11 +124,19 @@ def _parse_pair(name: str, entry: Any, where: str, origin: str) -> PairSpec:
         draft=entry["draft"],
         draft_max=_int(entry.get("draft_max", 4), f"{where}, field 'draft_max'", minimum=1),
         ctx=_int(entry.get("ctx", 2048), f"{where}, field 'ctx'", minimum=16),
-        gpu_layers=_int(entry.get("gpu_layers", 0), f"{where}, field 'gpu_layers'", minimum=-1),
+        gpu_layers=_int(entry.get("gpu_layers", -1 if "rpc" in entry else 0), f"{where}, field 'gpu_layers'",
+                        minimum=-1),
         draft_gpu_layers=_int(entry.get("draft_gpu_layers", 0), f"{where}, field 'draft_gpu_layers'", minimum=-1),
         origin=origin,
         memory=_memory_kind(entry.get("memory", ""), f"{where}, field 'memory'"),
+        rpc=_workers(entry.get("rpc", []), f"{where}, field 'rpc'"),
     )
+
+
+def _workers(value: Any, where: str) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise SpecError(f"{where} must be a list of \"host:port\" strings")
+    return tuple(str(e) for e in parse_endpoints(",".join(value), where)) if value else ()
 
 
 def _memory_kind(value: Any, where: str) -> str:
