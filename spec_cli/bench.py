@@ -122,6 +122,7 @@ class Config:
     temperature: float = 0.0
     verify: str = DEFAULT_VERIFY
     task: str | None = None
+    where: str | None = None  # "local" or "rpc" (the target split over RPC workers) when both are measured
 
     @property
     def label(self) -> str:
@@ -134,28 +135,29 @@ class Config:
         return f"{name}, {self.task}" if self.task else name
 
     def _named(self, name: str) -> str:
-        """`name` with the rule and temperature of sampled decoding (the target alone has no rule)."""
-        if self.temperature == 0:
-            return name
-        rule = "" if self.draft_mode == "none" else f" {self.verify}"
-        return f"{name}{rule} T={self.temperature:g}"
+        """`name` with the rule and temperature of sampled decoding (the target alone has no rule), and where
+        the target runs."""
+        if self.temperature:
+            rule = "" if self.draft_mode == "none" else f" {self.verify}"
+            name = f"{name}{rule} T={self.temperature:g}"
+        return f"{name}, {PLACES[self.where]}" if self.where else name
 
 
 TARGET_ALONE = Config("none", 0)
+PLACES = {"local": "local", "rpc": "over RPC"}
 
 
 def configurations(modes: Sequence[str], ks: Sequence[int | str], temperatures: Sequence[float],
-                   rules: Sequence[str], tasks: Sequence[str | None] = (None,)) -> list[Config]:
-    """For each prompt set and temperature, the target alone and then every mode × K × rule (greedy needs no
-    rule)."""
+                   rules: Sequence[str], tasks: Sequence[str | None] = (None,),
+                   places: Sequence[str | None] = (None,)) -> list[Config]:
+    """For each prompt set, temperature and place of the target, the target alone and then every
+    mode × K × rule (greedy needs no rule)."""
     configs = []
-    for task in tasks:
-        for temperature in temperatures:
-            configs.append(Config("none", 0, temperature, task=task))
-            for mode in modes:
-                for k in ks:
-                    for rule in (rules if temperature > 0 else [DEFAULT_VERIFY]):
-                        configs.append(Config(mode, k, temperature, rule, task))
+    for task, temperature, where in itertools.product(tasks, temperatures, places):
+        configs.append(Config("none", 0, temperature, task=task, where=where))
+        for mode, k in itertools.product(modes, ks):
+            for rule in (rules if temperature > 0 else [DEFAULT_VERIFY]):
+                configs.append(Config(mode, k, temperature, rule, task, where))
     return configs
 
 
@@ -205,6 +207,13 @@ class Side:
         return t.accepted / denominator if denominator else 0.0
 
     @property
+    def seconds_per_pass(self) -> float:
+        """Mean seconds of one target pass (a verify, or a plain step for the target alone): where the
+        round trips to RPC workers show."""
+        t = self.totals
+        return t.verify_s / t.rounds if t.rounds else 0.0
+
+    @property
     def acceptance(self) -> PositionAcceptance:
         t = self.totals
         return PositionAcceptance.from_counts(t.reached_at, t.accepted_at, t.rejected_rounds)
@@ -218,9 +227,10 @@ class Side:
 
 def compare(pair: Pair, configs: Sequence[Config], prompts: Mapping[str | None, Sequence[str]],
             max_tokens: int = 128, repeat: int = 1, raw: bool = False, sampling: SamplingParams = SamplingParams(),
-            progress: Callable[[str], None] = lambda _label: None) -> list[Side]:
+            progress: Callable[[str], None] = lambda _label: None, rpc_pair: Pair | None = None) -> list[Side]:
     """Runs of every prompt of each set under every configuration for that set (`prompts` by task), rotating
-    through the configurations; one Side each.
+    through the configurations; one Side each. Configurations placed "rpc" run on `rpc_pair` (the same files,
+    the target split over RPC workers).
 
     Each run of a prompt uses the same seed in every configuration, so sampled runs compare like with like.
     `sampling` gives every setting but the temperature, which each configuration brings.
@@ -231,7 +241,8 @@ def compare(pair: Pair, configs: Sequence[Config], prompts: Mapping[str | None, 
             for side in (side for side in sides if side.config.task == task):
                 progress(side.label)
                 config = side.config
-                generation = pair.generate(prompt, draft_mode=config.draft_mode, raw=raw,
+                runner = rpc_pair if config.where == "rpc" and rpc_pair is not None else pair
+                generation = runner.generate(prompt, draft_mode=config.draft_mode, raw=raw,
                                            seed=round_number * len(task_prompts) + prompt_number,
                                            sampling=replace(sampling, temperature=config.temperature),
                                            draft_max=config.draft_max, max_tokens=max_tokens, verify=config.verify)
@@ -244,7 +255,8 @@ def compare(pair: Pair, configs: Sequence[Config], prompts: Mapping[str | None, 
 def pooled_costs(sides: Sequence[Side]) -> LoopCosts:
     """Every call of these sides priced together: the cost model's inputs for the predicted column. Each
     prompt set is pooled apart: a longer context makes every call dearer (on the demo pair the rewrite
-    prompts' draft steps and verifies cost 11–14% more than the chat prompts')."""
+    prompts' draft steps and verifies cost 11–14% more than the chat prompts'); so is each place of the
+    target (a pass over RPC pays round trips)."""
     costs = LoopCosts()
     for side in sides:
         costs.merge(side.totals.costs)
@@ -266,14 +278,14 @@ def predicted_speedup(side: Side, costs: LoopCosts, baseline: float | None) -> f
 def report(sides: Sequence[Side], settings: dict[str, object]) -> dict[str, object]:
     """Everything the benchmark measured, as one JSON-ready object. Speed-ups are against the target alone on
     the same prompt set at the same temperature; the costs are pooled over the whole run."""
-    baselines = {(s.config.task, s.config.temperature): s.tokens_per_second for s in sides
+    baselines = {(s.config.task, s.config.temperature, s.config.where): s.tokens_per_second for s in sides
                  if s.config.draft_mode == "none"}
-    costs = {task: pooled_costs([s for s in sides if s.config.task == task])
-             for task in dict.fromkeys(s.config.task for s in sides)}
+    groups = dict.fromkeys((s.config.task, s.config.where) for s in sides)
+    costs = {group: pooled_costs([s for s in sides if (s.config.task, s.config.where) == group]) for group in groups}
     configs = []
     for side in sides:
         k = side.config.draft_max
-        baseline = baselines.get((side.config.task, side.config.temperature))
+        baseline = baselines.get((side.config.task, side.config.temperature, side.config.where))
         configs.append({
             "label": side.label,
             "series": side.config.series,
@@ -282,13 +294,15 @@ def report(sides: Sequence[Side], settings: dict[str, object]) -> dict[str, obje
             "temperature": side.config.temperature,
             "verify": side.config.verify,
             "task": side.config.task,
+            "where": side.config.where,
             "tokens_per_second": {"median": side.tokens_per_second, "min": min(side.rates),
                                   "max": max(side.rates)},
             "speedup": side.tokens_per_second / baseline if baseline else None,
-            "predicted_speedup": predicted_speedup(side, costs[side.config.task], baseline),
+            "predicted_speedup": predicted_speedup(side, costs[side.config.task, side.config.where], baseline),
             "acceptance_rate": side.acceptance_rate,
             "alpha": side.alpha,
             "mean_accepted_length": side.mean_accepted_length,
+            "seconds_per_target_pass": side.seconds_per_pass,
             "position_acceptance": side.totals.position_acceptance,
             "time_share": {"draft": side.share("draft_s"), "verify": side.share("verify_s"),
                            "rollback": side.share("rollback_s"), "outside_llama_cpp": side.share("overhead_s")},
@@ -296,9 +310,14 @@ def report(sides: Sequence[Side], settings: dict[str, object]) -> dict[str, obje
         })
     return {
         "settings": settings,
-        "costs": {task or "all": task_costs.as_dict() for task, task_costs in costs.items()},
+        "costs": {_group_name(*group): group_costs.as_dict() for group, group_costs in costs.items()},
         "configs": configs,
     }
+
+
+def _group_name(task: str | None, where: str | None) -> str:
+    """A set of runs priced together: its prompt set and where the target ran, or "all"."""
+    return ", ".join(part for part in (task, PLACES.get(where or "")) if part) or "all"
 
 
 def plot(result: dict[str, object], path: Path) -> None:

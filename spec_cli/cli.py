@@ -8,14 +8,14 @@ from __future__ import annotations
 import json
 import os
 import sys
-from contextlib import contextmanager
-from dataclasses import dataclass
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Annotated, Callable, Iterator, Optional, TypeVar
 
 import typer
 
-from spec_cli import __version__, models, registry, ui
+from spec_cli import __version__, models, registry, rpc, ui
 from spec_cli import bench as benchmark
 from spec_cli import chat as chat_module
 from spec_cli.derive import derive
@@ -60,8 +60,11 @@ SeedOpt = Annotated[Optional[int], typer.Option("--seed", help="Random seed; the
 MaxTokensOpt = Annotated[int, typer.Option("--max-tokens", "-n", min=1, help="Stop after this many generated tokens.")]
 CtxOpt = Annotated[Optional[int], typer.Option("--ctx", min=16, help=f"Context size in tokens (default: the pair's, else {DEFAULT_CTX}).", show_default=False)]
 ThreadsOpt = Annotated[Optional[int], typer.Option("--threads", min=1, help="CPU threads per model (default: all cores).", show_default=False)]
-GpuLayersOpt = Annotated[Optional[int], typer.Option("--gpu-layers", min=-1, help="Target layers to put on the GPU, -1: all (default: the pair's, else 0).", show_default=False)]
+GpuLayersOpt = Annotated[Optional[int], typer.Option("--gpu-layers", min=-1, help="Target layers to put on devices (GPUs, RPC workers), -1: all; the rest run on this CPU (default: the pair's; else all with --rpc, 0 without).", show_default=False)]
 DraftGpuLayersOpt = Annotated[Optional[int], typer.Option("--draft-gpu-layers", min=-1, help="Draft layers to put on the GPU, -1: all (default: the pair's, else 0).", show_default=False)]
+RpcOpt = Annotated[Optional[str], typer.Option("--rpc", help="llama.cpp RPC workers to split the target over, HOST:PORT[,HOST:PORT…] (`spec worker` on each) (default: the pair's rpc, else none).", show_default=False)]
+DraftRpcOpt = Annotated[Optional[str], typer.Option("--draft-rpc", help="RPC workers for the draft, HOST:PORT[,…] (default: none: the draft is small, and drafting here pays no round trips).", show_default=False)]
+TensorSplitOpt = Annotated[Optional[str], typer.Option("--tensor-split", help="Weights of the devices the target is split over, comma-separated: one per RPC worker in --rpc order, then one per local GPU (default: by free memory).", show_default=False)]
 NoDraftOpt = Annotated[bool, typer.Option("--no-draft", help="Run the target alone through the same code path, for comparison.")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No statistics, no notes: only the text.")]
 
@@ -119,6 +122,10 @@ class LoadOptions:
     draft_gpu_layers: int | None = None
     needs_draft: bool = True
     max_draft: int = 0  # the largest fixed K asked for (memories that roll back in place are sized to it)
+    rpc: str | None = None
+    draft_rpc: str | None = None
+    tensor_split: str | None = None
+    local_only: bool = False  # no workers, not even the pair's
 
 
 @dataclass(frozen=True)
@@ -145,19 +152,27 @@ def _open_pair(options: LoadOptions) -> Iterator[Loaded]:
     cannot offload get one warning line.
     """
     spec = _pair_spec(options)
+    workers = _csv(options.rpc, str) if options.rpc else list(spec.rpc if spec else ())
+    draft_workers = _csv(options.draft_rpc, str) if options.draft_rpc else []
+    if options.rpc or workers or draft_workers:
+        rpc.require()  # before any download or derivation
+    if options.local_only:
+        workers, draft_workers = [], []
     if spec is None:
         target, draft = options.target, options.draft
     else:
         target, draft = _resolve(spec, options.quiet)
-    if options.gpu_layers or options.draft_gpu_layers:
+    if (options.gpu_layers and not workers) or (options.draft_gpu_layers and not draft_workers):
         _warn_cpu_only()
     load_draft = options.needs_draft and not options.no_draft
     ctx = options.ctx or (spec.ctx if spec else DEFAULT_CTX)
-    gpu_layers = _given(options.gpu_layers, spec.gpu_layers if spec else 0)
-    draft_gpu_layers = _given(options.draft_gpu_layers, spec.draft_gpu_layers if spec else 0)
+    # A pair's gpu_layers are for its own workers (or GPU): workers given here take every layer by default.
+    gpu_layers = _given(options.gpu_layers, spec.gpu_layers if spec and (spec.rpc or not options.rpc) else None)
+    draft_gpu_layers = _given(options.draft_gpu_layers, spec.draft_gpu_layers if spec else None)
+    split = _csv(options.tensor_split, _weight) if options.tensor_split else []
     with load_pair(target, draft if load_draft else None, n_ctx=ctx, n_threads=options.threads,
-                   gpu_layers=gpu_layers, draft_gpu_layers=draft_gpu_layers,
-                   max_draft=max(options.max_draft, spec.draft_max if spec else 0)) as pair:
+                   gpu_layers=gpu_layers, draft_gpu_layers=draft_gpu_layers, rpc=workers, draft_rpc=draft_workers,
+                   tensor_split=split, max_draft=max(options.max_draft, spec.draft_max if spec else 0)) as pair:
         yield Loaded(pair, spec.draft_max if spec else "auto")
 
 
@@ -197,6 +212,13 @@ def _draft_mode(value: str) -> str:
     if value not in DRAFTING_MODES:
         raise SpecError(f"unknown draft mode {value!r}; choose one of: {', '.join(DRAFTING_MODES)}")
     return value
+
+
+def _weight(value: str) -> float:
+    try:
+        return float(value)
+    except ValueError:
+        raise SpecError(f"--tensor-split takes numbers, got {value!r}") from None
 
 
 def _temperature(value: str) -> float:
@@ -290,6 +312,9 @@ def run(
     threads: ThreadsOpt = None,
     gpu_layers: GpuLayersOpt = None,
     draft_gpu_layers: DraftGpuLayersOpt = None,
+    rpc_workers: RpcOpt = None,
+    draft_rpc: DraftRpcOpt = None,
+    tensor_split: TensorSplitOpt = None,
     no_draft: NoDraftOpt = False,
     raw: Annotated[bool, typer.Option("--raw", help="Send the prompt verbatim instead of wrapping it in the model's chat template.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object: text, token ids, finish reason, statistics.")] = False,
@@ -309,7 +334,8 @@ def run(
         mode = "none" if no_draft else _draft_mode(draft_mode or "model")
         k = None if draft_max is None else _draft_max(draft_max)
         options = LoadOptions(target, draft, pair, no_draft, quiet, ctx, threads, gpu_layers, draft_gpu_layers,
-                              needs_draft=needs_draft_model(mode), max_draft=_largest_k([k]))
+                              needs_draft=needs_draft_model(mode), max_draft=_largest_k([k]),
+                              rpc=rpc_workers, draft_rpc=draft_rpc, tensor_split=tensor_split)
         with _open_pair(options) as loaded:
             if not raw and not loaded.pair.has_chat_template:
                 if not quiet:
@@ -334,6 +360,8 @@ Examples:
   spec bench --temp 0.7,1.0 --verify token,block -k 4,6
 
   spec bench --target big.gguf --draft small.gguf --prompts my-prompts.jsonl --json results.json
+
+  spec bench --rpc 192.168.1.7:50052,192.168.1.8:50052 -k 4,8   # local and over RPC, side by side
 """
 
 
@@ -356,10 +384,15 @@ def bench(
     threads: ThreadsOpt = None,
     gpu_layers: GpuLayersOpt = None,
     draft_gpu_layers: DraftGpuLayersOpt = None,
+    rpc_workers: RpcOpt = None,
+    draft_rpc: DraftRpcOpt = None,
+    tensor_split: TensorSplitOpt = None,
 ) -> None:
     """Measure speculative configurations against the target alone on the same pair, interleaved.
 
     Reports median and min-max tokens/s (decoding only), speed-up against the target alone in the same run, the speed-up the loop's cost model predicts from the measured acceptance and the run's costs, acceptance by draft position, and where the time goes.
+
+    With --rpc every configuration runs twice, the target on this machine and split over the workers (the draft stays here), each against the target alone in the same place, with the time of one target pass.
     """
     with _user_errors():
         mode_list = _csv(modes, parse=_draft_mode)
@@ -370,16 +403,21 @@ def bench(
         k_given = _csv(ks, parse=_draft_max) if ks else []
         options = LoadOptions(target, draft, pair, False, False, ctx, threads, gpu_layers, draft_gpu_layers,
                               needs_draft=any(needs_draft_model(mode) for mode in mode_list),
-                              max_draft=_largest_k(k_given))
-        with _open_pair(options) as loaded:
+                              max_draft=_largest_k(k_given), rpc=rpc_workers, draft_rpc=draft_rpc,
+                              tensor_split=tensor_split)
+        # With --rpc, the same files twice: local, and the target split over the workers, side by side.
+        places = ["local", "rpc"] if rpc_workers else [None]
+        with _open_pair(replace(options, local_only=bool(rpc_workers))) as loaded, \
+                (_open_pair(options) if rpc_workers else nullcontext()) as remote:
             k_list = k_given or list(dict.fromkeys([loaded.draft_max, "auto"]))
-            configs = benchmark.configurations(mode_list, k_list, temperatures, rules, list(prompts))
+            configs = benchmark.configurations(mode_list, k_list, temperatures, rules, list(prompts), places)
             raw = not loaded.pair.has_chat_template
             runs = sum(len(prompts[c.task]) for c in configs) * repeat
             with ui.progress(runs) as advance:
                 sides = benchmark.compare(loaded.pair, configs, prompts, max_tokens=max_tokens, repeat=repeat,
-                                          raw=raw, progress=advance)
+                                          raw=raw, progress=advance, rpc_pair=remote.pair if remote else None)
             settings = {"target": str(loaded.pair.target.path),
+                        "rpc": _csv(rpc_workers, str) if rpc_workers else [],
                         "draft": str(loaded.pair.draft.path) if loaded.pair.draft else None,
                         "prompts": sum(map(len, prompts.values())), "task": None if prompts_file else task,
                         "max_tokens": max_tokens, "repeat": repeat, "temperatures": temperatures,
@@ -451,6 +489,9 @@ def chat(
     threads: ThreadsOpt = None,
     gpu_layers: GpuLayersOpt = None,
     draft_gpu_layers: DraftGpuLayersOpt = None,
+    rpc_workers: RpcOpt = None,
+    draft_rpc: DraftRpcOpt = None,
+    tensor_split: TensorSplitOpt = None,
     no_draft: NoDraftOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
@@ -468,7 +509,8 @@ def chat(
         verify, preset = _verify_rule(verify), _sampling_preset(sampling_preset, "model")
         template = chat_module.chat_template(chat_format)
         options = LoadOptions(target, draft, pair, no_draft, quiet, ctx, threads, gpu_layers, draft_gpu_layers,
-                              needs_draft=needs_draft_model(mode), max_draft=_largest_k([k]))
+                              needs_draft=needs_draft_model(mode), max_draft=_largest_k([k]),
+                              rpc=rpc_workers, draft_rpc=draft_rpc, tensor_split=tensor_split)
         with _open_pair(options) as loaded:
             # Fail now rather than at the first message when there is no template to use.
             loaded.pair.target.format_chat([{"role": "user", "content": "hi"}], template=template)
@@ -549,21 +591,83 @@ def models_path() -> None:
     ui.say(str(user_registry_path()))
 
 
-@app.command()
-def doctor() -> None:
-    """Versions, the llama.cpp backend (CPU, CUDA, Metal), threads, memory, and where files are kept."""
+@app.command(epilog="Examples:\n\n  spec doctor\n\n  spec doctor --rpc 192.168.1.7:50052,192.168.1.8:50052")
+def doctor(
+    rpc_workers: Annotated[Optional[str], typer.Option("--rpc", help="Also check that these RPC workers answer, HOST:PORT[,…], and show their devices' free memory.", show_default=False)] = None,
+) -> None:
+    """Versions, the llama.cpp backend (CPU, CUDA, Metal, RPC), threads, memory, and where files are kept."""
     with _user_errors():
         known = registry.load_registry()
         ui.show_facts("spec doctor", models.doctor_facts(known.get(known.default)))
+        if rpc_workers:
+            rpc.require()
+            workers = [rpc.probe(endpoint) for endpoint in rpc.parse_endpoints(rpc_workers)]
+            ui.show_facts("RPC workers", models.worker_facts(workers))
+
+
+WORKER_EXAMPLES = f"""\
+Examples:
+
+  spec worker                      # 127.0.0.1:{rpc.DEFAULT_PORT}: for `spec run --rpc 127.0.0.1:{rpc.DEFAULT_PORT}` on this machine
+
+  spec worker --host 0.0.0.0 --allow-remote --threads 16    # reachable from other machines: trusted networks only
+
+  spec worker --port 50053 --cache ~/.cache/spec-cli/rpc    # a second worker; weights kept on disk between runs
+"""
+
+
+@app.command(epilog=WORKER_EXAMPLES)
+def worker(
+    host: Annotated[str, typer.Option("--host", help="IPv4 address to listen on; anything but loopback needs --allow-remote.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", min=1, max=65535, help="TCP port to listen on.")] = rpc.DEFAULT_PORT,
+    threads: Annotated[Optional[int], typer.Option("--threads", min=1, help="CPU threads for computing (default: all cores).", show_default=False)] = None,
+    cache: Annotated[Optional[Path], typer.Option("--cache", help="Keep large tensors received in this folder, so a client that loads the same model again sends hashes instead of weights (default: no cache).", show_default=False)] = None,
+    allow_remote: Annotated[bool, typer.Option("--allow-remote", help="Allow a --host other machines can reach. The RPC protocol has no authentication or encryption.")] = False,
+) -> None:
+    """Lend this machine's GPUs (else its CPU) to `spec run --rpc` on another machine: llama.cpp's RPC server, in this process.
+
+    It serves one client at a time, until Ctrl-C. Anyone who can reach the port can run computations on this machine and read what it holds: keep it on loopback or a network you trust.
+    """
+    with _user_errors():
+        if rpc.check_bind_host(host, allow_remote):
+            ui.note(f"warning: anyone who can reach {host}:{port} can run computations on this machine and "
+                    "read what it holds (the RPC protocol has no authentication or encryption)")
+        if cache is not None:
+            _make_folder(cache.expanduser())
+        n_threads = threads or os.cpu_count() or 1
+        server = rpc.server(host, port, n_threads, str(cache.expanduser()) if cache else None)
+        try:
+            ui.worker_started(f"{host}:{port}", rpc.served_devices(), n_threads)
+            server.start()
+            while server.is_alive():
+                server.join(0.5)
+        except KeyboardInterrupt:
+            ui.note("worker stopped")
+            return
+        raise SpecError(f"llama.cpp's RPC server on {host}:{port} stopped (its message is above)")
+
+
+def _make_folder(path: Path) -> None:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise SpecError(f"cannot create {path}: {exc.strerror}") from None
 
 
 def _stream(generation, view: ui.View) -> None:
     """Feed the generation's events to the view; Ctrl-C keeps the text so far and still reports."""
     events = iter(generation)
     view.start(generation)
+
+    def worker_lost(line: str) -> None:
+        generation.finish_reason = "error"
+        view.finish(generation)  # the text so far, as with Ctrl-C
+        ui.error(line)
+
     try:
-        for event in events:
-            view.token(event)
+        with rpc.on_worker_lost(worker_lost):
+            for event in events:
+                view.token(event)
     except KeyboardInterrupt:
         events.close()
         view.finish(generation)

@@ -7,7 +7,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from spec_cli import __version__, hub, llama, vocab
+from spec_cli import __version__, hub, llama, rpc, vocab
 from spec_cli.pair import AUTO_K_MAX
 from spec_cli.paths import cache_dir, user_registry_path
 from spec_cli.registry import MEMBERS, PairSpec, Registry, describe, locate
@@ -116,6 +116,13 @@ def backends(system_info: str) -> list[str]:
     return names or ["CPU"]
 
 
+def worker_facts(workers: list[rpc.WorkerInfo]) -> list[tuple[str, str]]:
+    """One line per RPC worker that answered: its protocol and each device's free and total memory."""
+    return [(str(w.endpoint), f"protocol {'.'.join(map(str, w.version))}; " + "; ".join(
+        f"device {i}: {free / 1e9:.1f} GB free of {total / 1e9:.1f} GB" for i, (free, total) in enumerate(w.memory)))
+        for w in workers]
+
+
 def doctor_facts(default: PairSpec) -> list[tuple[str, str]]:
     version, system_info = llama.versions()
     gpu = llama.supports_gpu_offload()
@@ -133,6 +140,8 @@ def doctor_facts(default: PairSpec) -> list[tuple[str, str]]:
         ("Hugging Face cache", str(hub.cache_dir()) + (" (offline: HF_HUB_OFFLINE)" if hub.offline() else "")),
         ("user pairs", f"{registry_path}" + ("" if registry_path.is_file() else " (not created yet)")),
     ]
+    facts.append(("RPC (spec worker, --rpc)", f"yes, protocol {'.'.join(map(str, rpc.PROTOCOL))}" if rpc.supported()
+                   else f"no: rebuild with {rpc.REBUILD}"))
     if not gpu:
         facts.append(("enable GPU", gpu_install_command()))
     if llama.amx_weights_disabled():

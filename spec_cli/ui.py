@@ -219,8 +219,9 @@ def show_comparison(result: dict) -> None:
             where = f" ({c['task']})" if c["task"] else ""
             console.print(f"acceptance by draft position, {c['label']}{where}: {positions}", style="dim")
     for task, task_costs in costs.items():
-        console.print(_costs_line(task_costs, "" if task == "all" else f", {task} prompts"), style="dim")
-    console.print("runs interleaved across configurations; tokens/s counts decoding only; tokens/pass = tokens "
+        console.print(_costs_line(task_costs, "" if task == "all" else f", {task}"), style="dim")
+    console.print("runs interleaved across configurations; tokens/s counts decoding only; speed-ups are against the "
+                  "target alone in the same place (local, or over RPC); tokens/pass = tokens "
                   "each target pass yields (mean accepted length); draft/verify = shares of decoding time; "
                   "rollback = the share spent taking rejected tokens back (snapshots, restores, replays: "
                   "recurrent and hybrid models); not llama.cpp = time outside its decode calls; "
@@ -230,12 +231,16 @@ def show_comparison(result: dict) -> None:
 
 
 def _speed_table(configs: list[dict], title: str) -> Table:
-    table = _table(title, ("tok/s", "min–max", "speed-up", "predicted"))
+    """Speed and speed-up of each configuration; with the target over RPC too, the time of a target pass,
+    where the round trips show."""
+    placed = any(c["where"] for c in configs)
+    table = _table(title, ("tok/s", "min–max", "speed-up", "predicted", *(("ms/target pass",) if placed else ())))
     for c in configs:
         rate = c["tokens_per_second"]
         table.add_row(c["label"], f"{rate['median']:.1f}", f"{rate['min']:.1f}–{rate['max']:.1f}",
                       f"{c['speedup']:.2f}×" if c["speedup"] else "–",
-                      f"{c['predicted_speedup']:.2f}×" if c["predicted_speedup"] else "–")
+                      f"{c['predicted_speedup']:.2f}×" if c["predicted_speedup"] else "–",
+                      *((f"{c['seconds_per_target_pass'] * 1000:.1f}",) if placed else ()))
     return table
 
 
@@ -380,6 +385,13 @@ def show_facts(title: str, facts: list[tuple[str, str]]) -> None:
     for key, value in facts:
         table.add_row(key, value)
     Console(highlight=False).print(table)
+
+
+def worker_started(endpoint: str, devices: list[tuple[str, str, int, int]], threads: int) -> None:
+    """What a worker offers, on stdout: its endpoint, and each device's free and total memory."""
+    offered = "; ".join(f"{name} ({description}): {_size(free)} free of {_size(total)}"
+                        for name, description, free, total in devices)
+    say(f"spec worker on {endpoint}: {offered}; {threads} threads. Ctrl-C stops it.")
 
 
 def say(text: str) -> None:

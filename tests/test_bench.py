@@ -225,7 +225,7 @@ def test_several_prompt_sets_in_one_run(target_path: Path, tmp_path: Path, monke
     assert "Speed, chat prompts" in result.stdout and "Drafting, rewrite prompts" in result.stdout
     data = json.loads(out.read_text())
     configs = data["configs"]
-    assert set(data["costs"]) == {"chat", "rewrite"} and "costs on this machine, rewrite prompts" in result.stdout
+    assert set(data["costs"]) == {"chat", "rewrite"} and "costs on this machine, rewrite (ms)" in result.stdout
     assert [(c["task"], c["label"]) for c in configs] == [
         (task, label) for task in ("chat", "rewrite") for label in ("target alone", "model K=2", "hybrid K=2")]
     for config in configs:
