@@ -23,3 +23,11 @@ def test_quickstart_is_two_lines_one_runs_the_demo_one_runs_the_tests() -> None:
 def test_ci_runs_the_readme_test_command_verbatim() -> None:
     _, install_and_test = quickstart_commands()
     assert install_and_test in (ROOT / ".ci" / "run").read_text().splitlines()
+
+
+def test_both_lines_build_llama_cpp_with_rpc_even_over_a_cached_wheel() -> None:
+    """pip's wheel cache ignores CMAKE_ARGS: each line checks the build and rebuilds the pinned version."""
+    pinned = re.search(r'"(llama-cpp-python==[^"]+)"', (ROOT / "pyproject.toml").read_text()).group(1)
+    for line in quickstart_commands():
+        assert 'export CMAKE_ARGS="-DGGML_RPC=on"' in line and "llama_cpp.llama_supports_rpc()" in line
+        assert f'pip cache remove llama_cpp_python || true; pip install --force-reinstall --no-deps "{pinned}"' in line
