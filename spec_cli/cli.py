@@ -1,6 +1,8 @@
-"""The `spec` command line: each command parses, calls the library and hands events to `ui`.
+"""The `spec` command line: each command parses, calls the library and hands events to `ui`. The commands
+that generate (run, chat, bench) are here; `cli_models` has `spec models …`, `cli_machine` has `doctor` and
+`worker`.
 
-Library errors (`SpecError`) become one line on stderr and exit status 1, in one place (`_user_errors`).
+Library errors (`SpecError`) become one line on stderr and exit status 1, in one place (`cli_base.user_errors`).
 """
 
 from __future__ import annotations
@@ -11,25 +13,24 @@ import sys
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Annotated, Callable, Iterator, Optional, TypeVar
+from typing import Annotated, Iterator, Optional
 
 import typer
 
-from spec_cli import __version__, models, registry, rpc, ui
+from spec_cli import __version__, registry, rpc, ui
 from spec_cli import bench as benchmark
 from spec_cli import chat as chat_module
-from spec_cli.derive import derive
+from spec_cli.cli_base import (EXIT_INTERRUPTED, T, ThreadsOpt, csv_list, resolve_files,
+                               user_errors)
+from spec_cli.cli_machine import DOCTOR_EXAMPLES, WORKER_EXAMPLES, doctor, worker
+from spec_cli.cli_models import models_app
 from spec_cli.errors import SpecError
-from spec_cli.llama import FTYPES, supports_gpu_offload
+from spec_cli.llama import supports_gpu_offload
 from spec_cli.pair import DEFAULT_CTX, DRAFTING_MODES, Pair, load_pair, needs_draft_model
-from spec_cli.paths import user_registry_path
 from spec_cli.sampling import SAMPLING_ORDER, SAMPLING_PRESETS, SamplingParams, settle
 from spec_cli.verification import DEFAULT_VERIFY, VERIFY_RULES
 from spec_cli.text import NOT_UTF8_NOTE, decode_user_text
 
-T = TypeVar("T")
-EXIT_USER_ERROR = 1
-EXIT_INTERRUPTED = 130
 
 app = typer.Typer(
     help="Exact speculative decoding for GGUF models: a small draft model proposes, the target verifies.",
@@ -59,7 +60,6 @@ VerifyOpt = Annotated[str, typer.Option("--verify", help="How sampled drafts are
 SeedOpt = Annotated[Optional[int], typer.Option("--seed", help="Random seed; the same seed gives the same text (default: random).", show_default=False)]
 MaxTokensOpt = Annotated[int, typer.Option("--max-tokens", "-n", min=1, help="Stop after this many generated tokens.")]
 CtxOpt = Annotated[Optional[int], typer.Option("--ctx", min=16, help=f"Context size in tokens (default: the pair's, else {DEFAULT_CTX}).", show_default=False)]
-ThreadsOpt = Annotated[Optional[int], typer.Option("--threads", min=1, help="CPU threads per model (default: all cores).", show_default=False)]
 GpuLayersOpt = Annotated[Optional[int], typer.Option("--gpu-layers", min=-1, help="Target layers to put on devices (GPUs, RPC workers), -1: all; the rest run on this CPU (default: the pair's; else all with --rpc, 0 without).", show_default=False)]
 DraftGpuLayersOpt = Annotated[Optional[int], typer.Option("--draft-gpu-layers", min=-1, help="Draft layers to put on the GPU, -1: all (default: the pair's, else 0).", show_default=False)]
 RpcOpt = Annotated[Optional[str], typer.Option("--rpc", help="llama.cpp RPC workers to split the target over, HOST:PORT[,HOST:PORT…] (`spec worker` on each) (default: the pair's rpc, else none).", show_default=False)]
@@ -102,9 +102,9 @@ def spec(
     """Exact speculative decoding for GGUF models: a small draft model proposes, the target verifies."""
 
 
-models_app = typer.Typer(help="Model pairs: list, download, inspect, check and derive GGUF files.",
-                         no_args_is_help=True)
 app.add_typer(models_app, name="models")
+app.command(epilog=DOCTOR_EXAMPLES)(doctor)
+app.command(epilog=WORKER_EXAMPLES)(worker)
 
 
 @dataclass(frozen=True)
@@ -135,16 +135,6 @@ class Loaded:
 
 
 @contextmanager
-def _user_errors() -> Iterator[None]:
-    """Turn the library's one-line errors into one line on stderr and a non-zero exit."""
-    try:
-        yield
-    except SpecError as exc:
-        ui.error(str(exc))
-        raise typer.Exit(EXIT_USER_ERROR) from None
-
-
-@contextmanager
 def _open_pair(options: LoadOptions) -> Iterator[Loaded]:
     """Resolve the files (a named pair, or --target/--draft), load them, and close them afterwards.
 
@@ -152,8 +142,8 @@ def _open_pair(options: LoadOptions) -> Iterator[Loaded]:
     cannot offload get one warning line.
     """
     spec = _pair_spec(options)
-    workers = _csv(options.rpc, str) if options.rpc else list(spec.rpc if spec else ())
-    draft_workers = _csv(options.draft_rpc, str) if options.draft_rpc else []
+    workers = csv_list(options.rpc, str) if options.rpc else list(spec.rpc if spec else ())
+    draft_workers = csv_list(options.draft_rpc, str) if options.draft_rpc else []
     if options.rpc or workers or draft_workers:
         rpc.require()  # before any download or derivation
     if options.local_only:
@@ -161,7 +151,7 @@ def _open_pair(options: LoadOptions) -> Iterator[Loaded]:
     if spec is None:
         target, draft = options.target, options.draft
     else:
-        target, draft = _resolve(spec, options.quiet)
+        target, draft = resolve_files(spec, options.quiet)
     if (options.gpu_layers and not workers) or (options.draft_gpu_layers and not draft_workers):
         _warn_cpu_only()
     load_draft = options.needs_draft and not options.no_draft
@@ -169,7 +159,7 @@ def _open_pair(options: LoadOptions) -> Iterator[Loaded]:
     # A pair's gpu_layers are for its own workers (or GPU): workers given here take every layer by default.
     gpu_layers = _given(options.gpu_layers, spec.gpu_layers if spec and (spec.rpc or not options.rpc) else None)
     draft_gpu_layers = _given(options.draft_gpu_layers, spec.draft_gpu_layers if spec else None)
-    split = _csv(options.tensor_split, _weight) if options.tensor_split else []
+    split = csv_list(options.tensor_split, _weight) if options.tensor_split else []
     with load_pair(target, draft if load_draft else None, n_ctx=ctx, n_threads=options.threads,
                    gpu_layers=gpu_layers, draft_gpu_layers=draft_gpu_layers, rpc=workers, draft_rpc=draft_workers,
                    tensor_split=split, max_draft=max(options.max_draft, spec.draft_max if spec else 0)) as pair:
@@ -261,13 +251,6 @@ def _settle(pair: Pair, preset: str, given: dict[str, float | int]) -> SamplingP
     return settle(preset, pair.recommended_sampling(), given)
 
 
-def _resolve(spec: registry.PairSpec, quiet: bool, refresh: bool = False) -> tuple[Path, Path]:
-    """The pair's files, downloading (with progress bars) and deriving what is missing."""
-    notify = (lambda _m: None) if quiet else ui.note
-    with ui.download_progress() as bar:
-        return registry.resolve(spec, notify=notify, tqdm_class=bar, refresh=refresh)
-
-
 def _warn_cpu_only() -> None:
     if not supports_gpu_offload():
         ui.note("warning: this llama-cpp-python build has no GPU support; running on the CPU "
@@ -326,7 +309,7 @@ def run(
 
     Sampling means what it means in llama.cpp, with its defaults: penalties → top-k → top-p → min-p → temperature.
     """
-    with _user_errors():
+    with user_errors():
         text = _read_prompt(prompt, quiet)
         given = _sampling_flags(temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n, presence_penalty,
                                 frequency_penalty)
@@ -394,13 +377,13 @@ def bench(
 
     With --rpc every configuration runs twice, the target on this machine and split over the workers (the draft stays here), each against the target alone in the same place, with the time of one target pass.
     """
-    with _user_errors():
-        mode_list = _csv(modes, parse=_draft_mode)
+    with user_errors():
+        mode_list = csv_list(modes, parse=_draft_mode)
         prompts = ({None: benchmark.load_prompts(prompts_file, notify=ui.note)} if prompts_file
-                   else benchmark.builtin_prompt_sets(list(dict.fromkeys(_csv(task, parse=str)))))
-        temperatures = _csv(temps, parse=_temperature)
-        rules = _csv(verify, parse=_verify_rule)
-        k_given = _csv(ks, parse=_draft_max) if ks else []
+                   else benchmark.builtin_prompt_sets(list(dict.fromkeys(csv_list(task, parse=str)))))
+        temperatures = csv_list(temps, parse=_temperature)
+        rules = csv_list(verify, parse=_verify_rule)
+        k_given = csv_list(ks, parse=_draft_max) if ks else []
         options = LoadOptions(target, draft, pair, False, False, ctx, threads, gpu_layers, draft_gpu_layers,
                               needs_draft=any(needs_draft_model(mode) for mode in mode_list),
                               max_draft=_largest_k(k_given), rpc=rpc_workers, draft_rpc=draft_rpc,
@@ -417,7 +400,7 @@ def bench(
                 sides = benchmark.compare(loaded.pair, configs, prompts, max_tokens=max_tokens, repeat=repeat,
                                           raw=raw, progress=advance, rpc_pair=remote.pair if remote else None)
             settings = {"target": str(loaded.pair.target.path),
-                        "rpc": _csv(rpc_workers, str) if rpc_workers else [],
+                        "rpc": csv_list(rpc_workers, str) if rpc_workers else [],
                         "draft": str(loaded.pair.draft.path) if loaded.pair.draft else None,
                         "prompts": sum(map(len, prompts.values())), "task": None if prompts_file else task,
                         "max_tokens": max_tokens, "repeat": repeat, "temperatures": temperatures,
@@ -441,13 +424,6 @@ def _write(path: Path, text: str) -> None:
         partial.unlink(missing_ok=True)
         raise SpecError(f"cannot write {path}: {exc.strerror}") from exc
     ui.note(f"figures written to {path}")
-
-
-def _csv(text: str, parse: Callable[[str], T]) -> list[T]:
-    items = [parse(item.strip()) for item in text.split(",") if item.strip()]
-    if not items:
-        raise SpecError(f"expected a comma-separated list, got {text!r}")
-    return items
 
 
 CHAT_EXAMPLES = """\
@@ -501,7 +477,7 @@ def chat(
 
     Sampling uses the settings the target's GGUF recommends (--sampling model), else llama.cpp's defaults, in llama.cpp's order: penalties → top-k → top-p → min-p → temperature.
     """
-    with _user_errors():
+    with user_errors():
         mode = _draft_mode(draft_mode or "model")
         k = None if draft_max is None else _draft_max(draft_max)
         given = _sampling_flags(temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n, presence_penalty,
@@ -520,138 +496,6 @@ def chat(
                 max_tokens=max_tokens, use_draft=not no_draft, verify=verify)
             session = chat_module.ChatSession(loaded.pair, settings, system=system, seed=seed, template=template)
             ui.chat_loop(session, interactive=sys.stdin.isatty(), quiet=quiet)
-
-
-@models_app.command("list")
-def models_list() -> None:
-    """List the known pairs, which of their files are on disk, and how much space they take."""
-    with _user_errors():
-        known = registry.load_registry()
-        ui.show_pairs(models.pair_rows(known), known.default)
-
-
-@models_app.command("pull")
-def models_pull(name: Annotated[str, typer.Argument(help="Pair name (see spec models list).")]) -> None:
-    """Download a pair's files from the Hugging Face Hub into its cache (and derive a self-draft)."""
-    with _user_errors():
-        target, draft = _resolve(registry.load_registry().get(name), quiet=False, refresh=True)
-        ui.say(f"target {target}")
-        ui.say(f"draft  {draft}")
-
-
-@models_app.command("show")
-def models_show(name: Annotated[str, typer.Argument(help="Pair name (see spec models list).")]) -> None:
-    """Show a pair's sources, local files, sizes, and what their GGUF metadata says."""
-    with _user_errors():
-        spec = registry.load_registry().get(name)
-        settings = {"K": spec.draft_max, "ctx": spec.ctx, "gpu layers": spec.gpu_layers,
-                    "draft gpu layers": spec.draft_gpu_layers, "from": spec.origin}
-        ui.show_pair(spec.name, spec.description, settings, models.member_reports(spec))
-
-
-@models_app.command("check", epilog="Examples:\n\n  spec models check qwen3.5-9b\n\n  spec models check big.gguf small.gguf")
-def models_check(
-    pair_or_target: Annotated[str, typer.Argument(metavar="PAIR|TARGET", help="A pair name (its files must be on disk), or the target GGUF file.")],
-    draft: Annotated[Optional[Path], typer.Argument(metavar="[DRAFT]", help="The draft GGUF file, when the first argument is a target file.", show_default=False)] = None,
-) -> None:
-    """Check whether a draft can draft for a target: every vocabulary rule, passed or failed, and each model's kind of memory and rollback."""
-    with _user_errors():
-        if draft is None:
-            spec = registry.load_registry().get(pair_or_target)
-            files = models.located_pair(spec)
-            if files is None:
-                raise SpecError(f"pair {spec.name!r} is not on disk yet: spec models pull {spec.name}")
-            target, draft, k = *files, spec.draft_max
-        else:
-            target, k = Path(pair_or_target), 0
-        rules = models.check_files(target, draft)
-        ui.show_rules(rules)
-        ui.show_facts("memory", models.memory_facts(target, draft, k))
-        if not all(rule.passed for rule in rules):
-            raise typer.Exit(EXIT_USER_ERROR)
-
-
-@models_app.command("derive")
-def models_derive(
-    source: Annotated[Path, typer.Argument(help="GGUF file to re-encode.")],
-    type_: Annotated[str, typer.Option("--type", help=f"Target encoding: {', '.join(FTYPES)}.")],
-    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Where to write it (default: the cache).", show_default=False)] = None,
-    threads: ThreadsOpt = None,
-) -> None:
-    """Re-encode a GGUF with llama.cpp's quantizer (e.g. a Q4_0 self-draft of an F16 target); prints the path."""
-    with _user_errors():
-        if out is not None and out.exists():
-            raise SpecError(f"{out} already exists; remove it or choose another --out")
-        ui.say(str(derive(source, type_.lower(), dest=out, n_threads=threads, notify=ui.note)))
-
-
-@models_app.command("path")
-def models_path() -> None:
-    """Print where your own pairs file is (set SPEC_CLI_MODELS to use another)."""
-    ui.say(str(user_registry_path()))
-
-
-@app.command(epilog="Examples:\n\n  spec doctor\n\n  spec doctor --rpc 192.168.1.7:50052,192.168.1.8:50052")
-def doctor(
-    rpc_workers: Annotated[Optional[str], typer.Option("--rpc", help="Also check that these RPC workers answer, HOST:PORT[,…], and show their devices' free memory.", show_default=False)] = None,
-) -> None:
-    """Versions, the llama.cpp backend (CPU, CUDA, Metal, RPC), threads, memory, and where files are kept."""
-    with _user_errors():
-        known = registry.load_registry()
-        ui.show_facts("spec doctor", models.doctor_facts(known.get(known.default)))
-        if rpc_workers:
-            rpc.require()
-            workers = [rpc.probe(endpoint) for endpoint in rpc.parse_endpoints(rpc_workers)]
-            ui.show_facts("RPC workers", models.worker_facts(workers))
-
-
-WORKER_EXAMPLES = f"""\
-Examples:
-
-  spec worker                      # 127.0.0.1:{rpc.DEFAULT_PORT}: for `spec run --rpc 127.0.0.1:{rpc.DEFAULT_PORT}` on this machine
-
-  spec worker --host 0.0.0.0 --allow-remote --threads 16    # reachable from other machines: trusted networks only
-
-  spec worker --port 50053 --cache ~/.cache/spec-cli/rpc    # a second worker; weights kept on disk between runs
-"""
-
-
-@app.command(epilog=WORKER_EXAMPLES)
-def worker(
-    host: Annotated[str, typer.Option("--host", help="IPv4 address to listen on; anything but loopback needs --allow-remote.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option("--port", min=1, max=65535, help="TCP port to listen on.")] = rpc.DEFAULT_PORT,
-    threads: Annotated[Optional[int], typer.Option("--threads", min=1, help="CPU threads for computing (default: all cores).", show_default=False)] = None,
-    cache: Annotated[Optional[Path], typer.Option("--cache", help="Keep large tensors received in this folder, so a client that loads the same model again sends hashes instead of weights (default: no cache).", show_default=False)] = None,
-    allow_remote: Annotated[bool, typer.Option("--allow-remote", help="Allow a --host other machines can reach. The RPC protocol has no authentication or encryption.")] = False,
-) -> None:
-    """Lend this machine's GPUs (else its CPU) to `spec run --rpc` on another machine: llama.cpp's RPC server, in this process.
-
-    It serves one client at a time, until Ctrl-C. Anyone who can reach the port can run computations on this machine and read what it holds: keep it on loopback or a network you trust.
-    """
-    with _user_errors():
-        if rpc.check_bind_host(host, allow_remote):
-            ui.note(f"warning: anyone who can reach {host}:{port} can run computations on this machine and "
-                    "read what it holds (the RPC protocol has no authentication or encryption)")
-        if cache is not None:
-            _make_folder(cache.expanduser())
-        n_threads = threads or os.cpu_count() or 1
-        server = rpc.server(host, port, n_threads, str(cache.expanduser()) if cache else None)
-        try:
-            ui.worker_started(f"{host}:{port}", rpc.served_devices(), n_threads)
-            server.start()
-            while server.is_alive():
-                server.join(0.5)
-        except KeyboardInterrupt:
-            ui.note("worker stopped")
-            return
-        raise SpecError(f"llama.cpp's RPC server on {host}:{port} stopped (its message is above)")
-
-
-def _make_folder(path: Path) -> None:
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise SpecError(f"cannot create {path}: {exc.strerror}") from None
 
 
 def _stream(generation, view: ui.View) -> None:

@@ -1,0 +1,88 @@
+"""`spec models …`: list, download, inspect, check and derive the GGUF files of pairs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from spec_cli import models, registry, ui
+from spec_cli.cli_base import EXIT_USER_ERROR, ThreadsOpt, resolve_files, user_errors
+from spec_cli.derive import derive
+from spec_cli.errors import SpecError
+from spec_cli.llama import FTYPES
+from spec_cli.paths import user_registry_path
+
+models_app = typer.Typer(help="Model pairs: list, download, inspect, check and derive GGUF files.",
+                         no_args_is_help=True)
+
+
+
+@models_app.command("list")
+def models_list() -> None:
+    """List the known pairs, which of their files are on disk, and how much space they take."""
+    with user_errors():
+        known = registry.load_registry()
+        ui.show_pairs(models.pair_rows(known), known.default)
+
+
+@models_app.command("pull")
+def models_pull(name: Annotated[str, typer.Argument(help="Pair name (see spec models list).")]) -> None:
+    """Download a pair's files from the Hugging Face Hub into its cache (and derive a self-draft)."""
+    with user_errors():
+        target, draft = resolve_files(registry.load_registry().get(name), quiet=False, refresh=True)
+        ui.say(f"target {target}")
+        ui.say(f"draft  {draft}")
+
+
+@models_app.command("show")
+def models_show(name: Annotated[str, typer.Argument(help="Pair name (see spec models list).")]) -> None:
+    """Show a pair's sources, local files, sizes, and what their GGUF metadata says."""
+    with user_errors():
+        spec = registry.load_registry().get(name)
+        settings = {"K": spec.draft_max, "ctx": spec.ctx, "gpu layers": spec.gpu_layers,
+                    "draft gpu layers": spec.draft_gpu_layers, "from": spec.origin}
+        ui.show_pair(spec.name, spec.description, settings, models.member_reports(spec))
+
+
+@models_app.command("check", epilog="Examples:\n\n  spec models check qwen3.5-9b\n\n  spec models check big.gguf small.gguf")
+def models_check(
+    pair_or_target: Annotated[str, typer.Argument(metavar="PAIR|TARGET", help="A pair name (its files must be on disk), or the target GGUF file.")],
+    draft: Annotated[Optional[Path], typer.Argument(metavar="[DRAFT]", help="The draft GGUF file, when the first argument is a target file.", show_default=False)] = None,
+) -> None:
+    """Check whether a draft can draft for a target: every vocabulary rule, passed or failed, and each model's kind of memory and rollback."""
+    with user_errors():
+        if draft is None:
+            spec = registry.load_registry().get(pair_or_target)
+            files = models.located_pair(spec)
+            if files is None:
+                raise SpecError(f"pair {spec.name!r} is not on disk yet: spec models pull {spec.name}")
+            target, draft, k = *files, spec.draft_max
+        else:
+            target, k = Path(pair_or_target), 0
+        rules = models.check_files(target, draft)
+        ui.show_rules(rules)
+        ui.show_facts("memory", models.memory_facts(target, draft, k))
+        if not all(rule.passed for rule in rules):
+            raise typer.Exit(EXIT_USER_ERROR)
+
+
+@models_app.command("derive")
+def models_derive(
+    source: Annotated[Path, typer.Argument(help="GGUF file to re-encode.")],
+    type_: Annotated[str, typer.Option("--type", help=f"Target encoding: {', '.join(FTYPES)}.")],
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Where to write it (default: the cache).", show_default=False)] = None,
+    threads: ThreadsOpt = None,
+) -> None:
+    """Re-encode a GGUF with llama.cpp's quantizer (e.g. a Q4_0 self-draft of an F16 target); prints the path."""
+    with user_errors():
+        if out is not None and out.exists():
+            raise SpecError(f"{out} already exists; remove it or choose another --out")
+        ui.say(str(derive(source, type_.lower(), dest=out, n_threads=threads, notify=ui.note)))
+
+
+@models_app.command("path")
+def models_path() -> None:
+    """Print where your own pairs file is (set SPEC_CLI_MODELS to use another)."""
+    ui.say(str(user_registry_path()))
