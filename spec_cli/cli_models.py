@@ -42,7 +42,8 @@ def models_show(name: Annotated[str, typer.Argument(help="Pair name (see spec mo
     with user_errors():
         spec = registry.load_registry().get(name)
         settings = {"K": spec.draft_max, "ctx": spec.ctx, "gpu layers": spec.gpu_layers,
-                    "draft gpu layers": spec.draft_gpu_layers, "from": spec.origin}
+                    "draft gpu layers": spec.draft_gpu_layers, **({"RPC workers": ", ".join(spec.rpc)} if spec.rpc else {}),
+                    "from": spec.origin}
         ui.show_pair(spec.name, spec.description, settings, models.member_reports(spec))
 
 

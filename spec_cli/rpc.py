@@ -281,12 +281,20 @@ def _on_abort(message: bytes) -> None:
 
 
 def _answers(endpoint: Endpoint) -> bool:
-    """Whether a worker still accepts connections (a dead process refuses them at once)."""
+    """Whether a worker is still there. A dead one refuses the connection, or (while its process is going
+    away) drops it unanswered; a live one accepts it and waits for a command, even while it serves us."""
     try:
-        socket.create_connection((endpoint.host, endpoint.port), timeout=1.0).close()
+        sock = socket.create_connection((endpoint.host, endpoint.port), timeout=1.0)
     except OSError:
         return False
-    return True
+    with sock:
+        sock.settimeout(0.5)
+        try:
+            return sock.recv(1) != b""
+        except TimeoutError:
+            return True
+        except OSError:
+            return False
 
 
 def _watch_for_lost_workers() -> None:

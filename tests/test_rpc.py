@@ -172,6 +172,20 @@ def test_run_and_a_pair_with_workers_stream_the_local_text(workers: list[Worker]
     assert ids[0] == ids[1] == ids[2] and len(ids[0]) == 40
 
 
+def test_a_draft_on_a_worker_and_chat_over_workers_give_the_local_answers(workers: list[Worker], deep_target: Path,
+                                                                         deep_draft: Path) -> None:
+    with load_pair(deep_target, deep_draft) as local:
+        expected = greedy(local, draft_max=4).token_ids
+    with load_pair(deep_target, deep_draft, draft_rpc=[workers[0].endpoint]) as remote_draft:
+        assert greedy(remote_draft, draft_max=4).token_ids == expected
+    files = ["--target", str(deep_target), "--draft", str(deep_draft), "--chat-format", "chatml", "--temp", "0",
+             "-n", "24", "-q"]
+    here = CliRunner().invoke(app, ["chat", *files], input="hello\nand then?\n")
+    there = CliRunner().invoke(app, ["chat", *files, "--rpc", ",".join(endpoints(workers))], input="hello\nand then?\n")
+    assert here.exit_code == there.exit_code == 0, there.output
+    assert here.stdout == there.stdout and here.stdout.strip()
+
+
 def test_bench_puts_local_and_rpc_side_by_side(workers: list[Worker], deep_target: Path, deep_draft: Path,
                                                tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("COLUMNS", "160")  # room for the labels and the extra column
@@ -305,6 +319,19 @@ def test_a_worker_reachable_from_other_machines_needs_allow_remote(host: str) ->
     assert f"--host {host} lets other machines reach this worker" in result.stderr and "--allow-remote" in result.stderr
     assert rpc.check_bind_host(host, allow_remote=True)
     assert not rpc.check_bind_host("127.0.0.1", allow_remote=False)
+
+
+def test_allow_remote_warns_in_one_line_before_serving(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No test binds a non-loopback address: the server is replaced, and the warning must come before it."""
+    def refuse(*_args: object) -> None:
+        raise SpecError("server not started in tests")
+
+    monkeypatch.setattr(rpc, "server", refuse)
+    result = CliRunner().invoke(app, ["worker", "--host", "0.0.0.0", "--allow-remote"])
+    lines = result.stderr.strip().splitlines()
+    assert result.exit_code == 1 and len(lines) == 2 and lines[1] == "spec: error: server not started in tests"
+    assert lines[0] == ("spec: warning: anyone who can reach 0.0.0.0:50052 can run computations on this machine and "
+                        "read what it holds (the RPC protocol has no authentication or encryption)")
 
 
 def test_a_worker_prints_what_it_offers_and_stops_on_ctrl_c(tmp_path: Path) -> None:
