@@ -86,6 +86,8 @@ Examples:
   spec run --target model.gguf --draft-mode ngram "Fix the typos: ..."
 
   spec run --no-draft --json "Hello" | jq .stats.tokens_per_second
+
+  spec run --target 70b.gguf --draft 1b.gguf --rpc 192.168.1.7:50052,192.168.1.8:50052 "Hello"   # spec worker on each
 """
 
 
@@ -436,6 +438,8 @@ Examples:
   spec chat --pair qwen2.5-7b -k auto
 
   printf 'Hi!\\nWhat is 2+2?\\n' | spec chat > answers.txt
+
+  spec chat --pair big --rpc 192.168.1.7:50052 --gpu-layers 60   # 60 layers on the worker, the rest here
 """
 
 

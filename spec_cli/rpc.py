@@ -268,10 +268,10 @@ def _on_abort(message: bytes) -> None:
     reason = text.split(": ", 1)[-1]
     lost = [str(e) for e in _registered if not _answers(e)]
     who = f"RPC worker {', '.join(lost)}" if lost else "an RPC worker"
-    line = f"{who} stopped answering ({reason}); generation stopped"
+    line = f"{who} stopped answering ({reason})"
     try:
         if _last_words:
-            _last_words[-1](line)
+            _last_words[-1](f"{line}; generation stopped")
         else:
             sys.stderr.write(f"spec: error: {line}\n")
     finally:
