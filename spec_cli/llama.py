@@ -217,9 +217,8 @@ class Model:
         params.use_extra_bufts = not amx_weights_disabled()
         if devices is not None:
             params.devices = ctypes.cast(devices, ctypes.c_void_p)
-        split = (ctypes.c_float * llama_cpp.llama_max_devices())(*tensor_split)
         if tensor_split:
-            params.tensor_split = split
+            params.tensor_split = (ctypes.c_float * llama_cpp.llama_max_devices())(*tensor_split)
         _Backend.forget()
         handle = llama_cpp.llama_model_load_from_file(str(self.path).encode(), params)
         if not handle:

@@ -16,13 +16,14 @@ import secrets
 from pathlib import Path
 from typing import Sequence
 
-from spec_cli import rpc, vocab
+from spec_cli import vocab
 from spec_cli.costs import LoopCosts
 from spec_cli.draft_length import AdaptiveK, DraftLength, FixedK
 from spec_cli.drafters import Drafter, HybridDrafter, HybridState, ModelDrafter, NgramDrafter
 from spec_cli.engine import Generation
 from spec_cli.errors import SpecError
 from spec_cli.llama import Context, Model
+from spec_cli.rpc import device_list, local_devices, parse_endpoints
 from spec_cli.sampling import SamplingParams, recommended
 from spec_cli.verification import DEFAULT_VERIFY, VERIFY_RULES
 
@@ -214,10 +215,10 @@ def _load(path: str | os.PathLike[str], gpu_layers: int | None, workers: Sequenc
           tensor_split: Sequence[float]) -> Model:
     """One model on this machine's devices and `workers`' ("host:port"), every layer on devices by default
     when there are workers."""
-    endpoints = rpc.parse_endpoints(",".join(workers)) if workers else ()
-    devices = rpc.device_list(endpoints)
+    endpoints = parse_endpoints(",".join(workers)) if workers else ()
+    devices = device_list(endpoints)
     if tensor_split:
-        _check_split(tensor_split, len(devices) - 1 if devices is not None else len(rpc.local_devices()))
+        _check_split(tensor_split, len(devices) - 1 if devices is not None else len(local_devices()))
     layers = gpu_layers if gpu_layers is not None else (-1 if endpoints else 0)
     return Model(Path(path), layers, devices=devices, tensor_split=tensor_split)
 
