@@ -131,7 +131,7 @@ def probe(endpoint: Endpoint, timeout: float = CONNECT_TIMEOUT) -> WorkerInfo:
                         "client at a time; is another spec or llama.cpp using it?") from None
     except (OSError, EOFError) as exc:
         raise SpecError(f"RPC worker {endpoint} is unreachable: {getattr(exc, 'strerror', None) or exc}") from None
-    return WorkerInfo(endpoint, (major, minor, patch), tuple((free, total) for free, total in memory))
+    return WorkerInfo(endpoint, (major, minor, patch), memory)
 
 
 def _call(sock: socket.socket, command: int, request: bytes, response_size: int) -> bytes:
@@ -161,7 +161,7 @@ _registered: dict[Endpoint, list[int]] = {}  # each worker's device handles, reg
 def worker_devices(endpoints: Sequence[Endpoint]) -> list[int]:
     """The devices of `endpoints`, in order, each worker checked (`probe`) and registered with ggml once."""
     require()
-    _watch_for_lost_workers()
+    _lib.set_abort_callback(_on_abort)  # from now on a lost worker is one line, not llama.cpp's abort
     devices: list[int] = []
     for endpoint in endpoints:
         if endpoint not in _registered:
@@ -172,9 +172,7 @@ def worker_devices(endpoints: Sequence[Endpoint]) -> list[int]:
 
 
 def _register(endpoint: Endpoint) -> list[int]:
-    reg = _lib.reg_by_name(b"RPC")
-    add_server = ctypes.cast(_lib.get_proc_address(reg, b"ggml_backend_rpc_add_server"),
-                             ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_char_p))
+    add_server = _rpc_function("ggml_backend_rpc_add_server", ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_char_p))
     server = add_server(str(endpoint).encode())
     if not server:
         raise SpecError(f"RPC worker {endpoint} offers no devices")
@@ -215,11 +213,11 @@ def server(host: str, port: int, threads: int, cache_dir: str | None) -> threadi
     start: the server never returns, and the main thread must stay free to take Ctrl-C."""
     require()
     _check_port_free(host, port)
-    devices = local_devices() or [_lib.dev_by_type(0)]  # GGML_BACKEND_DEVICE_TYPE_CPU
+    devices = _devices_to_serve()
     array = (ctypes.c_void_p * len(devices))(*devices)
-    start = ctypes.cast(_lib.get_proc_address(_lib.reg_by_name(b"RPC"), b"ggml_backend_rpc_start_server"),
-                        ctypes.CFUNCTYPE(None, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_size_t,
-                                         ctypes.POINTER(ctypes.c_void_p)))
+    start = _rpc_function("ggml_backend_rpc_start_server",
+                          ctypes.CFUNCTYPE(None, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_size_t,
+                                           ctypes.POINTER(ctypes.c_void_p)))
     endpoint = f"{host}:{port}".encode()
     cache = cache_dir.encode() if cache_dir else None
     return threading.Thread(target=start, args=(endpoint, cache, threads, len(devices), array), daemon=True,
@@ -228,8 +226,17 @@ def server(host: str, port: int, threads: int, cache_dir: str | None) -> threadi
 
 def served_devices() -> list[tuple[str, str, int, int]]:
     """(name, description, free, total) of each device `server` offers."""
-    devices = local_devices() or [_lib.dev_by_type(0)]
-    return [(_lib.dev_name(d).decode(), _lib.dev_description(d).decode(), *device_memory(d)) for d in devices]
+    return [(_lib.dev_name(d).decode(), _lib.dev_description(d).decode(), *device_memory(d))
+            for d in _devices_to_serve()]
+
+
+def _devices_to_serve() -> list[int]:
+    return local_devices() or [_lib.dev_by_type(0)]  # GGML_BACKEND_DEVICE_TYPE_CPU
+
+
+def _rpc_function(name: str, prototype: type) -> Callable:
+    """A function of the RPC backend, found by name in ggml's registry as llama.cpp's own tools find it."""
+    return ctypes.cast(_lib.get_proc_address(_lib.reg_by_name(b"RPC"), name.encode()), prototype)
 
 
 def _check_port_free(host: str, port: int) -> None:
@@ -295,10 +302,6 @@ def _answers(endpoint: Endpoint) -> bool:
             return True
         except OSError:
             return False
-
-
-def _watch_for_lost_workers() -> None:
-    _lib.set_abort_callback(_on_abort)
 
 
 class _Ggml:
