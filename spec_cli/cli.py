@@ -1,6 +1,6 @@
 """The `spec` command line: each command parses, calls the library and hands events to `ui`. The commands
-that generate (run, chat, bench) are here; `cli_models` has `spec models …`, `cli_machine` has `doctor` and
-`worker`.
+that generate (run, chat, bench) are here, with the options they share in `cli_pair`; `cli_models` has
+`spec models …`, `cli_machine` has `doctor` and `worker`.
 
 Library errors (`SpecError`) become one line on stderr and exit status 1, in one place (`cli_base.user_errors`).
 """
@@ -10,27 +10,28 @@ from __future__ import annotations
 import json
 import os
 import sys
-from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass, replace
+from contextlib import nullcontext
+from dataclasses import replace
 from pathlib import Path
-from typing import Annotated, Iterator, Optional
+from typing import Annotated, Optional
 
 import typer
 
-from spec_cli import __version__, registry, rpc, ui
+from spec_cli import __version__, rpc, ui
 from spec_cli import bench as benchmark
 from spec_cli import chat as chat_module
-from spec_cli.cli_base import (EXIT_INTERRUPTED, T, ThreadsOpt, csv_list, resolve_files,
-                               user_errors)
+from spec_cli.cli_base import EXIT_INTERRUPTED, ThreadsOpt, csv_list, user_errors
 from spec_cli.cli_machine import DOCTOR_EXAMPLES, WORKER_EXAMPLES, doctor, worker
 from spec_cli.cli_models import models_app
+from spec_cli.cli_pair import (CtxOpt, DraftGpuLayersOpt, DraftMaxOpt, DraftModeOpt, DraftOpt, DraftRpcOpt,
+                               GpuLayersOpt, LoadOptions, NoDraftOpt, PairOpt, QuietOpt, RpcOpt, TargetOpt,
+                               TensorSplitOpt, VerifyOpt, largest_k, open_pair, parse_draft_max,
+                               or_default, parse_draft_mode, parse_verify_rule)
 from spec_cli.errors import SpecError
-from spec_cli.llama import supports_gpu_offload
-from spec_cli.pair import DEFAULT_CTX, DRAFTING_MODES, Pair, load_pair, needs_draft_model
+from spec_cli.pair import Pair, needs_draft_model
 from spec_cli.sampling import SAMPLING_ORDER, SAMPLING_PRESETS, SamplingParams, settle
-from spec_cli.verification import DEFAULT_VERIFY, VERIFY_RULES
+from spec_cli.verification import DEFAULT_VERIFY
 from spec_cli.text import NOT_UTF8_NOTE, decode_user_text
-
 
 app = typer.Typer(
     help="Exact speculative decoding for GGUF models: a small draft model proposes, the target verifies.",
@@ -39,12 +40,6 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
-# Options shared by the commands that load a pair, declared once.
-TargetOpt = Annotated[Optional[Path], typer.Option("--target", "-t", help="Target GGUF file (the model you want output from).", show_default=False)]
-DraftOpt = Annotated[Optional[Path], typer.Option("--draft", "-d", help="Draft GGUF file (small, same vocabulary as the target).", show_default=False)]
-PairOpt = Annotated[Optional[str], typer.Option("--pair", "-p", help="A named pair from models.toml (default: the registry's default pair).", show_default=False)]
-DraftMaxOpt = Annotated[Optional[str], typer.Option("--draft-max", "-k", help="Draft tokens per round, K: 0-64, or auto to choose K each round from measured acceptance and costs (default: the pair's tuned K; auto for files given with --target/--draft).", show_default=False)]
-DraftModeOpt = Annotated[Optional[str], typer.Option("--draft-mode", help="How drafts are made: model (the draft model), ngram (prompt lookup, no draft model needed), hybrid (n-gram first, then the model) (default: model).", show_default=False)]
 DraftPMinOpt = Annotated[float, typer.Option("--draft-p-min", min=0.0, max=0.99, help="Confidence stop: the draft model stops a round when its top probability falls below this (0: off).")]
 # Sampling, with llama.cpp's meaning and defaults; None means "not given", so the --sampling preset decides.
 TempOpt = Annotated[Optional[float], typer.Option("--temp", min=0.0, help=f"Temperature, applied last as in llama.cpp ({SAMPLING_ORDER}); 0 is greedy (output identical to the target alone).", show_default=False)]
@@ -56,17 +51,8 @@ RepeatLastNOpt = Annotated[Optional[int], typer.Option("--repeat-last-n", min=0,
 PresencePenaltyOpt = Annotated[Optional[float], typer.Option("--presence-penalty", help="Subtract from the logit of every token seen in the last --repeat-last-n (default: 0).", show_default=False)]
 FrequencyPenaltyOpt = Annotated[Optional[float], typer.Option("--frequency-penalty", help="Subtract this times the number of times a token was seen in the last --repeat-last-n (default: 0).", show_default=False)]
 SamplingPresetOpt = Annotated[Optional[str], typer.Option("--sampling", help="greedy (temperature 0 unless --temp is given) or model (what the target's GGUF recommends, else llama.cpp's temp 0.8, top-k 40, top-p 0.95, min-p 0.05); flags given always win (default: greedy for run, model for chat).", show_default=False)]
-VerifyOpt = Annotated[str, typer.Option("--verify", help="How sampled drafts are verified: block (Sun et al. 2025, keeps more tokens) or token (token by token); both are exact.")]
 SeedOpt = Annotated[Optional[int], typer.Option("--seed", help="Random seed; the same seed gives the same text (default: random).", show_default=False)]
 MaxTokensOpt = Annotated[int, typer.Option("--max-tokens", "-n", min=1, help="Stop after this many generated tokens.")]
-CtxOpt = Annotated[Optional[int], typer.Option("--ctx", min=16, help=f"Context size in tokens (default: the pair's, else {DEFAULT_CTX}).", show_default=False)]
-GpuLayersOpt = Annotated[Optional[int], typer.Option("--gpu-layers", min=-1, help="Target layers to put on devices (GPUs, RPC workers), -1: all; the rest run on this CPU (default: the pair's; else all with --rpc, 0 without).", show_default=False)]
-DraftGpuLayersOpt = Annotated[Optional[int], typer.Option("--draft-gpu-layers", min=-1, help="Draft layers to put on the GPU, -1: all (default: the pair's, else 0).", show_default=False)]
-RpcOpt = Annotated[Optional[str], typer.Option("--rpc", help="llama.cpp RPC workers to split the target over, HOST:PORT[,HOST:PORT…] (`spec worker` on each) (default: the pair's rpc, else none).", show_default=False)]
-DraftRpcOpt = Annotated[Optional[str], typer.Option("--draft-rpc", help="RPC workers for the draft, HOST:PORT[,…] (default: none: the draft is small, and drafting here pays no round trips).", show_default=False)]
-TensorSplitOpt = Annotated[Optional[str], typer.Option("--tensor-split", help="Weights of the devices the target is split over, comma-separated: one per RPC worker in --rpc order, then one per local GPU (default: by free memory).", show_default=False)]
-NoDraftOpt = Annotated[bool, typer.Option("--no-draft", help="Run the target alone through the same code path, for comparison.")]
-QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No statistics, no notes: only the text.")]
 
 RUN_EXAMPLES = """\
 Examples:
@@ -109,110 +95,6 @@ app.command(epilog=DOCTOR_EXAMPLES)(doctor)
 app.command(epilog=WORKER_EXAMPLES)(worker)
 
 
-@dataclass(frozen=True)
-class LoadOptions:
-    """The options every command that loads a pair shares, as the user gave them."""
-
-    target: Path | None = None
-    draft: Path | None = None
-    pair: str | None = None
-    no_draft: bool = False
-    quiet: bool = False
-    ctx: int | None = None
-    threads: int | None = None
-    gpu_layers: int | None = None
-    draft_gpu_layers: int | None = None
-    needs_draft: bool = True
-    max_draft: int = 0  # the largest fixed K asked for (memories that roll back in place are sized to it)
-    rpc: str | None = None
-    draft_rpc: str | None = None
-    tensor_split: str | None = None
-    local_only: bool = False  # no workers, not even the pair's
-
-
-@dataclass(frozen=True)
-class Loaded:
-    pair: Pair
-    draft_max: int | str
-
-
-@contextmanager
-def _open_pair(options: LoadOptions) -> Iterator[Loaded]:
-    """Resolve the files (a named pair, or --target/--draft), load them, and close them afterwards.
-
-    Settings the user left out come from the pair's registry entry; GPU layers asked for on a build that
-    cannot offload get one warning line.
-    """
-    spec = _pair_spec(options)
-    workers = csv_list(options.rpc, str) if options.rpc else list(spec.rpc if spec else ())
-    draft_workers = csv_list(options.draft_rpc, str) if options.draft_rpc else []
-    if options.rpc or workers or draft_workers:
-        rpc.require()  # before any download or derivation
-    if options.local_only:
-        workers, draft_workers = [], []
-    if spec is None:
-        target, draft = options.target, options.draft
-    else:
-        target, draft = resolve_files(spec, options.quiet)
-    if (options.gpu_layers and not workers) or (options.draft_gpu_layers and not draft_workers):
-        _warn_cpu_only()
-    load_draft = options.needs_draft and not options.no_draft
-    ctx = options.ctx or (spec.ctx if spec else DEFAULT_CTX)
-    # A pair's gpu_layers are for its own workers (or GPU): workers given here take every layer by default.
-    gpu_layers = _given(options.gpu_layers, spec.gpu_layers if spec and (spec.rpc or not options.rpc) else None)
-    draft_gpu_layers = _given(options.draft_gpu_layers, spec.draft_gpu_layers if spec else None)
-    split = csv_list(options.tensor_split, _weight) if options.tensor_split else []
-    with load_pair(target, draft if load_draft else None, n_ctx=ctx, n_threads=options.threads,
-                   gpu_layers=gpu_layers, draft_gpu_layers=draft_gpu_layers, rpc=workers, draft_rpc=draft_workers,
-                   tensor_split=split, max_draft=max(options.max_draft, spec.draft_max if spec else 0)) as pair:
-        yield Loaded(pair, spec.draft_max if spec else "auto")
-
-
-def _pair_spec(options: LoadOptions) -> registry.PairSpec | None:
-    """The registry entry to use, or None when the user named the files directly."""
-    if options.target is None and options.draft is not None:
-        raise SpecError("--draft needs --target")
-    if options.target is None:
-        models = registry.load_registry()
-        return models.get(options.pair or models.default)
-    if options.pair is not None:
-        raise SpecError("give either --pair or --target/--draft, not both")
-    if options.draft is None and options.needs_draft and not options.no_draft:
-        raise SpecError("--target needs a --draft (or --draft-mode ngram, or --no-draft for the target alone)")
-    return None
-
-
-def _given(value: T | None, default: T) -> T:
-    return default if value is None else value
-
-
-def _draft_max(value: str) -> int | str:
-    """-k as typed: a number of draft tokens (0-64) or "auto"."""
-    if value.lower() == "auto":
-        return "auto"
-    if not value.isdigit() or int(value) > 64:
-        raise SpecError(f"--draft-max must be a number from 0 to 64 or 'auto', got {value!r}")
-    return int(value)
-
-
-def _largest_k(ks: list[int | str | None]) -> int:
-    """The largest fixed K among those given (0 when none is a number)."""
-    return max((k for k in ks if isinstance(k, int)), default=0)
-
-
-def _draft_mode(value: str) -> str:
-    if value not in DRAFTING_MODES:
-        raise SpecError(f"unknown draft mode {value!r}; choose one of: {', '.join(DRAFTING_MODES)}")
-    return value
-
-
-def _weight(value: str) -> float:
-    try:
-        return float(value)
-    except ValueError:
-        raise SpecError(f"--tensor-split takes numbers, got {value!r}") from None
-
-
 def _temperature(value: str) -> float:
     try:
         temperature = float(value)
@@ -221,12 +103,6 @@ def _temperature(value: str) -> float:
     if not 0 <= temperature < float("inf"):
         raise SpecError(f"--temp must be a number >= 0, got {value!r}")
     return temperature
-
-
-def _verify_rule(value: str) -> str:
-    if value not in VERIFY_RULES:
-        raise SpecError(f"unknown --verify {value!r}; choose one of: {', '.join(VERIFY_RULES)}")
-    return value
 
 
 def _sampling_preset(value: str | None, default: str) -> str:
@@ -251,12 +127,6 @@ def _sampling_flags(temp: float | None, top_k: int | None, top_p: float | None, 
 def _settle(pair: Pair, preset: str, given: dict[str, float | int]) -> SamplingParams:
     """The --sampling preset (with the target's recommended settings) under the flags the user gave."""
     return settle(preset, pair.recommended_sampling(), given)
-
-
-def _warn_cpu_only() -> None:
-    if not supports_gpu_offload():
-        ui.note("warning: this llama-cpp-python build has no GPU support; running on the CPU "
-                "(spec doctor says how to install a CUDA or Metal build)")
 
 
 def _read_prompt(prompt: str | None, quiet: bool) -> str:
@@ -315,20 +185,20 @@ def run(
         text = _read_prompt(prompt, quiet)
         given = _sampling_flags(temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n, presence_penalty,
                                 frequency_penalty)
-        verify, preset = _verify_rule(verify), _sampling_preset(sampling_preset, "greedy")
-        mode = "none" if no_draft else _draft_mode(draft_mode or "model")
-        k = None if draft_max is None else _draft_max(draft_max)
+        verify, preset = parse_verify_rule(verify), _sampling_preset(sampling_preset, "greedy")
+        mode = "none" if no_draft else parse_draft_mode(draft_mode or "model")
+        k = None if draft_max is None else parse_draft_max(draft_max)
         options = LoadOptions(target, draft, pair, no_draft, quiet, ctx, threads, gpu_layers, draft_gpu_layers,
-                              needs_draft=needs_draft_model(mode), max_draft=_largest_k([k]),
+                              needs_draft=needs_draft_model(mode), max_draft=largest_k([k]),
                               rpc=rpc_workers, draft_rpc=draft_rpc, tensor_split=tensor_split)
-        with _open_pair(options) as loaded:
+        with open_pair(options) as loaded:
             if not raw and not loaded.pair.has_chat_template:
                 if not quiet:
                     ui.note(f"{loaded.pair.target.path.name} has no chat template; sending the prompt as raw text")
                 raw = True
             sampling = _settle(loaded.pair, preset, given)
             generation = loaded.pair.generate(text, sampling=sampling, seed=seed, max_tokens=max_tokens, raw=raw,
-                                              draft_max=_given(k, loaded.draft_max), draft_mode=mode,
+                                              draft_max=or_default(k, loaded.draft_max), draft_mode=mode,
                                               draft_p_min=draft_p_min, verify=verify)
             _stream(generation, ui.make_view(as_json, quiet))
 
@@ -380,20 +250,20 @@ def bench(
     With --rpc every configuration runs twice, the target on this machine and split over the workers (the draft stays here), each against the target alone in the same place, with the time of one target pass.
     """
     with user_errors():
-        mode_list = csv_list(modes, parse=_draft_mode)
+        mode_list = csv_list(modes, parse=parse_draft_mode)
         prompts = ({None: benchmark.load_prompts(prompts_file, notify=ui.note)} if prompts_file
                    else benchmark.builtin_prompt_sets(list(dict.fromkeys(csv_list(task, parse=str)))))
         temperatures = csv_list(temps, parse=_temperature)
-        rules = csv_list(verify, parse=_verify_rule)
-        k_given = csv_list(ks, parse=_draft_max) if ks else []
+        rules = csv_list(verify, parse=parse_verify_rule)
+        k_given = csv_list(ks, parse=parse_draft_max) if ks else []
         options = LoadOptions(target, draft, pair, False, False, ctx, threads, gpu_layers, draft_gpu_layers,
                               needs_draft=any(needs_draft_model(mode) for mode in mode_list),
-                              max_draft=_largest_k(k_given), rpc=rpc_workers, draft_rpc=draft_rpc,
+                              max_draft=largest_k(k_given), rpc=rpc_workers, draft_rpc=draft_rpc,
                               tensor_split=tensor_split)
         # With --rpc, the same files twice: local, and the target split over the workers, side by side.
         places = ["local", "rpc"] if rpc_workers else [None]
-        with _open_pair(replace(options, local_only=bool(rpc_workers))) as loaded, \
-                (_open_pair(options) if rpc_workers else nullcontext()) as remote:
+        with open_pair(replace(options, local_only=bool(rpc_workers))) as loaded, \
+                (open_pair(options) if rpc_workers else nullcontext()) as remote:
             k_list = k_given or list(dict.fromkeys([loaded.draft_max, "auto"]))
             configs = benchmark.configurations(mode_list, k_list, temperatures, rules, list(prompts), places)
             raw = not loaded.pair.has_chat_template
@@ -482,21 +352,21 @@ def chat(
     Sampling uses the settings the target's GGUF recommends (--sampling model), else llama.cpp's defaults, in llama.cpp's order: penalties → top-k → top-p → min-p → temperature.
     """
     with user_errors():
-        mode = _draft_mode(draft_mode or "model")
-        k = None if draft_max is None else _draft_max(draft_max)
+        mode = parse_draft_mode(draft_mode or "model")
+        k = None if draft_max is None else parse_draft_max(draft_max)
         given = _sampling_flags(temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n, presence_penalty,
                                 frequency_penalty)
-        verify, preset = _verify_rule(verify), _sampling_preset(sampling_preset, "model")
+        verify, preset = parse_verify_rule(verify), _sampling_preset(sampling_preset, "model")
         template = chat_module.chat_template(chat_format)
         options = LoadOptions(target, draft, pair, no_draft, quiet, ctx, threads, gpu_layers, draft_gpu_layers,
-                              needs_draft=needs_draft_model(mode), max_draft=_largest_k([k]),
+                              needs_draft=needs_draft_model(mode), max_draft=largest_k([k]),
                               rpc=rpc_workers, draft_rpc=draft_rpc, tensor_split=tensor_split)
-        with _open_pair(options) as loaded:
+        with open_pair(options) as loaded:
             # Fail now rather than at the first message when there is no template to use.
             loaded.pair.target.format_chat([{"role": "user", "content": "hi"}], template=template)
             settings = chat_module.Settings(
                 sampling=_settle(loaded.pair, preset, given),
-                draft_max=_given(k, loaded.draft_max), draft_mode=mode, draft_p_min=draft_p_min,
+                draft_max=or_default(k, loaded.draft_max), draft_mode=mode, draft_p_min=draft_p_min,
                 max_tokens=max_tokens, use_draft=not no_draft, verify=verify)
             session = chat_module.ChatSession(loaded.pair, settings, system=system, seed=seed, template=template)
             ui.chat_loop(session, interactive=sys.stdin.isatty(), quiet=quiet)
