@@ -18,6 +18,7 @@ from typing import Iterator
 from spec_cli.engine import Generation, TokenEvent
 from spec_cli.errors import SpecError
 from spec_cli.pair import DRAFTING_MODES, Pair, needs_draft_model
+from spec_cli.prompt_cache import PromptCache
 from spec_cli.sampling import SamplingParams
 from spec_cli.stats import Stats
 from spec_cli.verification import DEFAULT_VERIFY, VERIFY_RULES
@@ -78,8 +79,7 @@ class ChatSession:
     totals: Stats = field(default_factory=lambda: Stats(draft_max=0))
     last: Generation | None = None
     notices: list[str] = field(default_factory=list)
-    _tokens: list[int] = field(default_factory=list)
-    _text: str = ""
+    _cache: PromptCache = field(default_factory=PromptCache)
     _rendered: str = ""
 
     def messages(self, turns: list[Turn] | None = None) -> list[dict[str, str]]:
@@ -106,8 +106,7 @@ class ChatSession:
             yield from generation
         finally:
             self.turns.append(Turn("assistant", generation.text, interrupted=generation.finish_reason == "interrupted"))
-            self._tokens = prompt + generation.token_ids
-            self._text = self._rendered + generation.text
+            self._cache.remember(self._rendered + generation.text, prompt + generation.token_ids)
             self.totals.merge(generation.stats)
 
     def _prompt_tokens(self) -> list[int]:
@@ -118,17 +117,14 @@ class ChatSession:
         dropped = 0
         while True:
             self._rendered = model.format_chat(self.messages(), template=self.template)
-            if self._text and self._rendered.startswith(self._text):
-                tokens = self._tokens + model.tokenize(self._rendered[len(self._text):], add_special=False)
-            else:
-                tokens = model.tokenize(self._rendered)
+            tokens = self._cache.tokens_for(model, self._rendered)
             if len(tokens) <= room:
                 break
             if len(self.turns) <= 1:
                 raise SpecError(f"the message is {len(tokens)} tokens; with room for the answer the context holds "
                                 f"{room} (raise --ctx or lower --max-tokens)")
             self.turns = self.turns[2:] if self.turns[0].role == "user" else self.turns[1:]
-            self._tokens, self._text = [], ""
+            self._cache.forget()
             dropped += 1
         if dropped:
             self.notices.append(f"the conversation outgrew the {self.pair.n_ctx}-token context: "
@@ -136,11 +132,12 @@ class ChatSession:
         return tokens
 
     def reset(self) -> None:
-        self.turns, self._tokens, self._text = [], [], ""
+        self.turns = []
+        self._cache.forget()
 
     def set_system(self, text: str) -> None:
         self.system = text or None
-        self._tokens, self._text = [], ""
+        self._cache.forget()
 
     def save(self, path: Path) -> None:
         """The conversation as JSON (.json) or Markdown (anything else); interrupted answers are marked."""
