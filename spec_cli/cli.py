@@ -1,6 +1,6 @@
 """The `spec` command line: each command parses, calls the library and hands events to `ui`. The commands
-that generate (run, chat, bench) are here, with the options they share in `cli_pair`; `cli_models` has
-`spec models …`, `cli_machine` has `doctor` and `worker`.
+that generate (run, chat, bench) are here, with the options they share in `cli_pair`; `cli_serve` has
+`spec serve`, `cli_models` has `spec models …`, `cli_machine` has `doctor` and `worker`.
 
 Library errors (`SpecError`) become one line on stderr and exit status 1, in one place (`cli_base.user_errors`).
 """
@@ -27,6 +27,7 @@ from spec_cli.cli_pair import (CtxOpt, DraftGpuLayersOpt, DraftMaxOpt, DraftMode
                                GpuLayersOpt, LoadOptions, NoDraftOpt, PairOpt, QuietOpt, RpcOpt, TargetOpt,
                                TensorSplitOpt, VerifyOpt, largest_k, open_pair, parse_draft_max,
                                or_default, parse_draft_mode, parse_verify_rule)
+from spec_cli.cli_serve import SERVE_EXAMPLES, serve
 from spec_cli.errors import SpecError
 from spec_cli.pair import Pair, needs_draft_model
 from spec_cli.sampling import SAMPLING_ORDER, SAMPLING_PRESETS, SamplingParams, settle
@@ -93,6 +94,7 @@ def spec(
 app.add_typer(models_app, name="models")
 app.command(epilog=DOCTOR_EXAMPLES)(doctor)
 app.command(epilog=WORKER_EXAMPLES)(worker)
+app.command(epilog=SERVE_EXAMPLES)(serve)
 
 
 def _temperature(value: str) -> float:

@@ -394,6 +394,13 @@ def worker_started(endpoint: str, devices: list[tuple[str, str, int, int]], thre
     say(f"spec worker on {endpoint}: {offered}; {threads} threads. Ctrl-C stops it.")
 
 
+def serving(name: str, url: str, drafting: str) -> None:
+    """The line `spec serve` prints once it listens (with --quiet too: with --port 0 it is the only way to
+    learn the port)."""
+    Console(stderr=True, highlight=False, soft_wrap=True).print(
+        f"spec: serving {name} on {url} · drafting {drafting} · Ctrl-C stops", markup=False)
+
+
 def say(text: str) -> None:
     """A plain line on stdout (paths and results that scripts may read)."""
     Console(highlight=False, soft_wrap=True).print(text, markup=False)

@@ -1,0 +1,109 @@
+"""`spec serve`: the pair behind an OpenAI-compatible HTTP API, for editors, agents and chat front-ends."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from spec_cli import chat as chat_module
+from spec_cli import registry, rpc, server, ui
+from spec_cli.cli_base import ThreadsOpt, user_errors
+from spec_cli.cli_pair import (CtxOpt, DraftGpuLayersOpt, DraftMaxOpt, DraftModeOpt, DraftOpt, DraftRpcOpt,
+                               GpuLayersOpt, LoadOptions, NoDraftOpt, PairOpt, QuietOpt, RpcOpt, TargetOpt,
+                               TensorSplitOpt, VerifyOpt, largest_k, open_pair, or_default, parse_draft_max,
+                               parse_draft_mode, parse_verify_rule)
+from spec_cli.pair import needs_draft_model
+from spec_cli.verification import DEFAULT_VERIFY
+
+SERVE_EXAMPLES = f"""\
+Examples:
+
+  spec serve                                   # the default pair on http://127.0.0.1:{server.DEFAULT_PORT}/v1
+
+  spec serve --target big.gguf --draft small.gguf -k auto --ctx 8192
+
+  spec serve --pair qwen2.5-7b --port 9000 --model-name qwen
+
+  spec serve --host 0.0.0.0 --allow-remote --api-key "$(cat ~/.spec-key)"   # other machines, with a key
+
+  curl http://127.0.0.1:{server.DEFAULT_PORT}/v1/chat/completions -d '{{"messages": [{{"role": "user", "content": "Hi"}}]}}'
+"""
+
+
+def serve(
+    target: TargetOpt = None,
+    draft: DraftOpt = None,
+    pair: PairOpt = None,
+    draft_max: DraftMaxOpt = None,
+    draft_mode: DraftModeOpt = None,
+    verify: VerifyOpt = DEFAULT_VERIFY,
+    max_tokens: Annotated[Optional[int], typer.Option("--max-tokens", "-n", min=1, help="Longest answer for requests that set no max_tokens (default: until the context is full).", show_default=False)] = None,
+    chat_format: Annotated[Optional[str], typer.Option("--chat-format", help="Chat template when the model has none: chatml, or a Jinja template file.", show_default=False)] = None,
+    ctx: CtxOpt = None,
+    threads: ThreadsOpt = None,
+    gpu_layers: GpuLayersOpt = None,
+    draft_gpu_layers: DraftGpuLayersOpt = None,
+    rpc_workers: RpcOpt = None,
+    draft_rpc: DraftRpcOpt = None,
+    tensor_split: TensorSplitOpt = None,
+    no_draft: NoDraftOpt = False,
+    host: Annotated[str, typer.Option("--host", help="Address to listen on; anything but loopback needs --allow-remote.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", min=0, max=65535, help="TCP port to listen on (0: any free port, printed at start).")] = server.DEFAULT_PORT,
+    allow_remote: Annotated[bool, typer.Option("--allow-remote", help="Allow a --host other machines can reach.")] = False,
+    api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="SPEC_API_KEY", help="Require 'Authorization: Bearer KEY' on every request but /health (or set SPEC_API_KEY, which keeps the key out of the process list).", show_default=False)] = None,
+    queue: Annotated[int, typer.Option("--queue", min=0, help="Requests that may wait while one generates; more are answered 503 at once.")] = server.DEFAULT_QUEUE,
+    model_name: Annotated[Optional[str], typer.Option("--model-name", help="The model id clients send and /v1/models lists (default: the pair's name, or the target file's).", show_default=False)] = None,
+    quiet: QuietOpt = False,
+) -> None:
+    """Serve the pair over OpenAI's HTTP API, with exact speculative decoding: /v1/chat/completions, /v1/completions (streamed or not), /v1/models, /health.
+
+    Point any OpenAI-compatible client at http://HOST:PORT/v1. Requests may set temperature, top_p, top_k, min_p, penalties, seed, stop and max_tokens, and spec-cli's draft_max, draft_mode and verify; sampling they leave out follows what the target's GGUF recommends, as in spec chat. Every answer carries a speculation object (drafted, accepted, acceptance, tokens per target pass, tokens/s).
+
+    One generation runs at a time, in arrival order; a chat that resends its history costs only its new tokens. A client that disconnects stops its generation. One line per answer goes to stderr.
+    """
+    with user_errors():
+        remote = server.reachable_from_outside(host, allow_remote)
+        mode = "none" if no_draft else parse_draft_mode(draft_mode or "model")
+        k = None if draft_max is None else parse_draft_max(draft_max)
+        verify = parse_verify_rule(verify)
+        template = chat_module.chat_template(chat_format)
+        options = LoadOptions(target, draft, pair, no_draft, quiet, ctx, threads, gpu_layers, draft_gpu_layers,
+                              needs_draft=needs_draft_model(mode), max_draft=largest_k([k]),
+                              rpc=rpc_workers, draft_rpc=draft_rpc, tensor_split=tensor_split)
+        sock = server.listen(host, port)  # before the models load: a port in use is said at once
+        with sock, open_pair(options) as loaded:
+            defaults = server.Defaults(or_default(k, loaded.draft_max), mode, verify, max_tokens)
+            log = (lambda _line: None) if quiet else ui.note
+            service = server.Service(loaded.pair, model_name or _default_name(target, pair), defaults, queue,
+                                     template, log=log)
+            address = sock.getsockname()
+            ui.serving(service.name, f"http://{_url_host(address[0])}:{address[1]}/v1", _drafting(defaults))
+            if remote:
+                ui.note(f"warning: other machines can reach this server on {host}"
+                        + ("" if api_key else "; anyone who can reach it can use it (--api-key requires a key)"))
+            try:
+                with rpc.on_worker_lost(ui.error):
+                    server.http_server(server.create_app(service, api_key)).run(sockets=[sock])
+            except KeyboardInterrupt:
+                pass
+            finally:
+                service.close()
+            ui.note("server stopped")
+
+
+def _default_name(target: Path | None, pair: str | None) -> str:
+    if target is not None:
+        return target.stem
+    return pair or registry.load_registry().default
+
+
+def _drafting(defaults: server.Defaults) -> str:
+    if defaults.draft_mode == "none":
+        return "no draft"
+    return f"{defaults.draft_mode} K={defaults.draft_max}"
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host

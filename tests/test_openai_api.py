@@ -1,0 +1,112 @@
+"""Checking OpenAI-shaped requests and shaping answers: every field rule, without a server or a model."""
+
+from __future__ import annotations
+
+import pytest
+
+from spec_cli.openai_api import Answer, RequestError, finish_reason, parse_chat, parse_completion
+from spec_cli.stats import Stats
+
+HELLO = [{"role": "user", "content": "hi"}]
+
+
+def refused(body: object, parse=parse_chat) -> RequestError:
+    with pytest.raises(RequestError) as caught:
+        parse(body)
+    assert caught.value.status == 400
+    return caught.value
+
+
+def test_a_full_chat_request_maps_every_field() -> None:
+    request = parse_chat({
+        "model": "m", "messages": [{"role": "developer", "content": "be brief"},
+                                   {"role": "user", "content": [{"type": "text", "text": "a"},
+                                                                {"type": "text", "text": "b"}]}],
+        "stream": True, "stream_options": {"include_usage": True}, "max_completion_tokens": 7, "max_tokens": 99,
+        "temperature": 0.5, "top_p": 0.9, "top_k": 20, "min_p": 0.1, "presence_penalty": 0.5,
+        "frequency_penalty": 0.25, "repeat_penalty": 1.1, "repeat_last_n": 32, "seed": 3, "stop": "\n",
+        "n": 1, "draft_max": "auto", "draft_mode": "ngram", "verify": "token", "user": "ignored",
+    })
+    assert request.messages == [{"role": "system", "content": "be brief"}, {"role": "user", "content": "ab"}]
+    assert (request.model, request.stream, request.include_usage, request.max_tokens) == ("m", True, True, 7)
+    assert request.sampling == {"temperature": 0.5, "top_p": 0.9, "top_k": 20, "min_p": 0.1,
+                                "presence_penalty": 0.5, "frequency_penalty": 0.25, "repeat_penalty": 1.1,
+                                "repeat_last_n": 32}
+    assert (request.seed, request.stop, request.draft_max, request.draft_mode, request.verify) == \
+        (3, ("\n",), "auto", "ngram", "token")
+
+
+def test_a_minimal_request_leaves_everything_to_the_server() -> None:
+    request = parse_chat({"messages": HELLO})
+    assert (request.model, request.stream, request.max_tokens, request.sampling, request.seed, request.stop,
+            request.draft_max, request.draft_mode, request.verify) == (None, False, None, {}, None, (), None,
+                                                                        None, None)
+
+
+@pytest.mark.parametrize("prompt, expected", [("text", "text"), (["text"], "text"), ([5, 6, 7], [5, 6, 7])])
+def test_completion_prompts_are_text_one_text_or_token_ids(prompt: object, expected: object) -> None:
+    assert parse_completion({"prompt": prompt}).prompt == expected
+
+
+@pytest.mark.parametrize("body, param", [
+    ({}, "messages"),
+    ({"messages": []}, "messages"),
+    ({"messages": "hi"}, "messages"),
+    ({"messages": ["hi"]}, "messages[0]"),
+    ({"messages": [{"role": "wizard", "content": "hi"}]}, "messages[0].role"),
+    ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}, "messages[0].content"),
+    ({"messages": HELLO, "temperature": "hot"}, "temperature"),
+    ({"messages": HELLO, "temperature": True}, "temperature"),
+    ({"messages": HELLO, "top_k": 2.5}, "top_k"),
+    ({"messages": HELLO, "max_tokens": 0}, "max_tokens"),
+    ({"messages": HELLO, "max_tokens": "10"}, "max_tokens"),
+    ({"messages": HELLO, "stream": "yes"}, "stream"),
+    ({"messages": HELLO, "stop": ["a", 1]}, "stop"),
+    ({"messages": HELLO, "seed": 1.5}, "seed"),
+    ({"messages": HELLO, "model": 7}, "model"),
+    ({"messages": HELLO, "n": 2}, "n"),
+    ({"messages": HELLO, "logprobs": True}, "logprobs"),
+    ({"messages": HELLO, "tools": [{"type": "function"}]}, "tools"),
+    ({"messages": HELLO, "response_format": {"type": "json_object"}}, "response_format"),
+    ({"messages": HELLO, "draft_max": 65}, "draft_max"),
+    ({"messages": HELLO, "draft_max": "many"}, "draft_max"),
+    ({"messages": HELLO, "draft_mode": "psychic"}, "draft_mode"),
+    ({"messages": HELLO, "verify": "trust"}, "verify"),
+    ({"messages": HELLO, "stream_options": "usage"}, "stream_options"),
+])
+def test_bad_chat_fields_are_refused_naming_the_field(body: dict, param: str) -> None:
+    error = refused(body)
+    assert error.param == param
+    assert error.body() == {"error": {"message": error.message, "type": "invalid_request_error", "param": param,
+                                      "code": error.code}}
+
+
+@pytest.mark.parametrize("prompt", [None, "", [], [1, -2], ["a", "b"], [True], {"text": "a"}])
+def test_bad_prompts_are_refused(prompt: object) -> None:
+    assert refused({} if prompt is None else {"prompt": prompt}, parse_completion).param == "prompt"
+
+
+def test_a_body_that_is_not_an_object_is_refused() -> None:
+    assert "JSON object" in refused([1, 2]).message
+
+
+def test_finish_reasons_are_openais() -> None:
+    assert [finish_reason(r, False) for r in ("stop", "length", "context")] == ["stop", "length", "length"]
+    assert finish_reason("interrupted", True) == "stop"
+
+
+def test_answers_carry_usage_and_speculation() -> None:
+    stats = Stats(draft_max=4, prompt_tokens=10, prompt_cached=6, generated_tokens=5)
+    stats.record_round(4, 3)
+    whole = Answer("chatcmpl-1", 0, "m", "chat").whole("hello", "stop", stats, "model")
+    assert whole["choices"][0]["message"] == {"role": "assistant", "content": "hello"}
+    assert whole["usage"] == {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15,
+                              "prompt_tokens_details": {"cached_tokens": 6}}
+    assert whole["speculation"] | {"tokens_per_second": 0} == {
+        "draft_mode": "model", "draft_max": 4, "drafted": 4, "accepted": 3, "acceptance": 0.75,
+        "tokens_per_pass": 4.0, "tokens_per_second": 0}
+    text = Answer("cmpl-1", 0, "m", "completion").chunk("x", None, stats, "model")
+    assert text["object"] == "text_completion" and text["choices"][0]["text"] == "x"
+    opening = Answer("chatcmpl-1", 0, "m", "chat").chunk(None, None)
+    assert opening["choices"][0]["delta"] == {"role": "assistant", "content": ""} and "speculation" not in opening
