@@ -11,7 +11,7 @@ from spec_cli import chat as chat_module
 from spec_cli import registry, rpc, server, ui
 from spec_cli.cli_base import ThreadsOpt, user_errors
 from spec_cli.cli_pair import (CtxOpt, DraftGpuLayersOpt, DraftMaxOpt, DraftModeOpt, DraftOpt, DraftRpcOpt,
-                               GpuLayersOpt, LoadOptions, NoDraftOpt, PairOpt, QuietOpt, RpcOpt, TargetOpt,
+                               GpuLayersOpt, LoadOptions, NoDraftOpt, PairOpt, RpcOpt, TargetOpt,
                                TensorSplitOpt, VerifyOpt, largest_k, open_pair, or_default, parse_draft_max,
                                parse_draft_mode, parse_verify_rule)
 from spec_cli.pair import needs_draft_model
@@ -55,7 +55,7 @@ def serve(
     api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="SPEC_API_KEY", help="Require 'Authorization: Bearer KEY' on every request but /health (or set SPEC_API_KEY, which keeps the key out of the process list).", show_default=False)] = None,
     queue: Annotated[int, typer.Option("--queue", min=0, help="Requests that may wait while one generates; more are answered 503 at once.")] = server.DEFAULT_QUEUE,
     model_name: Annotated[Optional[str], typer.Option("--model-name", help="The model id clients send and /v1/models lists (default: the pair's name, or the target file's).", show_default=False)] = None,
-    quiet: QuietOpt = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No line per answer on stderr (the line that says where it listens stays).")] = False,
 ) -> None:
     """Serve the pair over OpenAI's HTTP API, with exact speculative decoding: /v1/chat/completions, /v1/completions (streamed or not), /v1/models, /health.
 

@@ -84,7 +84,10 @@ class Job:
         self._loop = loop
 
     def post(self, item: Started | str | Finished | Failed) -> None:
-        self._loop.call_soon_threadsafe(self.items.put_nowait, item)
+        try:
+            self._loop.call_soon_threadsafe(self.items.put_nowait, item)
+        except RuntimeError:  # the server's event loop has ended (a shutdown): nobody is left to read it
+            self.cancel()
 
     def cancel(self) -> None:
         self.cancelled.set()
@@ -159,31 +162,43 @@ class Service:
             return
         job.post(Started(generation, mode))
         stops = StopStrings(request.stop)
-        events = iter(generation)
         try:
-            for event in events:
-                piece = stops.feed(event.text)
-                if piece:
-                    job.post(piece)
-                if stops.stopped or job.cancelled.is_set():
-                    break
+            self._hand_over(job, generation, stops)
         except SpecError as exc:
             job.post(Failed(RequestError(str(exc), status=500, kind="server_error")))
             return
-        finally:
-            events.close()
         if job.cancelled.is_set():
             self.log(f"{request.endpoint}: the client went away after {generation.stats.generated_tokens} "
                      "tokens; generation stopped")
             return
-        tail = stops.flush()
-        if tail:
-            job.post(tail)
         if text is not None and not stops.stopped:  # an answer cut at a stop string is not what the model saw
             self._cache.remember(text + generation.text, tokens + generation.token_ids)
         reason = openai_api.finish_reason(generation.finish_reason, stops.stopped)
         job.post(Finished(reason))
         self.log(f"{request.endpoint}: {_summary(generation, reason)}")
+
+    @staticmethod
+    def _hand_over(job: Job, generation: Generation, stops: StopStrings) -> None:
+        """Post the generation's text as it comes, cut at the stop strings; stop when the client has left.
+
+        A round's tokens come at once and end with the target's own: they are handed over together, so that
+        the event loop wakes (and a stream writes a chunk, and its client parses one) once a round rather
+        than once a token, which on a small machine takes CPU time from the model."""
+        events = iter(generation)
+        ready = ""
+        try:
+            for event in events:
+                ready += stops.feed(event.text)
+                if stops.stopped or job.cancelled.is_set():
+                    break
+                if not event.from_draft and ready:
+                    job.post(ready)
+                    ready = ""
+        finally:
+            events.close()
+        ready += stops.flush()
+        if ready and not job.cancelled.is_set():
+            job.post(ready)
 
     def _prompt(self, request: ApiRequest) -> tuple[str | None, list[int]]:
         """The prompt's text (None for token ids) and tokens, extending the last answer's where they can."""
@@ -270,7 +285,7 @@ async def _answer(request: Request, api_request: ApiRequest, id_prefix: str) -> 
 
 
 async def _stream(job: Job, answer: Answer, started: Started) -> AsyncIterator[str]:
-    """Server-sent events: a chunk per piece of text with the speculation so far, the finish reason, the
+    """Server-sent events: a chunk of text (a round's) with the speculation so far, the finish reason, the
     usage when asked for, then `[DONE]`. Starlette cancels this when the client goes away, and so the job."""
     stats, mode = started.generation.stats, started.draft_mode
     try:
@@ -376,7 +391,9 @@ def listen(host: str, port: int) -> socket.socket:
     """A listening socket on host:port (port 0: any free one), bound before the models load so that a port
     in use is reported at once."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # IPPROTO_TCP, not the default 0: asyncio turns Nagle's algorithm off only on connections whose socket
+    # says TCP, and with it on, each response's body (each stream chunk) waits up to 40 ms for an ACK.
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))

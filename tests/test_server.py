@@ -137,6 +137,20 @@ def test_a_stream_gives_the_same_text_with_live_speculation_and_usage(live: Runn
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
 
 
+def test_a_stream_sends_a_round_at_a_time(chat_target_path: Path) -> None:
+    """A draft identical to the target has every round kept whole (K + 1 = 5 tokens): one chunk a round,
+    not one a token, to encode and to parse."""
+    with load_pair(chat_target_path, chat_target_path) as same, running(same) as serving:
+        defaults = {"model": NAME, "messages": HELLO, "temperature": 0, "max_tokens": 40,
+                    "extra_body": {"draft_max": 4}}
+        chunks = list(serving.client().chat.completions.create(stream=True, **defaults))
+        whole = serving.client().chat.completions.create(**defaults)
+    texts = [c.choices[0].delta.content for c in chunks if c.choices[0].delta.content]
+    assert "".join(texts) == whole.choices[0].message.content
+    assert whole.model_extra["speculation"]["acceptance"] == 1.0
+    assert len(texts) <= -(-whole.usage.completion_tokens // 5)
+
+
 def test_server_sent_events_are_framed_and_end_with_done(live: Running) -> None:
     response = live.post("/v1/completions", {"prompt": "the dog", "max_tokens": 12, "temperature": 0,
                                              "stream": True})
@@ -255,6 +269,15 @@ def test_a_model_without_a_chat_template_says_how_to_give_one(target_path: Path)
         response = serving.post("/v1/chat/completions", {"messages": HELLO})
         assert response.status_code == 400 and "--chat-format" in response.json()["error"]["message"]
         assert serving.post("/v1/completions", {"prompt": "the cat", "max_tokens": 3}).status_code == 200
+
+
+def test_the_server_sends_without_waiting_for_acks(live: Running) -> None:
+    """Nagle's algorithm off on accepted connections: with it on, each response body and each stream chunk
+    on a kept-alive connection waits up to 40 ms for the client's delayed ACK."""
+    with httpx.Client() as client:
+        assert client.get(f"{live.url}/health").status_code == 200
+        sockets = [c.transport.get_extra_info("socket") for c in live._http.server_state.connections]
+        assert sockets and all(s.getsockopt(server.socket.IPPROTO_TCP, server.socket.TCP_NODELAY) for s in sockets)
 
 
 def test_models_and_health_describe_the_server(live: Running, chat_target_path: Path) -> None:
