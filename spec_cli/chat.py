@@ -17,7 +17,7 @@ from typing import Iterator
 
 from spec_cli.engine import Generation, TokenEvent
 from spec_cli.errors import SpecError
-from spec_cli.pair import DRAFTING_MODES, Pair, needs_draft_model
+from spec_cli.pair import DRAFTING_MODES, Pair
 from spec_cli.prompt_cache import PromptCache
 from spec_cli.sampling import SamplingParams
 from spec_cli.stats import Stats
@@ -197,7 +197,7 @@ def run_command(session: ChatSession, line: str) -> str | None:
     if name == "/draft":
         if argument not in ("on", "off"):
             raise SpecError("usage: /draft on|off")
-        if argument == "on" and session.pair.draft is None and needs_draft_model(session.settings.draft_mode):
+        if argument == "on" and session.settings.draft_mode not in session.pair.drafting_modes:
             raise SpecError("no draft model is loaded (start spec chat with one, or /set mode ngram)")
         session.settings.use_draft = argument == "on"
         return f"drafting {argument}"

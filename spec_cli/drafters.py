@@ -52,6 +52,14 @@ class Drafter(Protocol):
         """Only the first `n_keep` tokens of the sequence last proposed from are still valid."""
 
 
+class CatchUpDrafter(Drafter, Protocol):
+    """A drafter with a memory of its own that catches up on the tokens it did not draft (a draft model, an
+    MTP head): the hybrid weighs that backlog."""
+
+    def pending(self, tokens: Sequence[int]) -> int:
+        """How many tokens the next proposal must feed before its first draft step (its catch-up)."""
+
+
 class ModelDrafter:
     """Drafts with a small model that shares the target's vocabulary, on its own KV cache.
 
@@ -92,7 +100,7 @@ class ModelDrafter:
         for step in range(k):
             started = time.perf_counter()
             logits = self.context.decode(pending, 1, n_final=len(pending) if step == 0 else 0)[0]
-            choice = self._next_token(logits, sampling, recent, rng)
+            choice = next_draft_token(logits, sampling, recent, rng, self.p_min)
             draft.steps.append((len(pending), time.perf_counter() - started))
             if choice is None:
                 break
@@ -104,19 +112,6 @@ class ModelDrafter:
             pending = [token]
         return draft
 
-    def _next_token(self, logits: np.ndarray, sampling: SamplingParams, recent: list[int],
-                    rng: np.random.Generator) -> tuple[int, np.ndarray | None] | None:
-        """The drafted token and its q (None when greedy), or None when the confidence stop ends the draft."""
-        if sampling.greedy:
-            z = penalized(logits, sampling, recent)
-            if self.p_min > 0 and _top_probability(z) < self.p_min:
-                return None
-            return int(np.argmax(z)), None
-        q = probabilities(logits, sampling, recent)
-        if q.max() < self.p_min:
-            return None
-        return sample(q, rng), q
-
     def pending(self, tokens: Sequence[int]) -> int:
         """How many tokens the next proposal must feed before its first draft step (its catch-up)."""
         return len(tokens) - self.context.n_past
@@ -127,6 +122,21 @@ class ModelDrafter:
     def rewind(self, n_keep: int) -> None:
         """What a snapshot restore takes back beyond `n_keep`, the next catch-up feeds again."""
         self.context.trim(n_keep)
+
+
+def next_draft_token(logits: np.ndarray, sampling: SamplingParams, recent: list[int], rng: np.random.Generator,
+                     p_min: float = 0.0) -> tuple[int, np.ndarray | None] | None:
+    """The drafted token and its q (None when greedy), or None when the confidence stop ends the draft: the
+    most likely token has probability below `p_min`. q goes through the same transforms as the target's p."""
+    if sampling.greedy:
+        z = penalized(logits, sampling, recent)
+        if p_min > 0 and _top_probability(z) < p_min:
+            return None
+        return int(np.argmax(z)), None
+    q = probabilities(logits, sampling, recent)
+    if q.max() < p_min:
+        return None
+    return sample(q, rng), q
 
 
 def _top_probability(logits: np.ndarray) -> float:
@@ -258,7 +268,7 @@ class HybridDrafter:
     touches exactness (tests as for every mode).
     """
 
-    def __init__(self, ngram: NgramDrafter, model: ModelDrafter, costs: LoopCosts, state: HybridState) -> None:
+    def __init__(self, ngram: NgramDrafter, model: CatchUpDrafter, costs: LoopCosts, state: HybridState) -> None:
         self.ngram = ngram
         self.model = model
         self.costs = costs

@@ -20,6 +20,7 @@ from typing import Sequence
 import numpy as np
 
 import llama_cpp
+from llama_cpp import llama_cpp_ext
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
 from spec_cli import memory, rpc
@@ -153,6 +154,7 @@ class ModelInfo:
     memory: str  # attention, sliding window, recurrent or hybrid
     rollback: str  # how spec takes rejected tokens back from that memory
     recommended_sampling: dict[str, str]  # the GGUF's general.sampling.* keys (without the prefix), as written
+    mtp_layers: int  # multi-token-prediction layers the file carries (nextn_predict_layers)
 
 
 def model_info(path: Path, max_rollback: int) -> ModelInfo:
@@ -169,7 +171,7 @@ def model_info(path: Path, max_rollback: int) -> ModelInfo:
         return ModelInfo(architecture, quantization, int(context) if context else None, model.n_vocab,
                          model.chat_template() is not None, kind,
                          memory.rollback_method(kind, n_swa, _in_place_rollback(path, kind, max_rollback)),
-                         model.metadata_under("general.sampling."))
+                         model.metadata_under("general.sampling."), _nextn_layers(model))
     finally:
         model.close()
 
@@ -181,6 +183,21 @@ def memory_of(path: Path) -> str:
         return memory.memory_kind(model._handle, model.sliding_window())
     finally:
         model.close()
+
+
+def mtp_layers(path: Path) -> int:
+    """How many multi-token-prediction layers the GGUF in `path` carries, read without loading weights."""
+    model = Model(path, vocab_only=True)
+    try:
+        return _nextn_layers(model)
+    finally:
+        model.close()
+
+
+def _nextn_layers(model: Model) -> int:
+    """Its `<arch>.nextn_predict_layers`: 0 when the architecture has none or a conversion left them out."""
+    written = model.metadata(f"{model.metadata('general.architecture')}.nextn_predict_layers") or "0"
+    return int(written) if written.isdigit() else 0
 
 
 def _in_place_rollback(path: Path, kind: str, max_rollback: int) -> int:
@@ -201,12 +218,14 @@ class Model:
     """A loaded GGUF model: weights, vocabulary and metadata."""
 
     def __init__(self, path: str | os.PathLike[str], gpu_layers: int = 0, vocab_only: bool = False,
-                 devices: ctypes.Array[ctypes.c_void_p] | None = None, tensor_split: Sequence[float] = ()) -> None:
+                 devices: ctypes.Array[ctypes.c_void_p] | None = None, tensor_split: Sequence[float] = (),
+                 load_mtp: bool = False) -> None:
         """Load `path`; with `vocab_only` only the vocabulary and metadata (fast: no weights are read).
 
         `gpu_layers` layers go to `devices` (a NULL-terminated list from `rpc.device_list`; None: the GPUs
         llama.cpp finds), weighted by `tensor_split` (one weight per device; empty: by free memory); the
-        rest stay on the CPU.
+        rest stay on the CPU. `load_mtp` also loads the model's multi-token-prediction layers, which
+        llama.cpp skips otherwise (`n_layer_mtp` counts them either way).
         """
         self.path = Path(path)
         check_gguf(self.path)
@@ -215,6 +234,7 @@ class Model:
         params.n_gpu_layers = gpu_layers
         params.vocab_only = vocab_only
         params.use_extra_bufts = not amx_weights_disabled()
+        params.load_mtp = load_mtp
         if devices is not None:
             params.devices = ctypes.cast(devices, ctypes.c_void_p)
         if tensor_split:
@@ -227,6 +247,9 @@ class Model:
         self._vocab = llama_cpp.llama_model_get_vocab(handle)
         self.n_vocab: int = llama_cpp.llama_vocab_n_tokens(self._vocab)
         self.n_ctx_train: int = llama_cpp.llama_model_n_ctx_train(handle)
+        self.n_embd: int = llama_cpp.llama_model_n_embd(handle)
+        self.n_layer_mtp: int = llama_cpp.llama_model_n_layer_nextn(handle)
+        self.mtp_loaded = load_mtp and self.n_layer_mtp > 0
 
     def vocab_info(self) -> VocabInfo:
         v = self._vocab
@@ -344,9 +367,12 @@ class Context:
     snapshot does not.
     """
 
-    def __init__(self, model: Model, n_ctx: int, n_threads: int, n_batch: int = 512, max_rollback: int = 0) -> None:
+    def __init__(self, model: Model, n_ctx: int, n_threads: int, n_batch: int = 512, max_rollback: int = 0,
+                 hidden_states: bool = False) -> None:
         """`max_rollback`: the most tokens one speculative round may discard (K); recurrent memories that
-        llama.cpp can roll back in place keep that many states per sequence."""
+        llama.cpp can roll back in place keep that many states per sequence. `hidden_states`: keep, in
+        `hidden`, the hidden state the model exports for its MTP head (llama.cpp's h_nextn; for qwen35 the
+        last layer's, after the output norm) at every position decoded, replays included."""
         self.model = model
         self.n_batch = min(n_batch, n_ctx)
         params = llama_cpp.llama_context_default_params()
@@ -374,6 +400,12 @@ class Context:
         self.tokens: list[int] = []
         self.busy_s = 0.0
         self._trim_s = 0.0
+        # Row p: h_p as last computed. Valid for every position of the sequence decoded with its current tokens,
+        # those a rollback took back included (their h does not change); rows of rejected drafts are stale.
+        self.hidden: np.ndarray | None = None
+        if hidden_states:
+            llama_cpp_ext.llama_set_embeddings_nextn(handle, True, False)  # every row, not only those with logits
+            self.hidden = np.zeros((self.n_ctx, model.n_embd), dtype=np.float32)
 
     @property
     def n_past(self) -> int:
@@ -420,6 +452,10 @@ class Context:
             status = llama_cpp.llama_decode(self._handle, self._batch)
             if status != 0:
                 self._fail(status)
+            if self.hidden is not None:
+                rows = llama_cpp_ext.llama_get_embeddings_nextn(self._handle)
+                self.hidden[self.n_past:self.n_past + len(chunk)] = np.ctypeslib.as_array(
+                    rows, shape=(len(chunk), self.model.n_embd))
             self.tokens.extend(chunk)
         if n_logits == 0:
             return np.empty((0, self.model.n_vocab), dtype=np.float32)
@@ -483,6 +519,91 @@ class Context:
     def close(self) -> None:
         if self._handle:
             llama_cpp.llama_batch_free(self._batch)
+            llama_cpp.llama_free(self._handle)
+            self._handle = None
+
+
+class HeadContext:
+    """The memory of a model's multi-token-prediction (MTP) head, over the weights of a `Model` loaded with
+    `load_mtp`: llama.cpp's MTP context, fed through its extended batch.
+
+    Position p holds the pair (x_p, h_{p-1}): a token and the hidden state that preceded it (the target's, or
+    the head's own while drafting). Decoding a pair yields the head's logits for x_{p+1} and its own hidden
+    state, which the next draft step pairs with the drafted token. The memory is a plain KV cache over the
+    MTP layer, so taking tokens back is a cut.
+    """
+
+    def __init__(self, model: Model, n_ctx: int, n_threads: int, n_batch: int = 512) -> None:
+        self.model = model
+        self.n_batch = min(n_batch, n_ctx)
+        params = llama_cpp.llama_context_default_params()
+        params.ctx_type = llama_cpp.LLAMA_CONTEXT_TYPE_MTP
+        params.n_ctx = n_ctx
+        params.n_batch = params.n_ubatch = self.n_batch
+        params.n_seq_max = 1
+        params.n_rs_seq = 0
+        params.n_threads = params.n_threads_batch = n_threads
+        params.no_perf = True
+        _Backend.forget()
+        handle = llama_cpp.llama_init_from_model(model._handle, params)
+        if not handle:
+            raise SpecError(f"llama.cpp could not create the MTP context of {model.path.name}: "
+                            f"{_Backend.message('out of memory?')}")
+        self._handle = handle
+        llama_cpp_ext.llama_set_embeddings_nextn(handle, True, True)  # the head's hidden state, output rows only
+        self._batch = llama_cpp.llama_batch_ext_init(handle)
+        self._position = (llama_cpp.llama_pos * 4)()  # M-RoPE models take 4; a token row reads the first
+        self.tokens: list[int] = []
+        self.busy_s = 0.0
+
+    @property
+    def n_past(self) -> int:
+        return len(self.tokens)
+
+    def decode(self, tokens: Sequence[int], hidden: np.ndarray, n_outputs: int) -> tuple[np.ndarray, np.ndarray]:
+        """Append the pairs (tokens[i], hidden[i]); return the logits and the head's hidden states of the last
+        `n_outputs` pairs, one row each."""
+        started = time.perf_counter()
+        hidden = np.ascontiguousarray(hidden, dtype=np.float32)
+        first_output = len(tokens) - n_outputs
+        for start in range(0, len(tokens), self.n_batch):
+            chunk = range(start, min(start + self.n_batch, len(tokens)))
+            llama_cpp.llama_batch_ext_clear(self._batch)
+            for i in chunk:
+                index = llama_cpp.llama_batch_ext_add_token(self._batch, 0, tokens[i])
+                self._position[0] = self.n_past + i - start
+                llama_cpp.llama_batch_ext_set_pos(self._batch, index, self._position)
+                row = hidden[i].ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+                llama_cpp.llama_batch_ext_set_embd_token(self._batch, index, llama_cpp.llama_embd(row, 1, hidden.shape[1]))
+                if i >= first_output:
+                    llama_cpp.llama_batch_ext_set_output_logits(self._batch, index, True)
+            _Backend.forget()
+            status = llama_cpp.llama_process(self._handle, llama_cpp.LLAMA_PROCESS_TYPE_DECODE, self._batch)
+            if status != 0:
+                self.trim(0)
+                raise SpecError(f"llama.cpp could not run the MTP head of {self.model.path.name}: "
+                                f"{_Backend.message(f'status {status}')}")
+            self.tokens.extend(tokens[i] for i in chunk)
+        self.busy_s += time.perf_counter() - started
+        if n_outputs == 0:
+            return np.empty((0, self.model.n_vocab), np.float32), np.empty((0, self.model.n_embd), np.float32)
+        logits = llama_cpp.llama_get_logits(self._handle)
+        states = llama_cpp_ext.llama_get_embeddings_nextn(self._handle)
+        return (np.ctypeslib.as_array(logits, shape=(n_outputs, self.model.n_vocab)).copy(),
+                np.ctypeslib.as_array(states, shape=(n_outputs, self.model.n_embd)).copy())
+
+    def trim(self, n_keep: int) -> None:
+        """Forget every position from `n_keep` on."""
+        if n_keep >= self.n_past:
+            return
+        started = time.perf_counter()
+        llama_cpp.llama_memory_seq_rm(llama_cpp.llama_get_memory(self._handle), 0, n_keep, -1)
+        del self.tokens[n_keep:]
+        self.busy_s += time.perf_counter() - started
+
+    def close(self) -> None:
+        if self._handle:
+            llama_cpp.llama_batch_ext_free(self._batch)
             llama_cpp.llama_free(self._handle)
             self._handle = None
 

@@ -19,23 +19,25 @@ from typing import Sequence
 from spec_cli import vocab
 from spec_cli.costs import LoopCosts
 from spec_cli.draft_length import AdaptiveK, DraftLength, FixedK
-from spec_cli.drafters import Drafter, HybridDrafter, HybridState, ModelDrafter, NgramDrafter
+from spec_cli.drafters import CatchUpDrafter, Drafter, HybridDrafter, HybridState, ModelDrafter, NgramDrafter
 from spec_cli.engine import Generation
 from spec_cli.errors import SpecError
-from spec_cli.llama import Context, Model
+from spec_cli.llama import Context, HeadContext, Model
+from spec_cli.mtp import MtpDrafter
 from spec_cli.rpc import device_list, local_devices, parse_endpoints
 from spec_cli.sampling import SamplingParams, recommended
 from spec_cli.verification import DEFAULT_VERIFY, VERIFY_RULES
 
 DEFAULT_CTX = 2048
-DRAFTING_MODES = ("model", "ngram", "hybrid")  # the ways a user can choose to draft
+DRAFTING_MODES = ("model", "mtp", "ngram", "hybrid")  # the ways a user can choose to draft
 DRAFT_MODES = (*DRAFTING_MODES, "none")
 AUTO_K_MAX = 16
 COSTS_DECAY = 0.95  # each call of a size weighs 5% less at the next: the costs follow the machine's load
 
 
 def needs_draft_model(mode: str) -> bool:
-    """n-gram lookup drafts from the text alone; the other drafting modes need the draft model."""
+    """The draft model drafts in "model" mode; the hybrid takes it where there is one (else the target's MTP
+    head); n-gram lookup and an MTP head need no second file."""
     return mode in ("model", "hybrid")
 
 
@@ -63,17 +65,36 @@ class Pair:
         self.costs = LoopCosts(decay=COSTS_DECAY)
         self._lengths: dict[tuple[str, str, int | str], DraftLength] = {}
         self._hybrids: dict[int | str, HybridState] = {}
+        self.head_context: HeadContext | None = None
         try:
-            self.target_context = self._context(target, n_ctx, n_threads, max_draft)
+            # A target with an MTP head keeps its hidden states: the head drafts from them.
+            self.target_context = self._context(target, n_ctx, n_threads, max_draft, hidden_states=target.mtp_loaded)
             self.draft_context = self._context(draft, n_ctx, n_threads, 0) if draft else None
+            if target.mtp_loaded:
+                self.head_context = HeadContext(target, self.target_context.n_ctx, n_threads)
+                self._contexts.append(self.head_context)
         except BaseException:
             self.close()
             raise
 
-    def _context(self, model: Model, n_ctx: int, n_threads: int, max_rollback: int) -> Context:
-        context = Context(model, n_ctx, n_threads, max_rollback=max_rollback)
+    def _context(self, model: Model, n_ctx: int, n_threads: int, max_rollback: int,
+                 hidden_states: bool = False) -> Context:
+        context = Context(model, n_ctx, n_threads, max_rollback=max_rollback, hidden_states=hidden_states)
         self._contexts.append(context)
         return context
+
+    @property
+    def drafting_modes(self) -> tuple[str, ...]:
+        """The ways this pair can draft: n-gram lookup always; the draft model and the MTP head where loaded;
+        the hybrid with either."""
+        has = {"model": self.draft_context is not None, "mtp": self.head_context is not None, "ngram": True}
+        has["hybrid"] = has["model"] or has["mtp"]
+        return tuple(mode for mode in DRAFTING_MODES if has[mode])
+
+    @property
+    def default_draft_mode(self) -> str:
+        """The draft model where there is one, else the target's MTP head, else no drafting."""
+        return "model" if self.draft_context else ("mtp" if self.head_context else "none")
 
     @property
     def n_ctx(self) -> int:
@@ -109,8 +130,10 @@ class Pair:
         `prompt` is text (see `prompt_tokens`) or token ids. `seed` fixes the one random generator used
         for drafting, acceptance and correction, so the same seed gives the same text; without one a
         random seed is drawn and kept on the returned `Generation`. `draft_max` is K, or "auto" to let
-        `AdaptiveK` choose K each round; `draft_mode` is "model" (the default with a draft model), "ngram"
-        (prompt lookup, no draft model needed), "hybrid", or "none" (the default without a draft model);
+        `AdaptiveK` choose K each round; `draft_mode` is "model" (the default with a draft model), "mtp" (the
+        target's own MTP head: the default without a draft model when the target has one), "ngram" (prompt
+        lookup, no draft model needed), "hybrid" (n-gram lookup and the draft model, else the MTP head), or
+        "none" (the default otherwise);
         `draft_p_min` is the draft model's confidence stop. `verify` is the rule sampled rounds are verified
         with: "block" (Sun et al. 2025) or "token" (Leviathan et al. 2023); greedy rounds do not need one.
         """
@@ -126,13 +149,14 @@ class Pair:
                             f"shorten it or raise --ctx")
         if seed is None:
             seed = secrets.randbits(32)
-        mode = draft_mode or ("model" if self.draft_context else "none")
+        mode = draft_mode or self.default_draft_mode
         self._check_drafting(mode, draft_p_min, draft_max)
         drafter, draft_length = self._drafting(mode, draft_p_min, draft_max)
         generation = Generation(self.target_context, drafter, tokens, sampling, seed, draft_length, max_tokens,
                                 verify, self.costs)
         generation.stats.adaptive = draft_max == "auto" and drafter is not None
-        in_use = ("target", "draft") if needs_draft_model(mode) else ("target",)
+        generation.stats.draft_mode = mode
+        in_use = ("target", "draft") if needs_draft_model(mode) and self.draft_context else ("target",)
         generation.stats.memory = {name: facts for name, facts in self.memory().items() if name in in_use}
         return generation
 
@@ -143,7 +167,10 @@ class Pair:
             raise SpecError(f"unknown draft mode {mode!r}; choose one of: {', '.join(DRAFT_MODES)}")
         if not 0 <= p_min < 1:
             raise SpecError(f"draft-p-min must be in [0, 1), got {p_min}")
-        if needs_draft_model(mode) and self.draft_context is None:
+        if mode == "mtp" and mode not in self.drafting_modes:
+            raise SpecError(f"{self.target.path.name} has no MTP layers to draft with (nextn_predict_layers is 0, "
+                            "or a conversion stripped them); give a draft model, or use --draft-mode ngram")
+        if mode in ("model", "hybrid") and mode not in self.drafting_modes:
             raise SpecError(f"draft mode {mode!r} needs a draft model; give one, or use --draft-mode ngram")
 
     def _drafting(self, mode: str, p_min: float, draft_max: int | str) -> tuple[Drafter | None, DraftLength]:
@@ -153,20 +180,32 @@ class Pair:
             return None, FixedK(0)
         if mode == "ngram":
             return NgramDrafter(self.target.n_vocab), self._draft_length(mode, "ngram", draft_max)
-        model = ModelDrafter(self.draft_context, p_min)
+        if mode == "mtp":
+            return self._mtp_drafter(p_min), self._draft_length(mode, "mtp", draft_max)
         if mode == "model":
-            return model, self._draft_length(mode, "model", draft_max)
+            return ModelDrafter(self.draft_context, p_min), self._draft_length(mode, "model", draft_max)
+        model = self._catch_up_drafter(p_min)
         state = self._hybrids.setdefault(draft_max, HybridState(
             {drafter: self._draft_length(mode, drafter, draft_max) for drafter in ("ngram", "model")}))
         hybrid = HybridDrafter(NgramDrafter(self.target.n_vocab), model, self.costs, state)
         return hybrid, FixedK(AUTO_K_MAX if draft_max == "auto" else _fixed_k(draft_max))
+
+    def _mtp_drafter(self, p_min: float = 0.0) -> MtpDrafter:
+        assert self.head_context is not None
+        return MtpDrafter(self.target_context, self.head_context, p_min)
+
+    def _catch_up_drafter(self, p_min: float = 0.0) -> CatchUpDrafter | None:
+        """What the hybrid pairs with n-gram lookup: the draft model, else the target's MTP head."""
+        if self.draft_context is not None:
+            return ModelDrafter(self.draft_context, p_min)
+        return self._mtp_drafter(p_min) if self.head_context is not None else None
 
     def _draft_length(self, mode: str, drafter: str, draft_max: int | str) -> DraftLength:
         """The controller of K for `drafter` ("model" or "ngram") drafting in `mode`, kept across generations."""
         key = (mode, drafter, draft_max)
         if key not in self._lengths:
             self._lengths[key] = FixedK(_fixed_k(draft_max)) if draft_max != "auto" else \
-                AdaptiveK(self.costs, drafts_with_model=drafter == "model", k_max=AUTO_K_MAX)
+                AdaptiveK(self.costs, drafts_with_model=drafter in ("model", "mtp"), k_max=AUTO_K_MAX)
         return self._lengths[key]
 
     def close(self) -> None:
@@ -197,7 +236,7 @@ def load_pair(target: str | os.PathLike[str], draft: str | os.PathLike[str] | No
     if n_ctx < 16:
         raise SpecError(f"the context must hold at least 16 tokens, got {n_ctx}")
     threads = n_threads or os.cpu_count() or 1
-    target_model = _load(target, gpu_layers, rpc, tensor_split)
+    target_model = _load(target, gpu_layers, rpc, tensor_split, load_mtp=True)
     draft_model = None
     try:
         if draft is not None:
@@ -212,15 +251,15 @@ def load_pair(target: str | os.PathLike[str], draft: str | os.PathLike[str] | No
 
 
 def _load(path: str | os.PathLike[str], gpu_layers: int | None, workers: Sequence[str],
-          tensor_split: Sequence[float]) -> Model:
+          tensor_split: Sequence[float], load_mtp: bool = False) -> Model:
     """One model on this machine's devices and `workers`' ("host:port"), every layer on devices by default
-    when there are workers."""
+    when there are workers; with `load_mtp`, its MTP layers too (where it has them)."""
     endpoints = parse_endpoints(",".join(workers)) if workers else ()
     devices = device_list(endpoints)
     if tensor_split:
         _check_split(tensor_split, len(devices) - 1 if devices is not None else len(local_devices()))
     layers = gpu_layers if gpu_layers is not None else (-1 if endpoints else 0)
-    return Model(Path(path), layers, devices=devices, tensor_split=tensor_split)
+    return Model(Path(path), layers, devices=devices, tensor_split=tensor_split, load_mtp=load_mtp)
 
 
 def _check_split(weights: Sequence[float], n_devices: int) -> None:

@@ -18,6 +18,7 @@ class Stats:
 
     draft_max: int
     adaptive: bool = False
+    draft_mode: str = "none"  # what drafted: model, mtp (the target's MTP head), ngram, hybrid or none
     current_k: int = 0
     prompt_tokens: int = 0
     prompt_cached: int = 0  # prompt tokens already in the target's cache, not evaluated again
@@ -119,6 +120,7 @@ class Stats:
             "rollback_s": self.rollback_s,
             "overhead_s": self.overhead_s,
             "draft_max": self.draft_max,
+            "draft_mode": self.draft_mode,
             "adaptive_k": self.adaptive,
             "current_k": self.current_k,
             "memory": self.memory,

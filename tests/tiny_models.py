@@ -1,7 +1,8 @@
 """Tiny GGUF models written with the `gguf` package, for real llama.cpp loading in tests.
 
-Llama, sliding-window, recurrent and hybrid architectures; two layers, 64-wide, a 320-token SentencePiece vocabulary (3 specials, 256 byte tokens, letters and a few
-pieces), random weights from a fixed seed. Models written with different seeds share the vocabulary, so
+Llama, sliding-window, recurrent and hybrid architectures, and a Qwen3.5 with an MTP head; two layers,
+64-wide, a 320-token SentencePiece vocabulary (3 specials, 256 byte tokens, letters and a few pieces),
+random weights from a fixed seed. Models written with different seeds share the vocabulary, so
 they pair with each other; `rename_token` makes a vocabulary that does not.
 """
 
@@ -158,6 +159,105 @@ def write_model(path: Path, seed: int, *, arch: str = "llama", vocab_size: int =
             writer.add_tensor(f"{blk}.post_ffw_norm.weight", ones(n_embd))
     writer.add_tensor("token_embd_norm.weight" if arch == "lfm2" else "output_norm.weight", ones(n_embd))
     writer.add_tensor("output.weight", weight(vocab_size, n_embd, scale=4.0 * output_scale))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def write_qwen35_mtp(path: Path, seed: int = 1, *, n_embd: int = N_EMBD, n_trunk: int = 4, layer_scale: float = 0.1,
+                     head_noise: float = 0.1, chat_template: str | None = None, eos: int = 2) -> Path:
+    """A tiny Qwen3.5 (`qwen35`: gated-delta-net recurrent layers and attention layers in turn, hybrid memory)
+    with one MTP block, written as llama.cpp's `src/models/qwen35.cpp` loads it.
+
+    Its drafts are often right and often wrong: each trunk layer adds little to the residual stream
+    (`layer_scale`), so the target mostly predicts from the current token alone, like a bigram model; the
+    head's eh_proj keeps the token's half of its input, [I | 0] plus `head_noise`, and its block adds little
+    too, so it predicts that same bigram from x_p. Where the trunk's layers tip the target's choice, the head
+    is wrong. `qwen35.block_count` counts the MTP block; `nextn_predict_layers` = 1.
+    """
+    rng = np.random.default_rng(seed)
+    tokens, scores, types = vocabulary()
+    n_head, n_head_kv, head_dim, n_ff = 4, 2, 16, 2 * n_embd
+    d_state, n_group, n_v_heads = 16, 2, 4  # gated delta net: head size, key heads, value heads
+    key_dim, value_dim = d_state * n_group, d_state * n_v_heads
+    writer = gguf.GGUFWriter(str(path), "qwen35")
+    writer.add_name(f"tiny-qwen35-mtp-{seed}")
+    writer.add_context_length(N_CTX_TRAIN)
+    writer.add_embedding_length(n_embd)
+    writer.add_block_count(n_trunk + 1)
+    writer.add_nextn_predict_layers(1)
+    writer.add_feed_forward_length(n_ff)
+    writer.add_head_count(n_head)
+    writer.add_head_count_kv(n_head_kv)
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
+    writer.add_layer_norm_rms_eps(1e-6)
+    writer.add_rope_dimension_count(head_dim)
+    writer.add_rope_dimension_sections([4, 2, 2, 0])  # required by qwen35's multi-section rope
+    writer.add_rope_freq_base(10000.0)
+    writer.add_ssm_conv_kernel(D_CONV)
+    writer.add_ssm_inner_size(value_dim)
+    writer.add_ssm_state_size(d_state)
+    writer.add_ssm_time_step_rank(n_v_heads)
+    writer.add_ssm_group_count(n_group)
+    writer.add_full_attention_interval(2)  # layers 1, 3, … attend; 0, 2, … are recurrent
+    writer.add_file_type(0)
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(tokens)
+    writer.add_token_scores(scores)
+    writer.add_token_types(types)
+    writer.add_unk_token_id(0)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(eos)
+    writer.add_add_bos_token(True)
+    writer.add_add_eos_token(False)
+    if chat_template is not None:
+        writer.add_chat_template(chat_template)
+
+    def weight(*shape: int, scale: float = 1.0) -> np.ndarray:
+        return (rng.standard_normal(shape) * scale / np.sqrt(shape[-1])).astype(np.float32)
+
+    def ones(n: int) -> np.ndarray:
+        return np.ones(n, dtype=np.float32)
+
+    def attention_and_ffn(blk: str, recurrent: bool) -> None:
+        writer.add_tensor(f"{blk}.attn_norm.weight", ones(n_embd))
+        writer.add_tensor(f"{blk}.post_attention_norm.weight", ones(n_embd))
+        if recurrent:
+            writer.add_tensor(f"{blk}.attn_qkv.weight", weight(2 * key_dim + value_dim, n_embd))
+            writer.add_tensor(f"{blk}.attn_gate.weight", weight(value_dim, n_embd))
+            writer.add_tensor(f"{blk}.ssm_conv1d.weight", weight(2 * key_dim + value_dim, D_CONV))
+            writer.add_tensor(f"{blk}.ssm_dt.bias", weight(n_v_heads, scale=0.1))
+            writer.add_tensor(f"{blk}.ssm_a", -np.exp(rng.uniform(-1, 0, n_v_heads)).astype(np.float32))
+            writer.add_tensor(f"{blk}.ssm_beta.weight", weight(n_v_heads, n_embd))
+            writer.add_tensor(f"{blk}.ssm_alpha.weight", weight(n_v_heads, n_embd))
+            writer.add_tensor(f"{blk}.ssm_norm.weight", ones(d_state))
+            writer.add_tensor(f"{blk}.ssm_out.weight", weight(n_embd, value_dim, scale=layer_scale))
+        else:
+            writer.add_tensor(f"{blk}.attn_q.weight", weight(2 * n_head * head_dim, n_embd))  # queries and gate
+            writer.add_tensor(f"{blk}.attn_k.weight", weight(n_head_kv * head_dim, n_embd))
+            writer.add_tensor(f"{blk}.attn_v.weight", weight(n_head_kv * head_dim, n_embd))
+            writer.add_tensor(f"{blk}.attn_output.weight", weight(n_embd, n_head * head_dim, scale=layer_scale))
+            writer.add_tensor(f"{blk}.attn_q_norm.weight", ones(head_dim))
+            writer.add_tensor(f"{blk}.attn_k_norm.weight", ones(head_dim))
+        writer.add_tensor(f"{blk}.ffn_gate.weight", weight(n_ff, n_embd))
+        writer.add_tensor(f"{blk}.ffn_up.weight", weight(n_ff, n_embd))
+        writer.add_tensor(f"{blk}.ffn_down.weight", weight(n_embd, n_ff, scale=layer_scale))
+
+    writer.add_tensor("token_embd.weight", weight(len(tokens), n_embd, scale=8.0))
+    for i in range(n_trunk):
+        attention_and_ffn(f"blk.{i}", recurrent=(i + 1) % 2 != 0)
+    head = f"blk.{n_trunk}"
+    attention_and_ffn(head, recurrent=False)
+    eh_proj = np.hstack([np.eye(n_embd), np.zeros((n_embd, n_embd))]) + weight(n_embd, 2 * n_embd, scale=head_noise)
+    writer.add_tensor(f"{head}.nextn.eh_proj.weight", eh_proj.astype(np.float32))
+    writer.add_tensor(f"{head}.nextn.enorm.weight", ones(n_embd))
+    writer.add_tensor(f"{head}.nextn.hnorm.weight", ones(n_embd))
+    writer.add_tensor(f"{head}.nextn.shared_head_norm.weight", ones(n_embd))
+    writer.add_tensor("output_norm.weight", ones(n_embd))
+    writer.add_tensor("output.weight", weight(len(tokens), n_embd, scale=4.0))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
