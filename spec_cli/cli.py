@@ -26,7 +26,8 @@ from spec_cli.cli_models import models_app
 from spec_cli.cli_pair import (CtxOpt, DraftGpuLayersOpt, DraftMaxOpt, DraftModeOpt, DraftOpt, DraftRpcOpt,
                                GpuLayersOpt, LoadOptions, NoDraftOpt, PairOpt, QuietOpt, RpcOpt, TargetOpt,
                                TensorSplitOpt, VerifyOpt, largest_k, open_pair, parse_draft_max,
-                               or_default, parse_draft_mode, parse_verify_rule)
+                               given_draft_mode, loads_draft, or_default, parse_draft_mode,
+                               parse_verify_rule)
 from spec_cli.cli_serve import SERVE_EXAMPLES, serve
 from spec_cli.errors import SpecError
 from spec_cli.pair import Pair, needs_draft_model
@@ -188,10 +189,10 @@ def run(
         given = _sampling_flags(temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n, presence_penalty,
                                 frequency_penalty)
         verify, preset = parse_verify_rule(verify), _sampling_preset(sampling_preset, "greedy")
-        mode = "none" if no_draft else parse_draft_mode(draft_mode or "model")
+        mode = given_draft_mode(draft_mode, no_draft)
         k = None if draft_max is None else parse_draft_max(draft_max)
         options = LoadOptions(target, draft, pair, no_draft, quiet, ctx, threads, gpu_layers, draft_gpu_layers,
-                              needs_draft=needs_draft_model(mode), max_draft=largest_k([k]),
+                              needs_draft=loads_draft(mode), max_draft=largest_k([k]),
                               rpc=rpc_workers, draft_rpc=draft_rpc, tensor_split=tensor_split)
         with open_pair(options) as loaded:
             if not raw and not loaded.pair.has_chat_template:
@@ -230,7 +231,7 @@ def bench(
     prompts_file: Annotated[Optional[Path], typer.Option("--prompts", help="Your prompts: one per line, or JSON Lines with a \"prompt\" field.", show_default=False)] = None,
     task: Annotated[str, typer.Option("--task", help=f"Built-in prompts when --prompts is not given: {', '.join(benchmark.TASKS)}. Several, comma-separated, are measured in one run, each against the target alone on its own prompts.")] = "mixed",
     ks: Annotated[Optional[str], typer.Option("--k", "-k", help="Draft lengths to compare, comma-separated numbers or auto (default: the pair's recommended K, and auto).", show_default=False)] = None,
-    modes: Annotated[str, typer.Option("--modes", help="Draft modes to compare, comma-separated: model, ngram, hybrid.")] = "model",
+    modes: Annotated[Optional[str], typer.Option("--modes", help="Draft modes to compare, comma-separated: model, mtp, ngram, hybrid (default: the draft model, or the target's MTP head when there is no draft).", show_default=False)] = None,
     max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", min=1, help="Tokens generated per run.")] = 128,
     repeat: Annotated[int, typer.Option("--repeat", "-r", min=1, help="Runs of each prompt in each configuration.")] = 1,
     temps: Annotated[str, typer.Option("--temp", help="Temperatures to compare, comma-separated; 0 is greedy. Each has its own target-alone baseline.")] = "0",
@@ -252,14 +253,14 @@ def bench(
     With --rpc every configuration runs twice, the target on this machine and split over the workers (the draft stays here), each against the target alone in the same place, with the time of one target pass.
     """
     with user_errors():
-        mode_list = csv_list(modes, parse=parse_draft_mode)
+        mode_list = csv_list(modes, parse=parse_draft_mode) if modes else []
         prompts = ({None: benchmark.load_prompts(prompts_file, notify=ui.note)} if prompts_file
                    else benchmark.builtin_prompt_sets(list(dict.fromkeys(csv_list(task, parse=str)))))
         temperatures = csv_list(temps, parse=_temperature)
         rules = csv_list(verify, parse=parse_verify_rule)
         k_given = csv_list(ks, parse=parse_draft_max) if ks else []
         options = LoadOptions(target, draft, pair, False, False, ctx, threads, gpu_layers, draft_gpu_layers,
-                              needs_draft=any(needs_draft_model(mode) for mode in mode_list),
+                              needs_draft=not mode_list or any(needs_draft_model(mode) for mode in mode_list),
                               max_draft=largest_k(k_given), rpc=rpc_workers, draft_rpc=draft_rpc,
                               tensor_split=tensor_split)
         # With --rpc, the same files twice: local, and the target split over the workers, side by side.
@@ -267,7 +268,8 @@ def bench(
         with open_pair(replace(options, local_only=bool(rpc_workers))) as loaded, \
                 (open_pair(options) if rpc_workers else nullcontext()) as remote:
             k_list = k_given or list(dict.fromkeys([loaded.draft_max, "auto"]))
-            configs = benchmark.configurations(mode_list, k_list, temperatures, rules, list(prompts), places)
+            configs = benchmark.configurations(mode_list or [loaded.pair.default_draft_mode], k_list, temperatures,
+                                               rules, list(prompts), places)
             raw = not loaded.pair.has_chat_template
             runs = sum(len(prompts[c.task]) for c in configs) * repeat
             with ui.progress(runs) as advance:
@@ -354,21 +356,22 @@ def chat(
     Sampling uses the settings the target's GGUF recommends (--sampling model), else llama.cpp's defaults, in llama.cpp's order: penalties → top-k → top-p → min-p → temperature.
     """
     with user_errors():
-        mode = parse_draft_mode(draft_mode or "model")
+        mode = given_draft_mode(draft_mode, False)
         k = None if draft_max is None else parse_draft_max(draft_max)
         given = _sampling_flags(temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n, presence_penalty,
                                 frequency_penalty)
         verify, preset = parse_verify_rule(verify), _sampling_preset(sampling_preset, "model")
         template = chat_module.chat_template(chat_format)
         options = LoadOptions(target, draft, pair, no_draft, quiet, ctx, threads, gpu_layers, draft_gpu_layers,
-                              needs_draft=needs_draft_model(mode), max_draft=largest_k([k]),
+                              needs_draft=loads_draft(mode), max_draft=largest_k([k]),
                               rpc=rpc_workers, draft_rpc=draft_rpc, tensor_split=tensor_split)
         with open_pair(options) as loaded:
             # Fail now rather than at the first message when there is no template to use.
             loaded.pair.target.format_chat([{"role": "user", "content": "hi"}], template=template)
             settings = chat_module.Settings(
                 sampling=_settle(loaded.pair, preset, given),
-                draft_max=or_default(k, loaded.draft_max), draft_mode=mode, draft_p_min=draft_p_min,
+                draft_max=or_default(k, loaded.draft_max), draft_mode=mode or loaded.pair.default_draft_mode,
+                draft_p_min=draft_p_min,
                 max_tokens=max_tokens, use_draft=not no_draft, verify=verify)
             session = chat_module.ChatSession(loaded.pair, settings, system=system, seed=seed, template=template)
             ui.chat_loop(session, interactive=sys.stdin.isatty(), quiet=quiet)

@@ -29,8 +29,9 @@ def user_errors() -> Iterator[None]:
         raise typer.Exit(EXIT_USER_ERROR) from None
 
 
-def resolve_files(spec: registry.PairSpec, quiet: bool, refresh: bool = False) -> tuple[Path, Path]:
-    """The pair's files, downloading (with progress bars) and deriving what is missing."""
+def resolve_files(spec: registry.PairSpec, quiet: bool, refresh: bool = False) -> tuple[Path, Path | None]:
+    """The pair's files (no draft file when the target's MTP head drafts), downloading (with progress bars) and
+    deriving what is missing."""
     notify = (lambda _m: None) if quiet else ui.note
     with ui.download_progress() as bar:
         return registry.resolve(spec, notify=notify, tqdm_class=bar, refresh=refresh)

@@ -11,7 +11,7 @@ from spec_cli import models, registry, ui
 from spec_cli.cli_base import EXIT_USER_ERROR, ThreadsOpt, resolve_files, user_errors
 from spec_cli.derive import derive
 from spec_cli.errors import SpecError
-from spec_cli.llama import FTYPES
+from spec_cli.llama import FTYPES, mtp_layers
 from spec_cli.paths import user_registry_path
 
 models_app = typer.Typer(help="Model pairs: list, download, inspect, check and derive GGUF files.",
@@ -33,7 +33,7 @@ def models_pull(name: Annotated[str, typer.Argument(help="Pair name (see spec mo
     with user_errors():
         target, draft = resolve_files(registry.load_registry().get(name), quiet=False, refresh=True)
         ui.say(f"target {target}")
-        ui.say(f"draft  {draft}")
+        ui.say(f"draft  {draft or 'the target’s MTP head (no file)'}")
 
 
 @models_app.command("show")
@@ -47,26 +47,32 @@ def models_show(name: Annotated[str, typer.Argument(help="Pair name (see spec mo
         ui.show_pair(spec.name, spec.description, settings, models.member_reports(spec))
 
 
-@models_app.command("check", epilog="Examples:\n\n  spec models check qwen3.5-9b\n\n  spec models check big.gguf small.gguf")
+@models_app.command("check", epilog="Examples:\n\n  spec models check qwen3.5-9b\n\n  spec models check big.gguf small.gguf\n\n  spec models check Qwen3.6-27B-Q4_K_M.gguf   # can it draft for itself with its MTP head?")
 def models_check(
     pair_or_target: Annotated[str, typer.Argument(metavar="PAIR|TARGET", help="A pair name (its files must be on disk), or the target GGUF file.")],
-    draft: Annotated[Optional[Path], typer.Argument(metavar="[DRAFT]", help="The draft GGUF file, when the first argument is a target file.", show_default=False)] = None,
+    draft: Annotated[Optional[Path], typer.Argument(metavar="[DRAFT]", help="The draft GGUF file, when the first argument is a target file (without one: whether the target's MTP head can draft).", show_default=False)] = None,
 ) -> None:
-    """Check whether a draft can draft for a target: every vocabulary rule, passed or failed, and each model's kind of memory and rollback."""
+    """Check whether a draft can draft for a target: every vocabulary rule, passed or failed, each model's kind of memory and rollback, and the target's MTP layers (its own drafter)."""
     with user_errors():
-        if draft is None:
-            spec = registry.load_registry().get(pair_or_target)
-            files = models.located_pair(spec)
-            if files is None:
-                raise SpecError(f"pair {spec.name!r} is not on disk yet: spec models pull {spec.name}")
-            target, draft, k = *files, spec.draft_max
-        else:
-            target, k = Path(pair_or_target), 0
-        rules = models.check_files(target, draft)
-        ui.show_rules(rules)
+        target, draft, k = _check_subjects(pair_or_target, draft)
+        rules = models.check_files(target, draft) if draft is not None else []
+        if rules:
+            ui.show_rules(rules)
         ui.show_facts("memory", models.memory_facts(target, draft, k))
-        if not all(rule.passed for rule in rules):
+        if not all(rule.passed for rule in rules) or draft is None and not mtp_layers(target):
             raise typer.Exit(EXIT_USER_ERROR)
+
+
+def _check_subjects(pair_or_target: str, draft: Path | None) -> tuple[Path, Path | None, int]:
+    """(target, draft or None, K the target's memory is sized for): a pair's files, or the files given; a
+    GGUF given alone is checked for its MTP head."""
+    if draft is not None or pair_or_target.endswith(".gguf") or Path(pair_or_target).is_file():
+        return Path(pair_or_target), draft, 0
+    spec = registry.load_registry().get(pair_or_target)
+    files = models.located_pair(spec)
+    if files is None:
+        raise SpecError(f"pair {spec.name!r} is not on disk yet: spec models pull {spec.name}")
+    return *files, spec.draft_max
 
 
 @models_app.command("derive")

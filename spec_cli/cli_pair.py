@@ -13,15 +13,15 @@ import typer
 from spec_cli import registry, rpc, ui
 from spec_cli.cli_base import T, csv_list, resolve_files
 from spec_cli.errors import SpecError
-from spec_cli.llama import supports_gpu_offload
-from spec_cli.pair import DEFAULT_CTX, DRAFTING_MODES, Pair, load_pair
+from spec_cli.llama import mtp_layers, supports_gpu_offload
+from spec_cli.pair import DEFAULT_CTX, DRAFTING_MODES, Pair, load_pair, needs_draft_model
 from spec_cli.verification import VERIFY_RULES
 
 TargetOpt = Annotated[Optional[Path], typer.Option("--target", "-t", help="Target GGUF file (the model you want output from).", show_default=False)]
 DraftOpt = Annotated[Optional[Path], typer.Option("--draft", "-d", help="Draft GGUF file (small, same vocabulary as the target).", show_default=False)]
 PairOpt = Annotated[Optional[str], typer.Option("--pair", "-p", help="A named pair from models.toml (default: the registry's default pair).", show_default=False)]
 DraftMaxOpt = Annotated[Optional[str], typer.Option("--draft-max", "-k", help="Draft tokens per round, K: 0-64, or auto to choose K each round from measured acceptance and costs (default: the pair's tuned K; auto for files given with --target/--draft).", show_default=False)]
-DraftModeOpt = Annotated[Optional[str], typer.Option("--draft-mode", help="How drafts are made: model (the draft model), ngram (prompt lookup, no draft model needed), hybrid (n-gram first, then the model) (default: model).", show_default=False)]
+DraftModeOpt = Annotated[Optional[str], typer.Option("--draft-mode", help="How drafts are made: model (the draft model), mtp (the target's own MTP head, no draft file), ngram (prompt lookup, no draft model needed), hybrid (n-gram lookup and the draft model, else the MTP head) (default: the draft model when there is one, else the target's MTP head).", show_default=False)]
 VerifyOpt = Annotated[str, typer.Option("--verify", help="How sampled drafts are verified: block (Sun et al. 2025, keeps more tokens) or token (token by token); both are exact.")]
 CtxOpt = Annotated[Optional[int], typer.Option("--ctx", min=16, help=f"Context size in tokens (default: the pair's, else {DEFAULT_CTX}).", show_default=False)]
 GpuLayersOpt = Annotated[Optional[int], typer.Option("--gpu-layers", min=-1, help="Target layers to put on devices (GPUs, RPC workers), -1: all; the rest run on this CPU (default: the pair's; else all with --rpc, 0 without).", show_default=False)]
@@ -101,8 +101,9 @@ def _pair_spec(options: LoadOptions) -> registry.PairSpec | None:
         return models.get(options.pair or models.default)
     if options.pair is not None:
         raise SpecError("give either --pair or --target/--draft, not both")
-    if options.draft is None and options.needs_draft and not options.no_draft:
-        raise SpecError("--target needs a --draft (or --draft-mode ngram, or --no-draft for the target alone)")
+    if options.draft is None and options.needs_draft and not options.no_draft and not mtp_layers(options.target):
+        raise SpecError("--target needs a --draft (or a target with MTP layers, or --draft-mode ngram, or "
+                        "--no-draft for the target alone)")
     return None
 
 
@@ -122,6 +123,19 @@ def parse_draft_max(value: str) -> int | str:
 def largest_k(ks: list[int | str | None]) -> int:
     """The largest fixed K among those given (0 when none is a number)."""
     return max((k for k in ks if isinstance(k, int)), default=0)
+
+
+def given_draft_mode(value: str | None, no_draft: bool) -> str | None:
+    """--draft-mode as given ("none" with --no-draft); None leaves it to the loaded pair: the draft model when
+    there is one, else the target's MTP head (`Pair.default_draft_mode`)."""
+    if no_draft:
+        return "none"
+    return parse_draft_mode(value) if value else None
+
+
+def loads_draft(mode: str | None) -> bool:
+    """Whether a draft file given (or named by the pair) is loaded: unless the mode drafts without one."""
+    return mode is None or needs_draft_model(mode)
 
 
 def parse_draft_mode(value: str) -> str:

@@ -12,9 +12,8 @@ from spec_cli import registry, rpc, server, ui
 from spec_cli.cli_base import ThreadsOpt, user_errors
 from spec_cli.cli_pair import (CtxOpt, DraftGpuLayersOpt, DraftMaxOpt, DraftModeOpt, DraftOpt, DraftRpcOpt,
                                GpuLayersOpt, LoadOptions, NoDraftOpt, PairOpt, RpcOpt, TargetOpt,
-                               TensorSplitOpt, VerifyOpt, largest_k, open_pair, or_default, parse_draft_max,
-                               parse_draft_mode, parse_verify_rule)
-from spec_cli.pair import needs_draft_model
+                               TensorSplitOpt, VerifyOpt, given_draft_mode, largest_k, loads_draft, open_pair,
+                               or_default, parse_draft_max, parse_verify_rule)
 from spec_cli.verification import DEFAULT_VERIFY
 
 SERVE_EXAMPLES = f"""\
@@ -65,16 +64,17 @@ def serve(
     """
     with user_errors():
         remote = server.reachable_from_outside(host, allow_remote)
-        mode = "none" if no_draft else parse_draft_mode(draft_mode or "model")
+        mode = given_draft_mode(draft_mode, no_draft)
         k = None if draft_max is None else parse_draft_max(draft_max)
         verify = parse_verify_rule(verify)
         template = chat_module.chat_template(chat_format)
         options = LoadOptions(target, draft, pair, no_draft, quiet, ctx, threads, gpu_layers, draft_gpu_layers,
-                              needs_draft=needs_draft_model(mode), max_draft=largest_k([k]),
+                              needs_draft=loads_draft(mode), max_draft=largest_k([k]),
                               rpc=rpc_workers, draft_rpc=draft_rpc, tensor_split=tensor_split)
         sock = server.listen(host, port)  # before the models load: a port in use is said at once
         with sock, open_pair(options) as loaded:
-            defaults = server.Defaults(or_default(k, loaded.draft_max), mode, verify, max_tokens)
+            defaults = server.Defaults(or_default(k, loaded.draft_max), mode or loaded.pair.default_draft_mode,
+                                       verify, max_tokens)
             log = (lambda _line: None) if quiet else ui.note
             service = server.Service(loaded.pair, model_name or _default_name(target, pair), defaults, queue,
                                      template, log=log)

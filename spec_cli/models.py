@@ -10,7 +10,7 @@ from pathlib import Path
 from spec_cli import __version__, hub, llama, rpc, vocab
 from spec_cli.pair import AUTO_K_MAX
 from spec_cli.paths import cache_dir, user_registry_path
-from spec_cli.registry import MEMBERS, PairSpec, Registry, describe, locate
+from spec_cli.registry import PairSpec, Registry, describe, locate
 
 
 @dataclass(frozen=True)
@@ -31,15 +31,17 @@ class MemberReport:
     path: Path | None
     size_bytes: int
     info: llama.ModelInfo | None
+    is_file: bool = True  # False for a draft that is the target's MTP head
 
 
 def pair_rows(registry: Registry) -> list[PairRow]:
     """One row per pair: its sources, which files are on disk now, and how much disk they take."""
     rows = []
     for spec in registry.pairs.values():
-        paths = {m: locate(spec, m) for m in MEMBERS}
+        paths = {m: locate(spec, m) for m in spec.files}
         rows.append(PairRow(spec.name, _short(spec.target), _short(spec.draft),
-                            paths["target"] is not None, paths["draft"] is not None,
+                            paths["target"] is not None,
+                            paths.get("draft") is not None or spec.drafts_with_mtp and paths["target"] is not None,
                             sum(p.stat().st_size for p in paths.values() if p is not None),
                             spec.memory or (llama.memory_of(paths["target"]) if paths["target"] else "")))
     return rows
@@ -49,17 +51,21 @@ def _short(source: dict[str, object]) -> str:
     """A member in a table cell: its file name, or how it is derived."""
     if "derive" in source:
         return f"{source['derive']} as {str(source['type']).upper()}"
+    if "mtp" in source:
+        return "MTP head"
     return Path(str(source.get("file") or source.get("path"))).name
 
 
 def member_reports(spec: PairSpec) -> list[MemberReport]:
     """Each member's source, local file and GGUF metadata (read without loading weights)."""
     reports = []
-    for member in MEMBERS:
+    for member in spec.files:
         path = locate(spec, member)
         reports.append(MemberReport(member, describe(spec.source(member)), path,
                                     path.stat().st_size if path else 0,
                                     llama.model_info(path, _rollback_sized_for(member, spec.draft_max)) if path else None))
+    if spec.drafts_with_mtp:
+        reports.append(MemberReport("draft", describe(spec.draft), None, 0, None, is_file=False))
     return reports
 
 
@@ -69,19 +75,37 @@ def _rollback_sized_for(member: str, draft_max: int) -> int:
     return max(draft_max, AUTO_K_MAX) if member == "target" else 0
 
 
-def memory_facts(target: Path, draft: Path, draft_max: int) -> list[tuple[str, str]]:
-    """Each member's kind of memory and how spec takes rejected tokens back from it."""
+def memory_facts(target: Path, draft: Path | None, draft_max: int) -> list[tuple[str, str]]:
+    """Each member's kind of memory and how spec takes rejected tokens back from it, and the target's MTP
+    layers (what drafts when there is no draft file)."""
     facts = []
     for member, path in (("target", target), ("draft", draft)):
+        if path is None:
+            continue
         info = llama.model_info(path, _rollback_sized_for(member, draft_max))
         facts.append((f"{member} memory", f"{info.memory}; rollback: {info.rollback}"))
+        if member == "target":
+            facts.append(("target MTP layers", mtp_verdict(info.mtp_layers, drafts_alone=draft is None)))
     return facts
 
 
-def located_pair(spec: PairSpec) -> tuple[Path, Path] | None:
-    """The pair's (target, draft) files when both are on disk now."""
-    target, draft = locate(spec, "target"), locate(spec, "draft")
-    return (target, draft) if target is not None and draft is not None else None
+def mtp_verdict(layers: int, drafts_alone: bool) -> str:
+    """A target's MTP layers in words: what `--draft-mode mtp` can do with them; when nothing else would draft
+    (`drafts_alone`), why there are none."""
+    if layers:
+        return f"{layers}: it drafts for itself (--draft-mode mtp, the default without a draft)"
+    if not drafts_alone:
+        return "0"
+    return ("0: no MTP head to draft with (this architecture has none, or the conversion left the MTP layers "
+            "out; use a GGUF converted with them)")
+
+
+def located_pair(spec: PairSpec) -> tuple[Path, Path | None] | None:
+    """The pair's (target, draft) files when they are on disk now (no draft file when its MTP head drafts)."""
+    target, draft = locate(spec, "target"), None if spec.drafts_with_mtp else locate(spec, "draft")
+    if target is None or (draft is None and not spec.drafts_with_mtp):
+        return None
+    return target, draft
 
 
 def check_files(target: Path, draft: Path) -> list[vocab.Rule]:

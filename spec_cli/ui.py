@@ -66,6 +66,9 @@ def error(message: str) -> None:
     Console(stderr=True, highlight=False, soft_wrap=True).print(f"spec: error: {message}", style="bold red", markup=False)
 
 
+DRAFTERS = {"model": "draft model", "mtp": "MTP head", "ngram": "n-gram lookup", "hybrid": "hybrid"}
+
+
 def summary_line(generation: Generation) -> str:
     """The statistics in one line, as printed after a run."""
     s = generation.stats
@@ -75,6 +78,7 @@ def summary_line(generation: Generation) -> str:
                   f"mean accepted length {s.mean_accepted_length:.2f}"]
         if s.adaptive:
             parts.append(f"K auto, last {s.current_k}")
+        parts.append(f"drafting: {DRAFTERS.get(s.draft_mode, s.draft_mode)}")
     else:
         parts.append("no draft")
     parts += [f"prompt {s.prompt_tokens} tokens in {s.prompt_s:.2f}s", f"finish: {generation.finish_reason}"]
@@ -345,14 +349,16 @@ def show_pair(name: str, description: str, settings: dict[str, object], members:
     console.print(f"[bold]{name}[/]: {description}")
     console.print(" · ".join(f"{key} {value}" for key, value in settings.items()), style="dim")
     for m in members:
-        facts = [("source", m.source),
-                 ("file", str(m.path) if m.path else "not on disk yet (spec models pull)")]
+        facts = [("source", m.source)]
+        if m.is_file:
+            facts.append(("file", str(m.path) if m.path else "not on disk yet (spec models pull)"))
         if m.info is not None:
             facts += [("size", _size(m.size_bytes)), ("architecture", m.info.architecture),
                       ("type", m.info.quantization), ("context length", str(m.info.context_length or "?")),
                       ("vocabulary", str(m.info.vocab_size)),
                       ("chat template", "yes" if m.info.has_chat_template else "no"),
                       ("memory", m.info.memory), ("rollback", m.info.rollback),
+                      ("MTP layers", str(m.info.mtp_layers)),
                       ("recommended sampling", _recommended(m.info.recommended_sampling))]
         show_facts(m.member, facts)
 

@@ -127,11 +127,16 @@ def test_prompt_longer_than_context(pair_args: list[str]) -> None:
 
 @pytest.mark.parametrize("args, message", [
     (["--draft", "d.gguf"], "--draft needs --target"),
-    (["--target", "t.gguf"], "--target needs a --draft"),
+    (["--target", "t.gguf"], "model file not found: t.gguf"),
     (["--pair", "nope"], "unknown pair 'nope'"),
 ])
 def test_model_choice_mistakes(args: list[str], message: str) -> None:
     user_error(spec("run", *args, "hi"), message)
+
+
+def test_a_target_without_mtp_layers_needs_a_draft(target_path: Path) -> None:
+    user_error(spec("run", "--target", str(target_path), "hi"),
+               "--target needs a --draft (or a target with MTP layers, or --draft-mode ngram, or --no-draft")
 
 
 @pytest.mark.parametrize("args, message", [
