@@ -263,13 +263,17 @@ def pooled_costs(sides: Sequence[Side]) -> LoopCosts:
     return costs
 
 
-def predicted_speedup(side: Side, costs: LoopCosts, baseline: float | None) -> float | None:
-    """The cost model's tokens/s for a fixed-K draft-model row over the target alone's measured tokens/s.
+PREDICTED_MODES = ("model", "mtp")  # one drafter with a step cost of its own, one K per round
 
-    Only draft-model rows with a fixed K have one K and one drafter per round; n-gram proposals vary in
-    length from round to round, and hybrid and auto rows change drafter or K as they go."""
+
+def predicted_speedup(side: Side, costs: LoopCosts, baseline: float | None) -> float | None:
+    """The cost model's tokens/s for a fixed-K row of the draft model or the MTP head over the target alone's
+    measured tokens/s; `costs` must hold that drafter's steps alone (`drafter_costs`).
+
+    Only those rows have one K and one drafter per round; n-gram proposals vary in length from round to
+    round, and hybrid and auto rows change drafter or K as they go."""
     k = side.config.draft_max
-    if side.config.draft_mode != "model" or not isinstance(k, int) or not k or not baseline:
+    if side.config.draft_mode not in PREDICTED_MODES or not isinstance(k, int) or not k or not baseline:
         return None
     rate = costs.rate(k, side.acceptance, drafts_with_model=True)
     return rate / baseline if rate else None
@@ -282,6 +286,10 @@ def report(sides: Sequence[Side], settings: dict[str, object]) -> dict[str, obje
                  if s.config.draft_mode == "none"}
     groups = dict.fromkeys((s.config.task, s.config.where) for s in sides)
     costs = {group: pooled_costs([s for s in sides if (s.config.task, s.config.where) == group]) for group in groups}
+    # A drafter's rows are priced with its own draft steps: a pair may draft with a model and with its MTP head.
+    drafter_costs = {(*group, mode): pooled_costs([s for s in sides if (s.config.task, s.config.where) == group
+                                                   and s.config.draft_mode in (mode, "none")])
+                     for group in groups for mode in PREDICTED_MODES}
     configs = []
     for side in sides:
         k = side.config.draft_max
@@ -298,7 +306,9 @@ def report(sides: Sequence[Side], settings: dict[str, object]) -> dict[str, obje
             "tokens_per_second": {"median": side.tokens_per_second, "min": min(side.rates),
                                   "max": max(side.rates)},
             "speedup": side.tokens_per_second / baseline if baseline else None,
-            "predicted_speedup": predicted_speedup(side, costs[side.config.task, side.config.where], baseline),
+            "predicted_speedup": predicted_speedup(
+                side, drafter_costs.get((side.config.task, side.config.where, side.config.draft_mode), LoopCosts()),
+                baseline),
             "acceptance_rate": side.acceptance_rate,
             "alpha": side.alpha,
             "mean_accepted_length": side.mean_accepted_length,

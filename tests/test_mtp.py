@@ -179,6 +179,8 @@ def test_bench_compares_the_head_with_ngram_and_hybrid(mtp_path: Path, tmp_path:
     assert {c["draft_mode"] for c in configs} == {"none", "mtp", "ngram", "hybrid"}
     mtp_row = next(c for c in configs if c["draft_mode"] == "mtp")
     assert mtp_row["speedup"] > 0 and mtp_row["acceptance_rate"] > 0
+    assert mtp_row["predicted_speedup"] > 0  # priced with the head's own steps
+    assert all(c["predicted_speedup"] is None for c in configs if c["draft_mode"] in ("ngram", "hybrid"))
 
 
 @pytest.fixture()
