@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
@@ -94,23 +94,11 @@ class ModelDrafter:
         own tokens are speculative (`n_final`), so a memory that cannot cut them prepares to go back.
         Penalties count the drafted tokens too, exactly as the target's p will.
         """
-        draft = Draft()
-        pending = list(tokens[self.context.n_past:])
-        recent = sampling.recent(tokens)
-        for step in range(k):
-            started = time.perf_counter()
-            logits = self.context.decode(pending, 1, n_final=len(pending) if step == 0 else 0)[0]
-            choice = next_draft_token(logits, sampling, recent, rng, self.p_min)
-            draft.steps.append((len(pending), time.perf_counter() - started))
-            if choice is None:
-                break
-            token, q = choice
-            draft.tokens.append(token)
-            if q is not None:
-                draft.q.append(q)
-            recent = sampling.recent([*recent, token])
-            pending = [token]
-        return draft
+        def step(i: int, fed: list[int]) -> np.ndarray:
+            return self.context.decode(fed, 1, n_final=len(fed) if i == 0 else 0)[0]
+
+        catch_up = list(tokens[self.context.n_past:])
+        return draft_step_by_step(step, catch_up, k, sampling, sampling.recent(tokens), rng, self.p_min)
 
     def pending(self, tokens: Sequence[int]) -> int:
         """How many tokens the next proposal must feed before its first draft step (its catch-up)."""
@@ -124,8 +112,31 @@ class ModelDrafter:
         self.context.trim(n_keep)
 
 
-def next_draft_token(logits: np.ndarray, sampling: SamplingParams, recent: list[int], rng: np.random.Generator,
-                     p_min: float = 0.0) -> tuple[int, np.ndarray | None] | None:
+def draft_step_by_step(step: Callable[[int, list[int]], np.ndarray], catch_up: list[int], k: int,
+                       sampling: SamplingParams, recent: list[int], rng: np.random.Generator,
+                       p_min: float = 0.0) -> Draft:
+    """Up to k tokens from a drafter that decodes one step at a time: `step(i, fed)` feeds step i's tokens
+    (the catch-up first, then the token drafted last) and returns the logits of the next. Penalties count the
+    drafted tokens, exactly as the target's p will."""
+    draft = Draft()
+    fed = catch_up
+    for i in range(k):
+        started = time.perf_counter()
+        choice = _next_draft_token(step(i, fed), sampling, recent, rng, p_min)
+        draft.steps.append((len(fed), time.perf_counter() - started))
+        if choice is None:
+            break
+        token, q = choice
+        draft.tokens.append(token)
+        if q is not None:
+            draft.q.append(q)
+        recent = sampling.recent([*recent, token])
+        fed = [token]
+    return draft
+
+
+def _next_draft_token(logits: np.ndarray, sampling: SamplingParams, recent: list[int], rng: np.random.Generator,
+                      p_min: float) -> tuple[int, np.ndarray | None] | None:
     """The drafted token and its q (None when greedy), or None when the confidence stop ends the draft: the
     most likely token has probability below `p_min`. q goes through the same transforms as the target's p."""
     if sampling.greedy:

@@ -358,6 +358,26 @@ class Model:
             self._handle = None
 
 
+def _new_context(model: Model, n_ctx: int, n_batch: int, n_threads: int, what: str,
+                 **settings: object) -> llama_cpp.llama_context_p:
+    """A llama.cpp context for one sequence over `model`, decoding batches of `n_batch` on `n_threads`;
+    `settings` are further llama_context_params fields, `what` names it in the error."""
+    params = llama_cpp.llama_context_default_params()
+    params.n_ctx = n_ctx
+    params.n_batch = params.n_ubatch = n_batch
+    params.n_seq_max = 1
+    params.n_threads = params.n_threads_batch = n_threads
+    params.no_perf = True
+    for name, value in settings.items():
+        setattr(params, name, value)
+    _Backend.forget()
+    handle = llama_cpp.llama_init_from_model(model._handle, params)
+    if not handle:
+        raise SpecError(f"llama.cpp could not create {what} for {model.path.name}: "
+                        f"{_Backend.message('out of memory?')}")
+    return handle
+
+
 class Context:
     """One sequence's memory over a `Model`, fed token batches at increasing positions of sequence 0.
 
@@ -375,23 +395,11 @@ class Context:
         last layer's, after the output norm) at every position decoded, replays included."""
         self.model = model
         self.n_batch = min(n_batch, n_ctx)
-        params = llama_cpp.llama_context_default_params()
-        params.n_ctx = n_ctx
-        params.n_batch = self.n_batch
-        params.n_ubatch = self.n_batch
-        params.n_seq_max = 1
-        params.n_rs_seq = max_rollback  # llama.cpp sets it to 0 for architectures it cannot roll back in place
-        # A sliding-window cache of window + one batch, not of the whole context: a fraction of the memory
-        # on long contexts (Gemma 3 27B at 8k: ~0.8 instead of ~4 GB); memory.py handles the cuts it prunes.
-        params.swa_full = False
-        params.n_threads = n_threads
-        params.n_threads_batch = n_threads
-        params.no_perf = True
-        _Backend.forget()
-        handle = llama_cpp.llama_init_from_model(model._handle, params)
-        if not handle:
-            raise SpecError(f"llama.cpp could not create a {n_ctx}-token context for {model.path.name}: "
-                            f"{_Backend.message('out of memory?')}")
+        # n_rs_seq: llama.cpp sets it to 0 for architectures it cannot roll back in place. swa_full off: a
+        # sliding-window cache of window + one batch, not of the whole context, a fraction of the memory on
+        # long contexts (Gemma 3 27B at 8k: ~0.8 instead of ~4 GB); memory.py handles the cuts it prunes.
+        handle = _new_context(model, n_ctx, self.n_batch, n_threads, f"a {n_ctx}-token context",
+                              n_rs_seq=max_rollback, swa_full=False)
         self._handle = handle
         self.memory = memory.for_context(handle, model._handle, model.path.name)
         self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
@@ -536,19 +544,8 @@ class HeadContext:
     def __init__(self, model: Model, n_ctx: int, n_threads: int, n_batch: int = 512) -> None:
         self.model = model
         self.n_batch = min(n_batch, n_ctx)
-        params = llama_cpp.llama_context_default_params()
-        params.ctx_type = llama_cpp.LLAMA_CONTEXT_TYPE_MTP
-        params.n_ctx = n_ctx
-        params.n_batch = params.n_ubatch = self.n_batch
-        params.n_seq_max = 1
-        params.n_rs_seq = 0
-        params.n_threads = params.n_threads_batch = n_threads
-        params.no_perf = True
-        _Backend.forget()
-        handle = llama_cpp.llama_init_from_model(model._handle, params)
-        if not handle:
-            raise SpecError(f"llama.cpp could not create the MTP context of {model.path.name}: "
-                            f"{_Backend.message('out of memory?')}")
+        handle = _new_context(model, n_ctx, self.n_batch, n_threads, "the MTP context",
+                              ctx_type=llama_cpp.LLAMA_CONTEXT_TYPE_MTP, n_rs_seq=0)
         self._handle = handle
         llama_cpp_ext.llama_set_embeddings_nextn(handle, True, True)  # the head's hidden state, output rows only
         self._batch = llama_cpp.llama_batch_ext_init(handle)

@@ -21,7 +21,7 @@ from typing import Sequence
 
 import numpy as np
 
-from spec_cli.drafters import Draft, next_draft_token
+from spec_cli.drafters import Draft, draft_step_by_step
 from spec_cli.llama import Context, HeadContext
 from spec_cli.sampling import SamplingParams
 
@@ -65,24 +65,15 @@ class MtpDrafter:
                 rng: np.random.Generator) -> Draft:
         """Up to k tokens after `tokens`: catch up to the last token with the target's hidden states, then
         feed back the head's own. Penalties count the drafted tokens, as the target's p will."""
-        draft = Draft()
-        n = len(tokens)
-        start = self.head.n_past
-        pending, hidden = list(tokens[start:]), self._pairs_from(start, n)
-        recent = sampling.recent(tokens)
-        for _ in range(k):
-            started = time.perf_counter()
-            logits, states = self.head.decode(pending, hidden, 1)
-            choice = next_draft_token(logits[0], sampling, recent, rng, self.p_min)
-            draft.steps.append((len(pending), time.perf_counter() - started))
-            if choice is None:
-                break
-            token, q = choice
-            draft.tokens.append(token)
-            if q is not None:
-                draft.q.append(q)
-            recent = sampling.recent([*recent, token])
-            pending, hidden = [token], states
+        n, start = len(tokens), self.head.n_past
+        hidden = self._pairs_from(start, n)
+
+        def step(_i: int, fed: list[int]) -> np.ndarray:
+            nonlocal hidden
+            logits, hidden = self.head.decode(fed, hidden, 1)  # the next step pairs its token with this h'
+            return logits[0]
+
+        draft = draft_step_by_step(step, list(tokens[start:]), k, sampling, sampling.recent(tokens), rng, self.p_min)
         self.head.trim(n)  # the pairs of drafted tokens hold the head's h', never the target's
         return draft
 

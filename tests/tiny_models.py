@@ -41,6 +41,24 @@ def vocabulary(size: int = 320) -> tuple[list[str], list[float], list[int]]:
     return tokens, scores, types
 
 
+def add_vocabulary(writer: gguf.GGUFWriter, vocab: tuple[list[str], list[float], list[int]], eos: int,
+                   chat_template: str | None) -> None:
+    """The SentencePiece vocabulary, its special tokens (BOS added, EOS `eos`), F32 weights, and a template."""
+    tokens, scores, types = vocab
+    writer.add_file_type(0)
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(tokens)
+    writer.add_token_scores(scores)
+    writer.add_token_types(types)
+    writer.add_unk_token_id(0)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(eos)
+    writer.add_add_bos_token(True)
+    writer.add_add_eos_token(False)
+    if chat_template is not None:
+        writer.add_chat_template(chat_template)
+
+
 ARCHS = ("llama", "gemma3", "mamba", "lfm2", "jamba")
 D_CONV, D_STATE, DT_RANK, L_CACHE = 4, 8, 8, 3
 EMBEDDING_SCALE = {"gemma3": 0.3}  # gemma3 multiplies embeddings by √n_embd: large ones make it repeat itself
@@ -79,18 +97,7 @@ def write_model(path: Path, seed: int, *, arch: str = "llama", vocab_size: int =
     writer.add_block_count(n_layer)
     writer.add_feed_forward_length(n_ff)
     writer.add_layer_norm_rms_eps(1e-5)
-    writer.add_file_type(0)
-    writer.add_tokenizer_model("llama")
-    writer.add_token_list(tokens)
-    writer.add_token_scores(scores)
-    writer.add_token_types(types)
-    writer.add_unk_token_id(0)
-    writer.add_bos_token_id(1)
-    writer.add_eos_token_id(eos)
-    writer.add_add_bos_token(True)
-    writer.add_add_eos_token(False)
-    if chat_template is not None:
-        writer.add_chat_template(chat_template)
+    add_vocabulary(writer, (tokens, scores, types), eos, chat_template)
 
     def weight(*shape: int, scale: float = 1.0) -> np.ndarray:
         w = rng.standard_normal(shape) * scale / np.sqrt(shape[-1])
@@ -203,18 +210,7 @@ def write_qwen35_mtp(path: Path, seed: int = 1, *, n_embd: int = N_EMBD, n_trunk
     writer.add_ssm_time_step_rank(n_v_heads)
     writer.add_ssm_group_count(n_group)
     writer.add_full_attention_interval(2)  # layers 1, 3, … attend; 0, 2, … are recurrent
-    writer.add_file_type(0)
-    writer.add_tokenizer_model("llama")
-    writer.add_token_list(tokens)
-    writer.add_token_scores(scores)
-    writer.add_token_types(types)
-    writer.add_unk_token_id(0)
-    writer.add_bos_token_id(1)
-    writer.add_eos_token_id(eos)
-    writer.add_add_bos_token(True)
-    writer.add_add_eos_token(False)
-    if chat_template is not None:
-        writer.add_chat_template(chat_template)
+    add_vocabulary(writer, (tokens, scores, types), eos, chat_template)
 
     def weight(*shape: int, scale: float = 1.0) -> np.ndarray:
         return (rng.standard_normal(shape) * scale / np.sqrt(shape[-1])).astype(np.float32)
