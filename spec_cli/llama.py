@@ -358,6 +358,16 @@ class Model:
             self._handle = None
 
 
+def common_prefix(held: Sequence[int], tokens: Sequence[int]) -> int:
+    """How many tokens a memory holding `held` can keep of a new sequence `tokens`."""
+    keep = 0
+    for cached, token in zip(held, tokens):
+        if cached != token:
+            break
+        keep += 1
+    return keep
+
+
 def _new_context(model: Model, n_ctx: int, n_batch: int, n_threads: int, what: str,
                  **settings: object) -> llama_cpp.llama_context_p:
     """A llama.cpp context for one sequence over `model`, decoding batches of `n_batch` on `n_threads`;
@@ -485,12 +495,7 @@ class Context:
         costs only its new tokens. A memory that cannot cut back that far restores its snapshot at the end
         of an earlier prompt, or starts over.
         """
-        keep = 0
-        for cached, token in zip(self.tokens, tokens):
-            if cached != token:
-                break
-            keep += 1
-        self.trim(keep)  # what a restore leaves out is decoded with the rest, in one go
+        self.trim(common_prefix(self.tokens, tokens))  # what a restore leaves out is decoded with the rest
         reused = self.n_past
         self.decode(tokens[reused:], 0)
         if reused < len(tokens):

@@ -22,7 +22,7 @@ from typing import Sequence
 import numpy as np
 
 from spec_cli.drafters import Draft, draft_step_by_step
-from spec_cli.llama import Context, HeadContext
+from spec_cli.llama import Context, HeadContext, common_prefix
 from spec_cli.sampling import SamplingParams
 
 
@@ -45,12 +45,7 @@ class MtpDrafter:
     def prefill(self, tokens: Sequence[int]) -> list[tuple[int, float]]:
         """Pair the prompt's tokens (all but its last, which the target has decoded) with their hidden states,
         keeping what the head already holds of them."""
-        keep = 0
-        for held, token in zip(self.head.tokens, tokens):
-            if held != token:
-                break
-            keep += 1
-        self.head.trim(keep)
+        self.head.trim(common_prefix(self.head.tokens, tokens))
         started = time.perf_counter()
         fed = len(tokens) - self.head.n_past
         if fed:
