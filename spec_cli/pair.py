@@ -61,8 +61,9 @@ class Pair:
         self._contexts: list[Context] = []
         self._models = [m for m in (target, draft) if m is not None]
         # The loop's costs on this machine, and one K controller per draft mode, drafter and K, kept across
-        # generations: what they learn carries over from one prompt (or chat turn) to the next.
-        self.costs = LoopCosts(decay=COSTS_DECAY)
+        # generations: what they learn carries over from one prompt (or chat turn) to the next. The MTP head's
+        # steps are booked apart from the draft model's (`_costs_for`).
+        self._costs: dict[str, LoopCosts] = {}
         self._lengths: dict[tuple[str, str, int | str], DraftLength] = {}
         self._hybrids: dict[int | str, HybridState] = {}
         self.head_context: HeadContext | None = None
@@ -153,7 +154,7 @@ class Pair:
         self._check_drafting(mode, draft_p_min, draft_max)
         drafter, draft_length = self._drafting(mode, draft_p_min, draft_max)
         generation = Generation(self.target_context, drafter, tokens, sampling, seed, draft_length, max_tokens,
-                                verify, self.costs)
+                                verify, self.costs_for(mode))
         generation.stats.adaptive = draft_max == "auto" and drafter is not None
         generation.stats.draft_mode = mode
         in_use = ("target", "draft") if needs_draft_model(mode) and self.draft_context else ("target",)
@@ -187,8 +188,15 @@ class Pair:
         model = self._catch_up_drafter(p_min)
         state = self._hybrids.setdefault(draft_max, HybridState(
             {drafter: self._draft_length(mode, drafter, draft_max) for drafter in ("ngram", "model")}))
-        hybrid = HybridDrafter(NgramDrafter(self.target.n_vocab), model, self.costs, state)
+        hybrid = HybridDrafter(NgramDrafter(self.target.n_vocab), model, self.costs_for(mode), state)
         return hybrid, FixedK(AUTO_K_MAX if draft_max == "auto" else _fixed_k(draft_max))
+
+    def costs_for(self, mode: str) -> LoopCosts:
+        """The running costs `mode`'s rounds are priced with and recorded in: the MTP head's steps apart from
+        the draft model's, since a pair may draft with both and one step costs what it costs; n-gram rounds,
+        which take no draft steps, share the draft model's book."""
+        mtp = mode == "mtp" or mode == "hybrid" and self.draft_context is None
+        return self._costs.setdefault("mtp" if mtp else "model", LoopCosts(decay=COSTS_DECAY))
 
     def _mtp_drafter(self, p_min: float = 0.0) -> MtpDrafter:
         assert self.head_context is not None
@@ -205,7 +213,7 @@ class Pair:
         key = (mode, drafter, draft_max)
         if key not in self._lengths:
             self._lengths[key] = FixedK(_fixed_k(draft_max)) if draft_max != "auto" else \
-                AdaptiveK(self.costs, drafts_with_model=drafter in ("model", "mtp"), k_max=AUTO_K_MAX)
+                AdaptiveK(self.costs_for(mode), drafts_with_model=drafter in ("model", "mtp"), k_max=AUTO_K_MAX)
         return self._lengths[key]
 
     def close(self) -> None:

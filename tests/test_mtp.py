@@ -223,3 +223,18 @@ def test_models_check_says_whether_a_gguf_can_draft_for_itself(mtp_path: Path, t
 def test_an_mtp_member_is_the_draft_alone(body: str, message: str) -> None:
     with pytest.raises(SpecError, match=message):
         parse_registry(f"[pairs.p]\n{body}\n", origin="test")
+
+
+def test_with_a_draft_model_too_each_drafter_is_priced_with_its_own_steps(mtp_path: Path,
+                                                                         other_draft_path: Path) -> None:
+    """A pair that drafts with a model and with its head keeps their step costs apart, so -k auto and the
+    hybrid price each with what its own steps cost."""
+    with load_pair(mtp_path, other_draft_path) as both:
+        assert both.drafting_modes == ("model", "mtp", "ngram", "hybrid") and both.default_draft_mode == "model"
+        head_rounds = greedy(both, "the cat", draft_mode="mtp", draft_max=3)
+        assert head_rounds.stats.drafted > 0
+        assert both.costs_for("mtp").draft.seconds(1) is not None
+        assert both.costs_for("model").draft.seconds(1) is None  # untouched by the head's steps
+        greedy(both, "the cat", draft_mode="model", draft_max=3)
+        assert both.costs_for("model").draft.seconds(1) is not None
+        assert both.costs_for("ngram") is both.costs_for("model")  # no steps of its own
