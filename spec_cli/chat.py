@@ -17,7 +17,7 @@ from typing import Iterator
 
 from spec_cli.engine import Generation, TokenEvent
 from spec_cli.errors import SpecError
-from spec_cli.pair import DRAFTING_MODES, Pair
+from spec_cli.pair import DRAFTING_MODES, MAX_K, Pair
 from spec_cli.prompt_cache import PromptCache
 from spec_cli.sampling import SamplingParams
 from spec_cli.stats import Stats
@@ -225,7 +225,7 @@ def _set(settings: Settings, argument: str) -> str:
                 raise SpecError(f"verify is one of: {', '.join(VERIFY_RULES)}")
             settings.verify = value
         elif key == "k":
-            if value != "auto" and not 0 <= int(value) <= 64:
+            if value != "auto" and not 0 <= int(value) <= MAX_K:
                 raise ValueError
             settings.draft_max = value if value == "auto" else int(value)
         elif key == "max-tokens":

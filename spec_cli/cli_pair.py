@@ -14,7 +14,7 @@ from spec_cli import registry, rpc, ui
 from spec_cli.cli_base import T, csv_list, resolve_files
 from spec_cli.errors import SpecError
 from spec_cli.llama import mtp_layers, supports_gpu_offload
-from spec_cli.pair import DEFAULT_CTX, DRAFTING_MODES, Pair, load_pair, needs_draft_model
+from spec_cli.pair import DEFAULT_CTX, DRAFTING_MODES, MAX_K, Pair, load_pair, needs_draft_model
 from spec_cli.verification import VERIFY_RULES
 
 TargetOpt = Annotated[Optional[Path], typer.Option("--target", "-t", help="Target GGUF file (the model you want output from).", show_default=False)]
@@ -115,8 +115,8 @@ def parse_draft_max(value: str) -> int | str:
     """-k as typed: a number of draft tokens (0-64) or "auto"."""
     if value.lower() == "auto":
         return "auto"
-    if not value.isdigit() or int(value) > 64:
-        raise SpecError(f"--draft-max must be a number from 0 to 64 or 'auto', got {value!r}")
+    if not value.isdigit() or int(value) > MAX_K:
+        raise SpecError(f"--draft-max must be a number from 0 to {MAX_K} or 'auto', got {value!r}")
     return int(value)
 
 

@@ -13,12 +13,11 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from spec_cli.pair import DRAFT_MODES
+from spec_cli.pair import DRAFT_MODES, MAX_K
 from spec_cli.stats import Stats
 from spec_cli.verification import VERIFY_RULES
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
-MAX_DRAFT = 64
 
 # Request fields that choose sampling, by SamplingParams field; each is checked for its type here and for
 # its range by SamplingParams itself.
@@ -191,9 +190,9 @@ def _stop(value: object) -> tuple[str, ...]:
 def _draft_max(value: object) -> int | str | None:
     if value is None or value == "auto":
         return value
-    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_DRAFT:
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_K:
         return value
-    raise RequestError(f"'draft_max' must be a number from 0 to {MAX_DRAFT} or \"auto\", got {value!r}",
+    raise RequestError(f"'draft_max' must be a number from 0 to {MAX_K} or \"auto\", got {value!r}",
                        param="draft_max")
 
 
@@ -263,9 +262,9 @@ def usage(stats: Stats) -> dict[str, Any]:
             "prompt_tokens_details": {"cached_tokens": stats.prompt_cached}}
 
 
-def speculation(stats: Stats, draft_mode: str) -> dict[str, Any]:
+def speculation(stats: Stats) -> dict[str, Any]:
     """What speculation did so far: the `speculation` object of answers and stream chunks."""
-    return {"draft_mode": draft_mode, "draft_max": "auto" if stats.adaptive else stats.draft_max,
+    return {"draft_mode": stats.draft_mode, "draft_max": "auto" if stats.adaptive else stats.draft_max,
             "drafted": stats.drafted, "accepted": stats.accepted, "acceptance": stats.acceptance_rate,
             "tokens_per_pass": stats.mean_accepted_length, "tokens_per_second": stats.tokens_per_second}
 
@@ -282,7 +281,7 @@ class Answer:
     def _head(self, object_name: str) -> dict[str, Any]:
         return {"id": self.id, "object": object_name, "created": self.created, "model": self.model}
 
-    def whole(self, text: str, reason: str, stats: Stats, draft_mode: str) -> dict[str, Any]:
+    def whole(self, text: str, reason: str, stats: Stats) -> dict[str, Any]:
         """The non-streamed answer."""
         if self.endpoint == "chat":
             choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
@@ -291,10 +290,9 @@ class Answer:
         else:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
             head = self._head("text_completion")
-        return {**head, "choices": [choice], "usage": usage(stats), "speculation": speculation(stats, draft_mode)}
+        return {**head, "choices": [choice], "usage": usage(stats), "speculation": speculation(stats)}
 
-    def chunk(self, text: str | None, reason: str | None, stats: Stats | None = None,
-              draft_mode: str = "") -> dict[str, Any]:
+    def chunk(self, text: str | None, reason: str | None, stats: Stats | None = None) -> dict[str, Any]:
         """One streamed chunk: `text` (None for chat's opening chunk, which names the role), the finish
         reason on the last one, and the speculation so far."""
         if self.endpoint == "chat":
@@ -305,7 +303,7 @@ class Answer:
             chunk = {**self._head("text_completion"),
                      "choices": [{"index": 0, "text": text or "", "logprobs": None, "finish_reason": reason}]}
         if stats is not None:
-            chunk["speculation"] = speculation(stats, draft_mode)
+            chunk["speculation"] = speculation(stats)
         return chunk
 
     def usage_chunk(self, stats: Stats) -> dict[str, Any]:

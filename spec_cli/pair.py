@@ -32,6 +32,7 @@ DEFAULT_CTX = 2048
 DRAFTING_MODES = ("model", "mtp", "ngram", "hybrid")  # the ways a user can choose to draft
 DRAFT_MODES = (*DRAFTING_MODES, "none")
 AUTO_K_MAX = 16
+MAX_K = 64  # the largest fixed K a user may ask for
 COSTS_DECAY = 0.95  # each call of a size weighs 5% less at the next: the costs follow the machine's load
 
 

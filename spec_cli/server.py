@@ -61,7 +61,6 @@ class Defaults:
 @dataclass(frozen=True)
 class Started:
     generation: Generation
-    draft_mode: str
 
 
 @dataclass(frozen=True)
@@ -148,10 +147,10 @@ class Service:
         request = job.request
         try:
             text, tokens = self._prompt(request)
-            mode = request.draft_mode or self.defaults.draft_mode
             generation = self.pair.generate(
                 tokens, sampling=settle("model", self.pair.recommended_sampling(), request.sampling),
-                seed=request.seed, draft_mode=mode, verify=request.verify or self.defaults.verify,
+                seed=request.seed, draft_mode=request.draft_mode or self.defaults.draft_mode,
+                verify=request.verify or self.defaults.verify,
                 draft_max=self.defaults.draft_max if request.draft_max is None else request.draft_max,
                 max_tokens=request.max_tokens or self.defaults.max_tokens or self.pair.n_ctx)
         except RequestError as exc:
@@ -160,7 +159,7 @@ class Service:
         except SpecError as exc:
             job.post(Failed(RequestError(str(exc))))
             return
-        job.post(Started(generation, mode))
+        job.post(Started(generation))
         stops = StopStrings(request.stop)
         try:
             self._hand_over(job, generation, stops)
@@ -278,7 +277,7 @@ async def _answer(request: Request, api_request: ApiRequest, id_prefix: str) -> 
                 raise item.error
             pieces.append(item)
         stats = first.generation.stats
-        return JSONResponse(answer.whole("".join(pieces), item.reason, stats, first.draft_mode))
+        return JSONResponse(answer.whole("".join(pieces), item.reason, stats))
     except BaseException:
         job.cancel()
         raise
@@ -287,19 +286,19 @@ async def _answer(request: Request, api_request: ApiRequest, id_prefix: str) -> 
 async def _stream(job: Job, answer: Answer, started: Started) -> AsyncIterator[str]:
     """Server-sent events: a chunk of text (a round's) with the speculation so far, the finish reason, the
     usage when asked for, then `[DONE]`. Starlette cancels this when the client goes away, and so the job."""
-    stats, mode = started.generation.stats, started.draft_mode
+    stats = started.generation.stats
     try:
         if answer.endpoint == "chat":
             yield _event(answer.chunk(None, None))
         while True:
             item = await job.items.get()
             if isinstance(item, str):
-                yield _event(answer.chunk(item, None, stats, mode))
+                yield _event(answer.chunk(item, None, stats))
             elif isinstance(item, Failed):
                 yield _event(item.error.body())
                 break
             elif isinstance(item, Finished):
-                yield _event(answer.chunk("", item.reason, stats, mode))
+                yield _event(answer.chunk("", item.reason, stats))
                 if job.request.include_usage:
                     yield _event(answer.usage_chunk(stats))
                 break

@@ -97,16 +97,16 @@ def test_finish_reasons_are_openais() -> None:
 
 
 def test_answers_carry_usage_and_speculation() -> None:
-    stats = Stats(draft_max=4, prompt_tokens=10, prompt_cached=6, generated_tokens=5)
+    stats = Stats(draft_max=4, draft_mode="model", prompt_tokens=10, prompt_cached=6, generated_tokens=5)
     stats.record_round(4, 3)
-    whole = Answer("chatcmpl-1", 0, "m", "chat").whole("hello", "stop", stats, "model")
+    whole = Answer("chatcmpl-1", 0, "m", "chat").whole("hello", "stop", stats)
     assert whole["choices"][0]["message"] == {"role": "assistant", "content": "hello"}
     assert whole["usage"] == {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15,
                               "prompt_tokens_details": {"cached_tokens": 6}}
     assert whole["speculation"] | {"tokens_per_second": 0} == {
         "draft_mode": "model", "draft_max": 4, "drafted": 4, "accepted": 3, "acceptance": 0.75,
         "tokens_per_pass": 4.0, "tokens_per_second": 0}
-    text = Answer("cmpl-1", 0, "m", "completion").chunk("x", None, stats, "model")
+    text = Answer("cmpl-1", 0, "m", "completion").chunk("x", None, stats)
     assert text["object"] == "text_completion" and text["choices"][0]["text"] == "x"
     opening = Answer("chatcmpl-1", 0, "m", "chat").chunk(None, None)
     assert opening["choices"][0]["delta"] == {"role": "assistant", "content": ""} and "speculation" not in opening
