@@ -269,24 +269,39 @@ class Model:
     def tokenize(self, text: str, add_special: bool = True) -> list[int]:
         """Tokens for `text`, special tokens parsed; BOS is added when the model asks for it, unless
         `add_special` is False (text that continues a conversation already under way)."""
-        data = text.encode("utf-8")
+        return self.tokenize_bytes(text.encode("utf-8"), add_special, parse_special=True)
+
+    def tokenize_bytes(self, data: bytes, add_special: bool, parse_special: bool) -> list[int]:
+        """Tokens for UTF-8 `data`; with `parse_special`, the text of special tokens becomes those tokens."""
         capacity = len(data) + 8
         buf = (llama_cpp.llama_token * capacity)()
-        n = llama_cpp.llama_tokenize(self._vocab, data, len(data), buf, capacity, add_special, True)
+        n = llama_cpp.llama_tokenize(self._vocab, data, len(data), buf, capacity, add_special, parse_special)
         if n < 0:
             capacity = -n
             buf = (llama_cpp.llama_token * capacity)()
-            n = llama_cpp.llama_tokenize(self._vocab, data, len(data), buf, capacity, add_special, True)
+            n = llama_cpp.llama_tokenize(self._vocab, data, len(data), buf, capacity, add_special, parse_special)
         return list(buf[:n])
 
-    def piece(self, token: int) -> bytes:
-        """The bytes `token` contributes to generated text (control tokens contribute none)."""
+    def piece(self, token: int, special: bool = False) -> bytes:
+        """The bytes `token` contributes to generated text (control tokens contribute none, or their own
+        text with `special`)."""
         buf = ctypes.create_string_buffer(64)
-        n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
+        n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, special)
         if n < 0:
             buf = ctypes.create_string_buffer(-n)
-            n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
+            n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, special)
         return buf.raw[:n]
+
+    def is_control(self, token: int) -> bool:
+        """A control token (BOS, end of turn, a chat template's markers): text no tokenizer spells unasked."""
+        return bool(llama_cpp.llama_vocab_get_attr(self._vocab, token) & llama_cpp.LLAMA_TOKEN_ATTR_CONTROL)
+
+    @property
+    def adds_space_prefix(self) -> bool:
+        """SentencePiece vocabularies that put a space before text that starts a fragment (Llama 2's, not
+        Gemma's): tokenizing a piece of a text adds a space it did not have."""
+        return self.metadata("tokenizer.ggml.add_space_prefix") != "false" and \
+            llama_cpp.llama_vocab_type(self._vocab) == llama_cpp.LLAMA_VOCAB_TYPE_SPM
 
     def is_end_of_generation(self, token: int) -> bool:
         """EOS, end-of-turn and the other tokens llama.cpp marks as ending generation."""
