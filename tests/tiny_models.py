@@ -3,12 +3,15 @@
 Llama, sliding-window, recurrent and hybrid architectures, and a Qwen3.5 with an MTP head; two layers,
 64-wide, a 320-token SentencePiece vocabulary (3 specials, 256 byte tokens, letters and a few pieces),
 random weights from a fixed seed. Models written with different seeds share the vocabulary, so
-they pair with each other; `rename_token` makes a vocabulary that does not.
+they pair with each other; `rename_token` makes a vocabulary that does not, and `tokenizer` writes the
+same model over another vocabulary altogether (`Tokenizer`: other merges of the same bytes, other special
+tokens, byte-level BPE), for drafting through text.
 """
 
 from __future__ import annotations
 
 import string
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import gguf
@@ -41,22 +44,117 @@ def vocabulary(size: int = 320) -> tuple[list[str], list[float], list[int]]:
     return tokens, scores, types
 
 
-def add_vocabulary(writer: gguf.GGUFWriter, vocab: tuple[list[str], list[float], list[int]], eos: int,
-                   chat_template: str | None) -> None:
-    """The SentencePiece vocabulary, its special tokens (BOS added, EOS `eos`), F32 weights, and a template."""
-    tokens, scores, types = vocab
+@dataclass(frozen=True)
+class Tokenizer:
+    """A vocabulary as a GGUF holds it: `model` "llama" (SentencePiece) or "gpt2" (byte-level BPE)."""
+
+    model: str
+    tokens: list[str]
+    types: list[int]
+    bos: int
+    eos: int
+    add_bos: bool
+    scores: list[float] = field(default_factory=list)
+    merges: list[str] = field(default_factory=list)
+    space_prefix: bool = True
+
+    def text(self, token: int) -> bytes | None:
+        """The bytes a normal or byte token spells (None for special tokens)."""
+        piece, kind = self.tokens[token], self.types[token]
+        if kind == BYTE:
+            return bytes([int(piece[3:5], 16)])
+        if kind != NORMAL:
+            return None
+        if self.model == "gpt2":
+            return bytes(_GPT2_BYTE[c] for c in piece)
+        return piece.replace("▁", " ").encode()
+
+
+def _gpt2_chars() -> dict[int, str]:
+    """GPT-2's byte → printable character map (its byte-level BPE spells every byte as one of these)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[b] = chr(b)
+        else:
+            chars[b] = chr(256 + extra)
+            extra += 1
+    return chars
+
+
+_GPT2_CHAR = _gpt2_chars()
+_GPT2_BYTE = {c: b for b, c in _GPT2_CHAR.items()}
+
+
+def sentencepiece_merged_otherwise() -> Tokenizer:
+    """Gemma-like: other special tokens at other ids (EOS 1, BOS 2, a turn marker), no space prefix, and
+    other merges of the same bytes ("th", "▁th", "at", "▁ca" … where the default has "▁the", "er")."""
+    tokens = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>"] + [f"<0x{b:02X}>" for b in range(256)]
+    types = [CONTROL, CONTROL, CONTROL, UNKNOWN, CONTROL] + [BYTE] * 256
+    pieces = ["▁", *string.ascii_lowercase, "th", "he", "at", "an", "▁t", "▁th", "▁a", "▁c", "▁ca", "▁s",
+              "▁sa", "▁h", "▁he", *[f"▁{c}" for c in "bdefgijklmnopqruvwxyz"]]
+    tokens += pieces
+    types += [NORMAL] * len(pieces)
+    scores = [0.0] * 261 + [-float(i) for i in range(len(pieces))]
+    return Tokenizer("llama", tokens, types, bos=2, eos=1, add_bos=True, scores=scores, space_prefix=False)
+
+
+def byte_level_bpe() -> Tokenizer:
+    """GPT-2 style, like SmolLM2's: ChatML's specials first (<|endoftext|> both BOS and EOS), the 256 byte
+    characters (Ġ is the space), then merges; no BOS added."""
+    tokens = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"] + [_GPT2_CHAR[b] for b in range(256)]
+    types = [CONTROL] * 3 + [NORMAL] * 256
+    merges = [f"Ġ {c}" for c in string.ascii_lowercase] + ["t h", "Ġt h", "Ġth e", "a t", "e r", "i n", "Ġa n", "Ġan d"]
+    for merge in merges:
+        tokens.append(merge.replace(" ", ""))
+        types.append(NORMAL)
+    return Tokenizer("gpt2", tokens, types, bos=0, eos=0, add_bos=False, merges=merges)
+
+
+def default_tokenizer(size: int = 320, eos: int = 2) -> Tokenizer:
+    """The SentencePiece vocabulary of `vocabulary`, BOS added."""
+    tokens, scores, types = vocabulary(size)
+    return Tokenizer("llama", tokens, types, bos=1, eos=eos, add_bos=True, scores=scores)
+
+
+def write_tokenizer(writer: gguf.GGUFWriter, tokenizer: Tokenizer, chat_template: str | None) -> None:
+    """The vocabulary, its special tokens, F32 weights, and a chat template."""
     writer.add_file_type(0)
-    writer.add_tokenizer_model("llama")
-    writer.add_token_list(tokens)
-    writer.add_token_scores(scores)
-    writer.add_token_types(types)
-    writer.add_unk_token_id(0)
-    writer.add_bos_token_id(1)
-    writer.add_eos_token_id(eos)
-    writer.add_add_bos_token(True)
+    writer.add_tokenizer_model(tokenizer.model)
+    writer.add_token_list(tokenizer.tokens)
+    writer.add_token_types(tokenizer.types)
+    if tokenizer.model == "gpt2":
+        writer.add_tokenizer_pre("gpt-2")
+        writer.add_token_merges(tokenizer.merges)
+    else:
+        writer.add_token_scores(tokenizer.scores)
+        writer.add_unk_token_id(tokenizer.types.index(UNKNOWN))
+        writer.add_add_space_prefix(tokenizer.space_prefix)
+    writer.add_bos_token_id(tokenizer.bos)
+    writer.add_eos_token_id(tokenizer.eos)
+    writer.add_add_bos_token(tokenizer.add_bos)
     writer.add_add_eos_token(False)
     if chat_template is not None:
         writer.add_chat_template(chat_template)
+
+
+def rows_for(tokenizer: Tokenizer) -> tuple[list[int], list[int]]:
+    """(tokenizer ids, default-vocabulary ids) of the tokens that spell the same bytes in both, BOS and EOS
+    matched by role: a model written over `tokenizer` reuses the default model's embedding and output rows
+    there, so it computes what the default model computes on text both spell alike."""
+    base = default_tokenizer()
+    by_text: dict[bytes, int] = {}
+    for token in range(len(base.tokens)):
+        text = base.text(token)
+        if text is not None and (text not in by_text or base.types[by_text[text]] == BYTE):
+            by_text[text] = token
+    pairs = {tokenizer.bos: base.bos, tokenizer.eos: base.eos}
+    for token in range(len(tokenizer.tokens)):
+        text = tokenizer.text(token)
+        if text in by_text:
+            pairs[token] = by_text[text]
+    return list(pairs), list(pairs.values())
 
 
 ARCHS = ("llama", "gemma3", "mamba", "lfm2", "jamba")
@@ -67,7 +165,8 @@ EMBEDDING_SCALE = {"gemma3": 0.3}  # gemma3 multiplies embeddings by √n_embd: 
 def write_model(path: Path, seed: int, *, arch: str = "llama", vocab_size: int = 320, rename_token: int | None = None,
                 chat_template: str | None = None, eos: int = 2, output_scale: float = 1.0, noise: float = 0.0,
                 sliding_window: int = 4, n_embd: int = N_EMBD, n_layer: int = N_LAYER,
-                layer_scale: float = 1.0, sampling: dict[str, float] | None = None) -> Path:
+                layer_scale: float = 1.0, sampling: dict[str, float] | None = None,
+                tokenizer: Tokenizer | None = None, plain_output: bool = False) -> Path:
     """Write a tiny random model of `arch` to `path`; `output_scale` widens the logits (fewer near-ties).
 
     `noise` > 0 perturbs every weight of the seed's model by that fraction (drawn from another seed): a
@@ -77,14 +176,17 @@ def write_model(path: Path, seed: int, *, arch: str = "llama", vocab_size: int =
     `n_embd` and `n_layer` make larger models for benchmarks (the feed-forward width follows n_embd);
     `layer_scale` < 1 shrinks what each layer adds to the residual stream, for a model that follows its
     input closely (predictable, so a quantized copy of it drafts well). `sampling` writes recommended
-    settings as `general.sampling.<key>` (top_k and penalty_last_n as integers).
+    settings as `general.sampling.<key>` (top_k and penalty_last_n as integers). `tokenizer`: the same model
+    (same seed, same layers) over another vocabulary (see `rows_for`). `plain_output` zeroes the output rows
+    of the default vocabulary's byte and unused tokens, so the model writes mostly letters and words (text
+    that two vocabularies can both spell) while byte-fallback tokens still spell what the prompt holds.
     """
     n_ff = 2 * n_embd
     rng = np.random.default_rng(seed)
     noise_rng = np.random.default_rng(seed + 10_000)
-    tokens, scores, types = vocabulary(vocab_size)
+    own = default_tokenizer(vocab_size, eos)
     if rename_token is not None:
-        tokens[rename_token] = tokens[rename_token] + "_renamed"
+        own.tokens[rename_token] = own.tokens[rename_token] + "_renamed"
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_name(f"tiny-{arch}-{seed}")
     writer.add_context_length(N_CTX_TRAIN)
@@ -97,12 +199,27 @@ def write_model(path: Path, seed: int, *, arch: str = "llama", vocab_size: int =
     writer.add_block_count(n_layer)
     writer.add_feed_forward_length(n_ff)
     writer.add_layer_norm_rms_eps(1e-5)
-    add_vocabulary(writer, (tokens, scores, types), eos, chat_template)
+    write_tokenizer(writer, tokenizer or own, chat_template)
 
     def weight(*shape: int, scale: float = 1.0) -> np.ndarray:
         w = rng.standard_normal(shape) * scale / np.sqrt(shape[-1])
         w = w + noise * noise_rng.standard_normal(shape) * scale / np.sqrt(shape[-1])
         return w.astype(np.float32)
+
+    def vocabulary_rows(scale: float, plain: bool = False) -> np.ndarray:
+        """The default vocabulary's rows, moved to `tokenizer`'s ids where both spell alike (fresh elsewhere);
+        with `plain`, zero for byte and unused tokens."""
+        rows = weight(vocab_size, n_embd, scale=scale)
+        if plain:
+            rows[[i for i, (text, kind) in enumerate(zip(own.tokens, own.types))
+                  if kind == BYTE or text.startswith("[unused")]] = 0.0
+        if tokenizer is None:
+            return rows
+        fresh = np.random.default_rng(seed + 20_000).standard_normal((len(tokenizer.tokens), n_embd))
+        moved = (fresh * scale / np.sqrt(n_embd)).astype(np.float32)
+        ids, base_ids = rows_for(tokenizer)
+        moved[ids] = rows[base_ids]
+        return moved
 
     def ones(n: int) -> np.ndarray:
         return np.ones(n, dtype=np.float32)
@@ -125,7 +242,7 @@ def write_model(path: Path, seed: int, *, arch: str = "llama", vocab_size: int =
     if arch == "lfm2":
         writer.add_shortconv_l_cache(L_CACHE)
 
-    writer.add_tensor("token_embd.weight", weight(vocab_size, n_embd, scale=EMBEDDING_SCALE.get(arch, 8.0)))
+    writer.add_tensor("token_embd.weight", vocabulary_rows(EMBEDDING_SCALE.get(arch, 8.0)))
     for i in range(n_layer):
         blk = f"blk.{i}"
         writer.add_tensor(f"{blk}.attn_norm.weight", ones(n_embd))
@@ -165,7 +282,7 @@ def write_model(path: Path, seed: int, *, arch: str = "llama", vocab_size: int =
         if arch == "gemma3":
             writer.add_tensor(f"{blk}.post_ffw_norm.weight", ones(n_embd))
     writer.add_tensor("token_embd_norm.weight" if arch == "lfm2" else "output_norm.weight", ones(n_embd))
-    writer.add_tensor("output.weight", weight(vocab_size, n_embd, scale=4.0 * output_scale))
+    writer.add_tensor("output.weight", vocabulary_rows(4.0 * output_scale, plain_output))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -185,7 +302,7 @@ def write_qwen35_mtp(path: Path, seed: int = 1, *, n_embd: int = N_EMBD, n_trunk
     is wrong. `qwen35.block_count` counts the MTP block; `nextn_predict_layers` = 1.
     """
     rng = np.random.default_rng(seed)
-    tokens, scores, types = vocabulary()
+    vocab_size = len(vocabulary()[0])
     n_head, n_head_kv, head_dim, n_ff = 4, 2, 16, 2 * n_embd
     d_state, n_group, n_v_heads = 16, 2, 4  # gated delta net: head size, key heads, value heads
     key_dim, value_dim = d_state * n_group, d_state * n_v_heads
@@ -210,7 +327,7 @@ def write_qwen35_mtp(path: Path, seed: int = 1, *, n_embd: int = N_EMBD, n_trunk
     writer.add_ssm_time_step_rank(n_v_heads)
     writer.add_ssm_group_count(n_group)
     writer.add_full_attention_interval(2)  # layers 1, 3, … attend; 0, 2, … are recurrent
-    add_vocabulary(writer, (tokens, scores, types), eos, chat_template)
+    write_tokenizer(writer, default_tokenizer(eos=eos), chat_template)
 
     def weight(*shape: int, scale: float = 1.0) -> np.ndarray:
         return (rng.standard_normal(shape) * scale / np.sqrt(shape[-1])).astype(np.float32)
@@ -242,7 +359,7 @@ def write_qwen35_mtp(path: Path, seed: int = 1, *, n_embd: int = N_EMBD, n_trunk
         writer.add_tensor(f"{blk}.ffn_up.weight", weight(n_ff, n_embd))
         writer.add_tensor(f"{blk}.ffn_down.weight", weight(n_embd, n_ff, scale=layer_scale))
 
-    writer.add_tensor("token_embd.weight", weight(len(tokens), n_embd, scale=8.0))
+    writer.add_tensor("token_embd.weight", weight(vocab_size, n_embd, scale=8.0))
     for i in range(n_trunk):
         attention_and_ffn(f"blk.{i}", recurrent=(i + 1) % 2 != 0)
     head = f"blk.{n_trunk}"
@@ -253,7 +370,7 @@ def write_qwen35_mtp(path: Path, seed: int = 1, *, n_embd: int = N_EMBD, n_trunk
     writer.add_tensor(f"{head}.nextn.hnorm.weight", ones(n_embd))
     writer.add_tensor(f"{head}.nextn.shared_head_norm.weight", ones(n_embd))
     writer.add_tensor("output_norm.weight", ones(n_embd))
-    writer.add_tensor("output.weight", weight(len(tokens), n_embd, scale=4.0))
+    writer.add_tensor("output.weight", weight(vocab_size, n_embd, scale=4.0))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
