@@ -24,11 +24,13 @@ from spec_cli.sampling import SamplingParams, one_hot, penalized, probabilities,
 @dataclass
 class Draft:
     """Proposed tokens d1..dK and, when sampling, the distributions q1..qK they were drawn from; `steps` are
-    the draft model's decodes, (tokens fed, seconds) each, for the cost model."""
+    the draft model's decodes, (tokens fed, seconds) each, for the cost model; `convert_s` the seconds spent
+    translating between two vocabularies (drafting through text)."""
 
     tokens: list[int] = field(default_factory=list)
     q: list[np.ndarray] = field(default_factory=list)
     steps: list[tuple[int, float]] = field(default_factory=list)
+    convert_s: float = 0.0
 
 
 class Drafter(Protocol):
@@ -122,7 +124,7 @@ def draft_step_by_step(step: Callable[[int, list[int]], np.ndarray], catch_up: l
     fed = catch_up
     for i in range(k):
         started = time.perf_counter()
-        choice = _next_draft_token(step(i, fed), sampling, recent, rng, p_min)
+        choice = next_draft_token(step(i, fed), sampling, recent, rng, p_min)
         draft.steps.append((len(fed), time.perf_counter() - started))
         if choice is None:
             break
@@ -135,7 +137,7 @@ def draft_step_by_step(step: Callable[[int, list[int]], np.ndarray], catch_up: l
     return draft
 
 
-def _next_draft_token(logits: np.ndarray, sampling: SamplingParams, recent: list[int], rng: np.random.Generator,
+def next_draft_token(logits: np.ndarray, sampling: SamplingParams, recent: list[int], rng: np.random.Generator,
                       p_min: float) -> tuple[int, np.ndarray | None] | None:
     """The drafted token and its q (None when greedy), or None when the confidence stop ends the draft: the
     most likely token has probability below `p_min`. q goes through the same transforms as the target's p."""

@@ -126,6 +126,7 @@ class Generation:
             started, busy = time.perf_counter(), drafter.busy_s
             draft = drafter.propose(seq, k, self.sampling, rng)
             stats.draft_s += time.perf_counter() - started
+            stats.convert_s += draft.convert_s
             stats.llama_s += drafter.busy_s - busy
             return draft
 

@@ -26,6 +26,7 @@ from spec_cli.llama import Context, HeadContext, Model
 from spec_cli.mtp import MtpDrafter
 from spec_cli.rpc import device_list, local_devices, parse_endpoints
 from spec_cli.sampling import SamplingParams, recommended
+from spec_cli.text_drafting import TextDrafter, Translation
 from spec_cli.verification import DEFAULT_VERIFY, VERIFY_RULES
 
 DEFAULT_CTX = 2048
@@ -53,12 +54,14 @@ class Pair:
     """A target model and an optional draft model, each with its own KV cache."""
 
     def __init__(self, target: Model, draft: Model | None, n_ctx: int, n_threads: int,
-                 max_draft: int = AUTO_K_MAX) -> None:
+                 max_draft: int = AUTO_K_MAX, translation: Translation | None = None) -> None:
         """`max_draft`: the largest K that will be asked for; the target's memory is sized to take back that
         many tokens in place where llama.cpp can. The draft's memory never needs it: it drafts one token
-        per decode, and in-place rollback only reaches into the last batch."""
+        per decode, and in-place rollback only reaches into the last batch. `translation`: the two
+        vocabularies side by side when they differ (the draft drafts through text), None when they match."""
         self.target = target
         self.draft = draft
+        self.translation = translation
         self._contexts: list[Context] = []
         self._models = [m for m in (target, draft) if m is not None]
         # The loop's costs on this machine, and one K controller per draft mode, drafter and K, kept across
@@ -185,7 +188,7 @@ class Pair:
         if mode == "mtp":
             return self._mtp_drafter(p_min), self._draft_length(mode, "mtp", draft_max)
         if mode == "model":
-            return ModelDrafter(self.draft_context, p_min), self._draft_length(mode, "model", draft_max)
+            return self._model_drafter(p_min), self._draft_length(mode, "model", draft_max)
         model = self._catch_up_drafter(p_min)
         state = self._hybrids.setdefault(draft_max, HybridState(
             {drafter: self._draft_length(mode, drafter, draft_max) for drafter in ("ngram", "model")}))
@@ -206,8 +209,15 @@ class Pair:
     def _catch_up_drafter(self, p_min: float = 0.0) -> CatchUpDrafter | None:
         """What the hybrid pairs with n-gram lookup: the draft model, else the target's MTP head."""
         if self.draft_context is not None:
-            return ModelDrafter(self.draft_context, p_min)
+            return self._model_drafter(p_min)
         return self._mtp_drafter(p_min) if self.head_context is not None else None
+
+    def _model_drafter(self, p_min: float) -> CatchUpDrafter:
+        """The draft model's drafter: on the target's token ids, or through text when the vocabularies differ."""
+        assert self.draft_context is not None
+        if self.translation is not None:
+            return TextDrafter(self.draft_context, self.translation, p_min)
+        return ModelDrafter(self.draft_context, p_min)
 
     def _draft_length(self, mode: str, drafter: str, draft_max: int | str) -> DraftLength:
         """The controller of K for `drafter` ("model" or "ngram") drafting in `mode`, kept across generations."""
@@ -234,7 +244,8 @@ def load_pair(target: str | os.PathLike[str], draft: str | os.PathLike[str] | No
               n_ctx: int = DEFAULT_CTX, n_threads: int | None = None, gpu_layers: int | None = None,
               draft_gpu_layers: int | None = None, max_draft: int = AUTO_K_MAX, rpc: Sequence[str] = (),
               draft_rpc: Sequence[str] = (), tensor_split: Sequence[float] = ()) -> Pair:
-    """Load a target and (unless `draft` is None) a draft, checking that their vocabularies agree.
+    """Load a target and (unless `draft` is None) a draft. A draft whose vocabulary is not the target's drafts
+    through text (`text_drafting`), exactly too; one that cannot spell plain text is refused.
 
     `max_draft` is the largest fixed K that will be asked for (`auto` never goes past `AUTO_K_MAX`).
     `rpc` lists llama.cpp RPC workers ("host:port") the target's layers are split over, weighted by
@@ -246,12 +257,12 @@ def load_pair(target: str | os.PathLike[str], draft: str | os.PathLike[str] | No
         raise SpecError(f"the context must hold at least 16 tokens, got {n_ctx}")
     threads = n_threads or os.cpu_count() or 1
     target_model = _load(target, gpu_layers, rpc, tensor_split, load_mtp=True)
-    draft_model = None
+    draft_model, translation = None, None
     try:
         if draft is not None:
             draft_model = _load(draft, draft_gpu_layers, draft_rpc, ())
-            vocab.check(target_model, draft_model)
-        return Pair(target_model, draft_model, n_ctx, threads, max(max_draft, AUTO_K_MAX))
+            translation = vocab.translation(target_model, draft_model)
+        return Pair(target_model, draft_model, n_ctx, threads, max(max_draft, AUTO_K_MAX), translation)
     except BaseException:
         for model in (target_model, draft_model):
             if model is not None:

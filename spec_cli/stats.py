@@ -33,6 +33,7 @@ class Stats:
     prompt_s: float = 0.0
     decode_s: float = 0.0
     draft_s: float = 0.0
+    convert_s: float = 0.0  # of draft_s: translating between two vocabularies (drafting through text)
     verify_s: float = 0.0
     llama_s: float = 0.0
     rollback_s: float = 0.0  # taking back rejected tokens: snapshots, restores, replays (within the above)
@@ -43,7 +44,7 @@ class Stats:
         """Add another generation's counts and times to these (a chat session's totals)."""
         for name in ("prompt_tokens", "prompt_cached", "generated_tokens", "rounds", "rejected_rounds", "drafted",
                      "accepted",
-                     "prompt_s", "decode_s", "draft_s", "verify_s", "llama_s", "rollback_s"):
+                     "prompt_s", "decode_s", "draft_s", "convert_s", "verify_s", "llama_s", "rollback_s"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for mine, theirs in ((self.drafted_at, other.drafted_at), (self.accepted_at, other.accepted_at),
                              (self.reached_at, other.reached_at)):
@@ -92,6 +93,12 @@ class Stats:
         return self.prompt_s + self.decode_s
 
     @property
+    def convert_share(self) -> float:
+        """The part of the rounds' time (drafting and verifying) spent translating between vocabularies."""
+        rounds_s = self.draft_s + self.verify_s
+        return self.convert_s / rounds_s if rounds_s > 0 else 0.0
+
+    @property
     def overhead_s(self) -> float:
         """Decode time spent outside llama.cpp's decode calls: sampling, acceptance tests, bookkeeping,
         and whatever the consumer of the events does between tokens."""
@@ -115,6 +122,8 @@ class Stats:
             "prompt_s": self.prompt_s,
             "decode_s": self.decode_s,
             "draft_s": self.draft_s,
+            "convert_s": self.convert_s,
+            "convert_share": self.convert_share,
             "verify_s": self.verify_s,
             "llama_s": self.llama_s,
             "rollback_s": self.rollback_s,

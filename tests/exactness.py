@@ -1,5 +1,6 @@
-"""Exactness checks shared by the engine and memory tests: the exact distribution of the first two sampled
-tokens, computed from the target's logits, and a χ² goodness-of-fit test against it."""
+"""Exactness checks shared by the engine, memory and drafting tests: the exact distribution of the first two
+sampled tokens, computed from the target's logits, the tokens seeded generations sample, and a χ²
+goodness-of-fit test of one against the other."""
 
 from __future__ import annotations
 
@@ -10,11 +11,30 @@ import numpy as np
 
 from spec_cli import Pair, SamplingParams
 from spec_cli.llama import Context
+from spec_cli.stats import Stats
 from spec_cli.sampling import probabilities
 
 SAMPLED = SamplingParams(temperature=1.0, top_k=4)
 SIGNIFICANCE = 0.001  # per χ² test; seeds are fixed, so a pass is reproducible
 REPETITIVE = "the cat sat. the cat sat. the cat"  # so that n-gram lookup proposes tokens too
+N_SAMPLES = 3000
+
+
+def sampled_pairs(pair: Pair, prompt: list[int], sampling: SamplingParams, k: int | str, mode: str,
+                  verify: str = "block", p_min: float = 0.0) -> tuple[Counter, Stats]:
+    """The first two tokens of N_SAMPLES seeded generations, and their summed statistics."""
+    observed: Counter = Counter()
+    totals = Stats(draft_max=0)
+    room = max(k + 1, 2) if isinstance(k, int) else 6  # room for the first round's whole draft (auto: K ≤ 5)
+    for seed in range(N_SAMPLES):
+        generation = pair.generate(prompt, sampling=sampling, seed=seed, max_tokens=room, draft_max=k,
+                                   draft_mode=mode, verify=verify, draft_p_min=p_min)
+        for _ in generation:
+            pass
+        observed[tuple(generation.token_ids[:2])] += 1
+        totals.merge(generation.stats)
+    assert sum(observed.values()) == N_SAMPLES
+    return observed, totals
 
 
 def exact_pair_distribution(pair: Pair, prompt: list[int],

@@ -15,7 +15,8 @@ import pytest
 from spec_cli import Generation, Pair, SamplingParams, SpecError, load_pair
 from spec_cli.llama import Context
 from spec_cli.stats import Stats
-from exactness import REPETITIVE, SAMPLED, SIGNIFICANCE, chi_square_p_value, exact_pair_distribution
+from exactness import (N_SAMPLES, REPETITIVE, SAMPLED, SIGNIFICANCE, chi_square_p_value, exact_pair_distribution,
+                        sampled_pairs)
 from tiny_models import write_model
 
 PROMPT = "the cat and the dog"
@@ -216,25 +217,7 @@ def test_kv_trim_after_rejection_matches_fresh_evaluation(target_path: Path, alo
 
 # --- sampling exactness -------------------------------------------------------------------------------
 
-N_SAMPLES = 3000
-
-
 PENALIZED = replace(SAMPLED, repeat_penalty=1.5, repeat_last_n=16, presence_penalty=0.3, frequency_penalty=0.2)
-
-
-def sampled_pairs(pair: Pair, prompt: list[int], sampling: SamplingParams, k: int | str, mode: str,
-                  verify: str = "block", p_min: float = 0.0) -> tuple[Counter, Stats]:
-    """The first two tokens of N_SAMPLES seeded generations, and their summed statistics."""
-    observed: Counter = Counter()
-    totals = Stats(draft_max=0)
-    room = max(k + 1, 2) if isinstance(k, int) else 6  # room for the first round's whole draft (auto: K ≤ 5)
-    for seed in range(N_SAMPLES):
-        generation = finish(pair.generate(prompt, sampling=sampling, seed=seed, max_tokens=room, draft_max=k,
-                                          draft_mode=mode, verify=verify, draft_p_min=p_min))
-        observed[tuple(generation.token_ids[:2])] += 1
-        totals.merge(generation.stats)
-    assert sum(observed.values()) == N_SAMPLES
-    return observed, totals
 
 
 @pytest.mark.parametrize("drafter, k, mode, verify, p_min", [
