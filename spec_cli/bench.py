@@ -219,8 +219,9 @@ class Side:
         return PositionAcceptance.from_counts(t.reached_at, t.accepted_at, t.rejected_rounds)
 
     def share(self, part: str) -> float:
-        """Fraction of decode time spent in `part`: "draft_s", "verify_s", "rollback_s" (taking rejected tokens
-        back: snapshots, restores, replays) or "overhead_s" (outside llama.cpp)."""
+        """Fraction of decode time spent in `part`: "draft_s", "convert_s" (of drafting: translating between
+        vocabularies), "verify_s", "rollback_s" (taking rejected tokens back: snapshots, restores, replays) or
+        "overhead_s" (outside llama.cpp)."""
         t = self.totals
         return getattr(t, part) / t.decode_s if t.decode_s else 0.0
 
@@ -314,7 +315,8 @@ def report(sides: Sequence[Side], settings: dict[str, object]) -> dict[str, obje
             "mean_accepted_length": side.mean_accepted_length,
             "seconds_per_target_pass": side.seconds_per_pass,
             "position_acceptance": side.totals.position_acceptance,
-            "time_share": {"draft": side.share("draft_s"), "verify": side.share("verify_s"),
+            "time_share": {"draft": side.share("draft_s"), "convert": side.share("convert_s"),
+                           "verify": side.share("verify_s"),
                            "rollback": side.share("rollback_s"), "outside_llama_cpp": side.share("overhead_s")},
             "runs": [run.as_dict() for run in side.runs],
         })

@@ -52,14 +52,16 @@ def models_check(
     pair_or_target: Annotated[str, typer.Argument(metavar="PAIR|TARGET", help="A pair name (its files must be on disk), or the target GGUF file.")],
     draft: Annotated[Optional[Path], typer.Argument(metavar="[DRAFT]", help="The draft GGUF file, when the first argument is a target file (without one: whether the target's MTP head can draft).", show_default=False)] = None,
 ) -> None:
-    """Check whether a draft can draft for a target: every vocabulary rule, passed or failed, each model's kind of memory and rollback, and the target's MTP layers (its own drafter)."""
+    """Check whether a draft can draft for a target: every rule for sharing token ids, passed or failed (a pair that fails one drafts through text: what that has to work with), each model's kind of memory and rollback, and the target's MTP layers (its own drafter)."""
     with user_errors():
         target, draft, k = _check_subjects(pair_or_target, draft)
-        rules = models.check_files(target, draft) if draft is not None else []
-        if rules:
+        if draft is not None:
+            rules, through_text = models.check_files(target, draft)
             ui.show_rules(rules)
+            if through_text:
+                ui.show_facts("drafting through text", through_text)
         ui.show_facts("memory", models.memory_facts(target, draft, k))
-        if not all(rule.passed for rule in rules) or draft is None and not mtp_layers(target):
+        if draft is None and not mtp_layers(target):
             raise typer.Exit(EXIT_USER_ERROR)
 
 

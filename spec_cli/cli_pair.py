@@ -18,7 +18,7 @@ from spec_cli.pair import DEFAULT_CTX, DRAFTING_MODES, MAX_K, Pair, load_pair, n
 from spec_cli.verification import VERIFY_RULES
 
 TargetOpt = Annotated[Optional[Path], typer.Option("--target", "-t", help="Target GGUF file (the model you want output from).", show_default=False)]
-DraftOpt = Annotated[Optional[Path], typer.Option("--draft", "-d", help="Draft GGUF file (small, same vocabulary as the target).", show_default=False)]
+DraftOpt = Annotated[Optional[Path], typer.Option("--draft", "-d", help="Draft GGUF file (small; a different vocabulary drafts through text).", show_default=False)]
 PairOpt = Annotated[Optional[str], typer.Option("--pair", "-p", help="A named pair from models.toml (default: the registry's default pair).", show_default=False)]
 DraftMaxOpt = Annotated[Optional[str], typer.Option("--draft-max", "-k", help="Draft tokens per round, K: 0-64, or auto to choose K each round from measured acceptance and costs (default: the pair's tuned K; auto for files given with --target/--draft).", show_default=False)]
 DraftModeOpt = Annotated[Optional[str], typer.Option("--draft-mode", help="How drafts are made: model (the draft model), mtp (the target's own MTP head, no draft file), ngram (prompt lookup, no draft model needed), hybrid (n-gram lookup and the draft model, else the MTP head) (default: the draft model when there is one, else the target's MTP head).", show_default=False)]
@@ -89,6 +89,9 @@ def open_pair(options: LoadOptions) -> Iterator[Loaded]:
     with load_pair(target, draft if load_draft else None, n_ctx=ctx, n_threads=options.threads,
                    gpu_layers=gpu_layers, draft_gpu_layers=draft_gpu_layers, rpc=workers, draft_rpc=draft_workers,
                    tensor_split=split, max_draft=max(options.max_draft, spec.draft_max if spec else 0)) as pair:
+        if pair.translation is not None and pair.draft is not None and not options.quiet:
+            ui.note(f"{pair.draft.path.name} and {pair.target.path.name} have different vocabularies: "
+                    "drafting goes through text (exact)")
         yield Loaded(pair, spec.draft_max if spec else "auto")
 
 

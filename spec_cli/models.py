@@ -108,13 +108,17 @@ def located_pair(spec: PairSpec) -> tuple[Path, Path | None] | None:
     return target, draft
 
 
-def check_files(target: Path, draft: Path) -> list[vocab.Rule]:
-    """The compatibility report for two files, loading only their vocabularies."""
+def check_files(target: Path, draft: Path) -> tuple[list[vocab.Rule], list[tuple[str, str]]]:
+    """The compatibility report for two files, loading only their vocabularies: llama.cpp's rules for sharing
+    token ids, and where they fail, what drafting through text has to work with (a `SpecError` when the
+    pair cannot draft even so)."""
     target_model = llama.Model(target, vocab_only=True)
     try:
         draft_model = llama.Model(draft, vocab_only=True)
         try:
-            return vocab.compare(target_model, draft_model)
+            rules = vocab.compare(target_model, draft_model)
+            both = vocab.translation(target_model, draft_model)
+            return rules, vocab.through_text_facts(both) if both else []
         finally:
             draft_model.close()
     finally:
