@@ -189,8 +189,11 @@ class TextDrafter:
 
     def _draft_text(self, draft: Draft, fed: list[int], k: int, sampling: SamplingParams,
                     rng: np.random.Generator) -> None:
-        """Greedy: draft until the draft's text spells more than k target tokens (so the k-th is whole) or the
-        steps run out; propose the first k. The text must begin with the held-back bytes to count."""
+        """Greedy: draft until the draft's text spells k target tokens or the steps run out. The k-th may be
+        the start of a longer token the next draft step would have finished; waiting for that step (to see
+        the k-th token end) cost more than it saved: on Gemma 3 270M drafted by SmolLM2 it kept acceptance
+        at 64% and took the pair from 0.90x to 0.64x of the target alone. The text must begin with the
+        held-back bytes to count."""
         speller, tail = self.translation.draft, self._tail
         recent = sampling.recent(self._draft)
         text = b""
@@ -206,7 +209,7 @@ class TextDrafter:
             body = text[len(tail):]
             draft.tokens = self.translation.target.spell(body[:len(body) - incomplete_tail(body)])
             draft.convert_s += time.perf_counter() - started
-            if len(draft.tokens) > k:
+            if len(draft.tokens) >= k:
                 break
             recent = sampling.recent([*recent, token])
             fed = [token]
