@@ -62,13 +62,9 @@ class CatchUpDrafter(Drafter, Protocol):
         """How many tokens the next proposal must feed before its first draft step (its catch-up)."""
 
 
-class ModelDrafter:
-    """Drafts with a small model that shares the target's vocabulary, on its own KV cache.
-
-    Confidence stop: drafting ends early once the draft's most likely next token has probability below
-    `p_min`, since such a token is unlikely to be accepted and each draft step costs time. The stop depends
-    only on the draft model, so exactness is untouched.
-    """
+class ContextDrafter:
+    """What drafters on a draft model's own KV cache share: the time spent in llama.cpp, and taking in a prompt
+    (keeping what the cache already holds of it)."""
 
     def __init__(self, context: Context, p_min: float = 0.0) -> None:
         self.context = context
@@ -82,10 +78,23 @@ class ModelDrafter:
     def rollback_s(self) -> float:
         return self.context.rollback_s
 
-    def prefill(self, tokens: Sequence[int]) -> list[tuple[int, float]]:
+    def _take_in(self, tokens: Sequence[int]) -> list[tuple[int, float]]:
+        """Make the cache hold `tokens`; return the decode it took, (tokens fed, seconds), for the cost model."""
         started = time.perf_counter()
         fed = len(tokens) - self.context.prefill(tokens)
         return [(fed, time.perf_counter() - started)] if fed else []
+
+
+class ModelDrafter(ContextDrafter):
+    """Drafts with a small model that shares the target's vocabulary, on its own KV cache.
+
+    Confidence stop: drafting ends early once the draft's most likely next token has probability below
+    `p_min`, since such a token is unlikely to be accepted and each draft step costs time. The stop depends
+    only on the draft model, so exactness is untouched.
+    """
+
+    def prefill(self, tokens: Sequence[int]) -> list[tuple[int, float]]:
+        return self._take_in(tokens)
 
     def propose(self, tokens: Sequence[int], k: int, sampling: SamplingParams,
                 rng: np.random.Generator) -> Draft:

@@ -23,7 +23,7 @@ from typing import Sequence
 
 import numpy as np
 
-from spec_cli.drafters import Draft, next_draft_token
+from spec_cli.drafters import ContextDrafter, Draft, next_draft_token
 from spec_cli.llama import Context, Model, common_prefix
 from spec_cli.sampling import SamplingParams, probabilities, sample
 from spec_cli.spelling import Speller, incomplete_tail
@@ -106,7 +106,7 @@ class Translation:
         return np.bincount(self.shared_target, weights=law, minlength=len(self.target.pieces))
 
 
-class TextDrafter:
+class TextDrafter(ContextDrafter):
     """Drafts with a model of another vocabulary (see the module notes), on its own KV cache.
 
     `aligned` holds (i, j): target tokens[:i] spell what draft tokens[:j] spell. Each round re-spells the
@@ -115,27 +115,18 @@ class TextDrafter:
     """
 
     def __init__(self, context: Context, translation: Translation, p_min: float = 0.0) -> None:
-        self.context, self.translation, self.p_min = context, translation, p_min
+        super().__init__(context, p_min)
+        self.translation = translation
         self._seen: list[int] = []  # the target tokens the draft's text spells (and `_tail`)
         self._valid = 0  # how many of them are still the sequence's
         self._draft: list[int] = []
         self._aligned: list[tuple[int, int]] = [(0, 0)]
         self._tail = b""
 
-    @property
-    def busy_s(self) -> float:
-        return self.context.busy_s
-
-    @property
-    def rollback_s(self) -> float:
-        return self.context.rollback_s
-
     def prefill(self, tokens: Sequence[int]) -> list[tuple[int, float]]:
         self._valid = common_prefix(self._seen, tokens)
         self._sync(tokens)
-        started = time.perf_counter()
-        fed = len(self._draft) - self.context.prefill(self._draft)
-        return [(fed, time.perf_counter() - started)] if fed else []
+        return self._take_in(self._draft)
 
     def pending(self, tokens: Sequence[int]) -> int:
         """About how many tokens the next proposal feeds before its first draft step (its catch-up): the

@@ -20,6 +20,7 @@ import pytest
 from typer.testing import CliRunner
 
 from spec_cli import Generation, Pair, SamplingParams, SpecError, load_pair
+from spec_cli.chat import ChatSession, Settings
 from spec_cli.cli import app
 from spec_cli.llama import Context, Model
 from spec_cli.sampling import probabilities
@@ -27,7 +28,7 @@ from spec_cli.stats import Stats
 from spec_cli.text_drafting import TextDrafter, Translation
 from spec_cli.vocab import translation
 from exactness import SAMPLED, SIGNIFICANCE, N_SAMPLES, chi_square_p_value, exact_pair_distribution, sampled_pairs
-from tiny_models import CONTROL, NORMAL, Tokenizer, byte_level_bpe, sentencepiece_merged_otherwise, write_model
+from tiny_models import CHAT_TEMPLATE, CONTROL, NORMAL, Tokenizer, byte_level_bpe, sentencepiece_merged_otherwise, write_model
 
 PROMPTS = ("the cat sat on the mat", "café crème 🙂 and the")
 SAMPLED_PROMPT = "a cat and the dog"  # the draft's likeliest next tokens are shared ones ("at", BPE's own, is not)
@@ -40,8 +41,10 @@ def finish(generation: Generation) -> Generation:
     return generation
 
 
-def near_bigram(path: Path, tokenizer: Tokenizer | None = None, noise: float = 0.0) -> Path:
-    return write_model(path, seed=1, tokenizer=tokenizer, noise=noise, plain_output=True, layer_scale=0.1)
+def near_bigram(path: Path, tokenizer: Tokenizer | None = None, noise: float = 0.0,
+                chat_template: str | None = None) -> Path:
+    return write_model(path, seed=1, tokenizer=tokenizer, noise=noise, plain_output=True, layer_scale=0.1,
+                       chat_template=chat_template)
 
 
 @pytest.fixture(scope="module")
@@ -148,6 +151,22 @@ def test_hybrid_and_chat_turns_that_extend_the_last_stay_exact(bpe_pair: Pair, a
         for mode in ("model", "hybrid"):
             generation = finish(bpe_pair.generate(prompt, max_tokens=32, draft_max=3, draft_mode=mode))
             assert generation.token_ids == reference.token_ids
+
+
+def test_chat_answers_equal_answers_without_drafting(tmp_path: Path, files: dict[str, Path]) -> None:
+    """The draft reads the conversation as the target's template writes it: the template's control tokens
+    reach it as text, turn after turn, and each turn re-spells only what is new."""
+    target = near_bigram(tmp_path / "chat.gguf", chat_template=CHAT_TEMPLATE)
+    with load_pair(target, files["bpe"]) as pair:
+        speculative = ChatSession(pair, Settings(SamplingParams(), 3, "model", 0.0, 16))
+        alone = ChatSession(pair, Settings(SamplingParams(), 3, "model", 0.0, 16, use_draft=False))
+        for message in ("the cat sat", "and the dog", "café"):
+            for session in (speculative, alone):
+                for _ in session.reply(message):
+                    pass
+            assert speculative.turns[-1].content == alone.turns[-1].content
+        assert speculative.totals.accepted > 0 and speculative.last is not None
+        assert speculative.last.stats.prompt_cached > 0
 
 
 def test_each_sampled_draft_comes_with_the_law_it_was_drawn_from(files: dict[str, Path], bpe_pair: Pair) -> None:
