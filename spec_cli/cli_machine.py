@@ -13,16 +13,20 @@ from spec_cli import models, registry, rpc, ui
 from spec_cli.cli_base import user_errors
 from spec_cli.errors import SpecError
 
-DOCTOR_EXAMPLES = "Examples:\n\n  spec doctor\n\n  spec doctor --rpc 192.168.1.7:50052,192.168.1.8:50052"
+DOCTOR_EXAMPLES = ("Examples:\n\n  spec doctor\n\n  spec doctor --probe   # try llama.cpp's CPU kernels again (after a driver or "
+                   "build change)\n\n  spec doctor --rpc 192.168.1.7:50052,192.168.1.8:50052")
 
 
 def doctor(
     rpc_workers: Annotated[Optional[str], typer.Option("--rpc", help="Also check that these RPC workers answer, HOST:PORT[,…], and show their devices' free memory.", show_default=False)] = None,
+    probe: Annotated[bool, typer.Option("--probe", help="Try llama.cpp's extra CPU kernels (repacked weights, AMX) again in child processes, instead of trusting the verdict cached for this CPU and build.")] = False,
 ) -> None:
-    """Versions, the llama.cpp backend (CPU, CUDA, Metal, RPC), threads, memory, and where files are kept."""
+    """Versions, the llama.cpp backend (CPU, CUDA, Metal, RPC), which CPU kernels run here, threads, memory, and where files are kept."""
     with user_errors():
         known = registry.load_registry()
-        ui.show_facts("spec doctor", models.doctor_facts(known.get(known.default)))
+        if probe:
+            ui.note("trying llama.cpp's CPU kernels in child processes (a few seconds)")
+        ui.show_facts("spec doctor", models.doctor_facts(known.get(known.default), probe_again=probe))
         if rpc_workers:
             rpc.require()
             workers = [rpc.probe(endpoint) for endpoint in rpc.parse_endpoints(rpc_workers)]

@@ -10,7 +10,7 @@ from typing import Annotated, Iterator, Optional
 
 import typer
 
-from spec_cli import registry, rpc, ui
+from spec_cli import kernels, registry, rpc, ui
 from spec_cli.cli_base import T, csv_list, resolve_files
 from spec_cli.errors import SpecError
 from spec_cli.llama import mtp_layers, supports_gpu_offload
@@ -86,6 +86,8 @@ def open_pair(options: LoadOptions) -> Iterator[Loaded]:
     gpu_layers = or_default(options.gpu_layers, spec.gpu_layers if spec and (spec.rpc or not options.rpc) else None)
     draft_gpu_layers = or_default(options.draft_gpu_layers, spec.draft_gpu_layers if spec else None)
     split = csv_list(options.tensor_split, _weight) if options.tensor_split else []
+    if not kernels.known() and not options.quiet:
+        ui.note("trying which of llama.cpp's CPU kernels this machine runs (once, a few seconds)")
     with load_pair(target, draft if load_draft else None, n_ctx=ctx, n_threads=options.threads,
                    gpu_layers=gpu_layers, draft_gpu_layers=draft_gpu_layers, rpc=workers, draft_rpc=draft_workers,
                    tensor_split=split, max_draft=max(options.max_draft, spec.draft_max if spec else 0)) as pair:

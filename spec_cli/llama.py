@@ -23,7 +23,7 @@ import llama_cpp
 from llama_cpp import llama_cpp_ext
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
-from spec_cli import memory, rpc
+from spec_cli import kernels, memory, rpc
 from spec_cli.errors import SpecError
 
 GGUF_MAGIC = b"GGUF"
@@ -110,16 +110,6 @@ def versions() -> tuple[str, str]:
     """(llama-cpp-python version, llama.cpp's system info line: SIMD features and compiled backends)."""
     _Backend.ensure()
     return llama_cpp.__version__, llama_cpp.llama_print_system_info().decode("utf-8", errors="replace").strip()
-
-
-def amx_weights_disabled() -> bool:
-    """True when llama.cpp would repack weights for Intel AMX, which spec keeps it from doing.
-
-    ggml's AMX matrix multiplication crashes on some Sapphire Rapids machines (llama.cpp issue #20824,
-    seen here with Q4_1 weights); without the extra buffer types the same weights run on AVX-512.
-    """
-    _Backend.ensure()
-    return "AMX_INT8 = 1" in llama_cpp.llama_print_system_info().decode("utf-8", errors="replace")
 
 
 def supports_gpu_offload() -> bool:
@@ -219,13 +209,18 @@ class Model:
 
     def __init__(self, path: str | os.PathLike[str], gpu_layers: int = 0, vocab_only: bool = False,
                  devices: ctypes.Array[ctypes.c_void_p] | None = None, tensor_split: Sequence[float] = (),
-                 load_mtp: bool = False) -> None:
+                 load_mtp: bool = False, drafts: bool = False, extra_buffers: bool | None = None) -> None:
         """Load `path`; with `vocab_only` only the vocabulary and metadata (fast: no weights are read).
 
         `gpu_layers` layers go to `devices` (a NULL-terminated list from `rpc.device_list`; None: the GPUs
         llama.cpp finds), weighted by `tensor_split` (one weight per device; empty: by free memory); the
         rest stay on the CPU. `load_mtp` also loads the model's multi-token-prediction layers, which
         llama.cpp skips otherwise (`n_layer_mtp` counts them either way).
+
+        llama.cpp's extra buffer types (repacked weights, AMX) are used as far as this machine runs them
+        (`kernels.verdict`): for a model that `drafts`, possibly with one-token batches only
+        (`one_token_batches`: its contexts then decode a batch token by token); `extra_buffers` decides by
+        hand (the probe itself does).
         """
         self.path = Path(path)
         check_gguf(self.path)
@@ -233,7 +228,14 @@ class Model:
         params = llama_cpp.llama_model_default_params()
         params.n_gpu_layers = gpu_layers
         params.vocab_only = vocab_only
-        params.use_extra_bufts = not amx_weights_disabled()
+        if extra_buffers is None and not vocab_only:
+            found = kernels.verdict()
+            extra_buffers = found.extra_buffers(drafts)
+            self.one_token_batches = extra_buffers and not found.batches_run
+        else:
+            self.one_token_batches = False
+        self.extra_buffers = bool(extra_buffers)
+        params.use_extra_bufts = self.extra_buffers
         params.load_mtp = load_mtp
         if devices is not None:
             params.devices = ctypes.cast(devices, ctypes.c_void_p)
@@ -250,6 +252,7 @@ class Model:
         self.n_embd: int = llama_cpp.llama_model_n_embd(handle)
         self.n_layer_mtp: int = llama_cpp.llama_model_n_layer_nextn(handle)
         self.mtp_loaded = load_mtp and self.n_layer_mtp > 0
+        self.placement = "CPU" if gpu_layers == 0 else "the devices llama.cpp finds"  # `pair._load` says which
 
     def vocab_info(self) -> VocabInfo:
         v = self._vocab
@@ -413,18 +416,20 @@ class Context:
     """
 
     def __init__(self, model: Model, n_ctx: int, n_threads: int, n_batch: int = 512, max_rollback: int = 0,
-                 hidden_states: bool = False) -> None:
+                 hidden_states: bool = False, n_ubatch: int | None = None) -> None:
         """`max_rollback`: the most tokens one speculative round may discard (K); recurrent memories that
         llama.cpp can roll back in place keep that many states per sequence. `hidden_states`: keep, in
         `hidden`, the hidden state the model exports for its MTP head (llama.cpp's h_nextn; for qwen35 the
-        last layer's, after the output norm) at every position decoded, replays included."""
+        last layer's, after the output norm) at every position decoded, replays included. `n_ubatch`: the
+        tokens llama.cpp computes at once (default: the batch; 1 over a model with `one_token_batches`)."""
         self.model = model
         self.n_batch = min(n_batch, n_ctx)
         # n_rs_seq: llama.cpp sets it to 0 for architectures it cannot roll back in place. swa_full off: a
         # sliding-window cache of window + one batch, not of the whole context, a fraction of the memory on
         # long contexts (Gemma 3 27B at 8k: ~0.8 instead of ~4 GB); memory.py handles the cuts it prunes.
+        self.n_ubatch = n_ubatch or (1 if model.one_token_batches else self.n_batch)
         handle = _new_context(model, n_ctx, self.n_batch, n_threads, f"a {n_ctx}-token context",
-                              n_rs_seq=max_rollback, swa_full=False)
+                              n_rs_seq=max_rollback, swa_full=False, n_ubatch=self.n_ubatch)
         self._handle = handle
         self.memory = memory.for_context(handle, model._handle, model.path.name)
         self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)

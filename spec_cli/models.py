@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+import platform
+import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from spec_cli import __version__, hub, llama, rpc, vocab
+from spec_cli import __version__, hub, kernels, llama, rpc, vocab
 from spec_cli.pair import AUTO_K_MAX
 from spec_cli.paths import cache_dir, user_registry_path
 from spec_cli.registry import PairSpec, Registry, describe, locate
@@ -125,12 +127,22 @@ def check_files(target: Path, draft: Path) -> tuple[list[vocab.Rule], list[tuple
         target_model.close()
 
 
+def machine_gpu() -> str | None:
+    """The GPU this machine has, whatever llama.cpp was built for: an NVIDIA driver, or Apple Silicon."""
+    if shutil.which("nvidia-smi") or Path("/proc/driver/nvidia").exists():
+        return "an NVIDIA GPU"
+    if sys.platform == "darwin" and platform.machine() == "arm64":
+        return "an Apple Silicon GPU (Metal)"
+    return None
+
+
 def gpu_install_command() -> str:
-    """The reinstall that gives llama-cpp-python a GPU backend on this platform."""
+    """The reinstall that gives llama-cpp-python a GPU backend on this platform, keeping RPC (`spec worker`,
+    `--rpc`)."""
     flag = "-DGGML_METAL=on" if sys.platform == "darwin" else "-DGGML_CUDA=on"
     version, _ = llama.versions()
-    return (f'CMAKE_ARGS="{flag}" pip install --force-reinstall --no-cache-dir --no-binary llama-cpp-python '
-            f'llama-cpp-python=={version}')
+    return (f'CMAKE_ARGS="{flag} -DGGML_RPC=on" pip install --force-reinstall --no-cache-dir --no-binary '
+            f'llama-cpp-python llama-cpp-python=={version}')
 
 
 def backends(system_info: str) -> list[str]:
@@ -151,7 +163,20 @@ def worker_facts(workers: list[rpc.WorkerInfo]) -> list[tuple[str, str]]:
         for w in workers]
 
 
-def doctor_facts(default: PairSpec) -> list[tuple[str, str]]:
+def kernels_fact(found: kernels.Verdict) -> str:
+    """Which of llama.cpp's extra CPU kernels run here, why, and how to decide again."""
+    what = {"on": "llama.cpp's extra buffer types (repacked weights; AMX where the CPU has it) on for every model",
+            "draft": "extra buffer types (repacked weights, AMX) for the draft model only, which decodes its "
+                     "batches one token at a time; the target goes without",
+            "off": "extra buffer types (repacked weights, AMX) off: plain kernels"}[found.name]
+    if found.source != "probe":
+        return f"{what} (set by {found.source})"
+    steps = "; ".join(f"{step}: {outcome}" for step, outcome in (found.steps or {}).items())
+    return (f"{what}. Probe of {found.checked} ({steps}); `spec doctor --probe` tries again, "
+            f"{kernels.ENV}=on|draft|off decides by hand")
+
+
+def doctor_facts(default: PairSpec, probe_again: bool = False) -> list[tuple[str, str]]:
     version, system_info = llama.versions()
     gpu = llama.supports_gpu_offload()
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else 0
@@ -170,10 +195,10 @@ def doctor_facts(default: PairSpec) -> list[tuple[str, str]]:
     ]
     facts.append(("RPC (spec worker, --rpc)", f"yes, protocol {'.'.join(map(str, rpc.PROTOCOL))}" if rpc.supported()
                    else f"no: rebuild with {rpc.REBUILD}"))
-    if not gpu:
-        facts.append(("enable GPU", gpu_install_command()))
-    if llama.amx_weights_disabled():
-        facts.append(("AMX", "weights not repacked for AMX (llama.cpp #20824 crashes on some of these CPUs)"))
+    found = machine_gpu()
+    if not gpu and found:
+        facts.append(("enable GPU", f"this machine has {found}, which this build cannot use: {gpu_install_command()}"))
+    facts.append(("CPU kernels", kernels_fact(kernels.verdict(probe_again))))
     files = located_pair(default)
     if files is None:
         facts.append((f"pair {default.name}", f"not on disk yet (spec models pull {default.name})"))

@@ -24,7 +24,7 @@ from spec_cli.engine import Generation
 from spec_cli.errors import SpecError
 from spec_cli.llama import Context, HeadContext, Model
 from spec_cli.mtp import MtpDrafter
-from spec_cli.rpc import device_list, local_devices, parse_endpoints
+from spec_cli.rpc import device_list, local_devices, local_gpu_names, parse_endpoints
 from spec_cli.sampling import SamplingParams, recommended
 from spec_cli.text_drafting import TextDrafter, Translation
 from spec_cli.verification import DEFAULT_VERIFY, VERIFY_RULES
@@ -110,6 +110,10 @@ class Pair:
         contexts = {"target": self.target_context, "draft": self.draft_context}
         return {name: {"kind": c.memory.kind, "rollback": c.memory.method} for name, c in contexts.items() if c}
 
+    def placement(self) -> dict[str, str]:
+        """Where each loaded model runs ("CPU", or the devices its layers go to), for reports and `--json`."""
+        return {name: model.placement for name, model in (("target", self.target), ("draft", self.draft)) if model}
+
     def recommended_sampling(self) -> dict[str, float | int]:
         """The sampling settings the target's GGUF recommends (`general.sampling.*`), by SamplingParams field;
         the draft's own are irrelevant: p and q go through the same transforms."""
@@ -163,6 +167,7 @@ class Pair:
         generation.stats.draft_mode = mode
         in_use = ("target", "draft") if needs_draft_model(mode) and self.draft_context else ("target",)
         generation.stats.memory = {name: facts for name, facts in self.memory().items() if name in in_use}
+        generation.stats.placement = {name: where for name, where in self.placement().items() if name in in_use}
         return generation
 
     def _check_drafting(self, mode: str, p_min: float, draft_max: int | str) -> None:
@@ -250,7 +255,8 @@ def load_pair(target: str | os.PathLike[str], draft: str | os.PathLike[str] | No
     `max_draft` is the largest fixed K that will be asked for (`auto` never goes past `AUTO_K_MAX`).
     `rpc` lists llama.cpp RPC workers ("host:port") the target's layers are split over, weighted by
     `tensor_split` (one weight per device: the workers', then local GPUs); `gpu_layers` of them go to
-    devices (default: none, or all with workers), the rest stay on this machine's CPU. The draft stays
+    devices (default: every layer that fits on a machine with a GPU or with workers, none on a CPU-only
+    one; 0 keeps a model on the CPU), the rest stay on this machine's CPU. The draft stays
     local unless `draft_rpc` names workers for it: it is small, and local drafting pays no round trips.
     """
     if n_ctx < 16:
@@ -260,7 +266,7 @@ def load_pair(target: str | os.PathLike[str], draft: str | os.PathLike[str] | No
     draft_model, translation = None, None
     try:
         if draft is not None:
-            draft_model = _load(draft, draft_gpu_layers, draft_rpc, ())
+            draft_model = _load(draft, draft_gpu_layers, draft_rpc, (), drafts=True)
             translation = vocab.translation(target_model, draft_model)
         return Pair(target_model, draft_model, n_ctx, threads, max(max_draft, AUTO_K_MAX), translation)
     except BaseException:
@@ -271,15 +277,35 @@ def load_pair(target: str | os.PathLike[str], draft: str | os.PathLike[str] | No
 
 
 def _load(path: str | os.PathLike[str], gpu_layers: int | None, workers: Sequence[str],
-          tensor_split: Sequence[float], load_mtp: bool = False) -> Model:
+          tensor_split: Sequence[float], load_mtp: bool = False, drafts: bool = False) -> Model:
     """One model on this machine's devices and `workers`' ("host:port"), every layer on devices by default
-    when there are workers; with `load_mtp`, its MTP layers too (where it has them)."""
+    when there are workers; with `load_mtp`, its MTP layers too (where it has them); `drafts` for the draft
+    model (the kernels this machine runs may differ for it: `kernels`)."""
     endpoints = parse_endpoints(",".join(workers)) if workers else ()
     devices = device_list(endpoints)
     if tensor_split:
         _check_split(tensor_split, len(devices) - 1 if devices is not None else len(local_devices()))
-    layers = gpu_layers if gpu_layers is not None else (-1 if endpoints else 0)
-    return Model(Path(path), layers, devices=devices, tensor_split=tensor_split, load_mtp=load_mtp)
+    gpus = local_gpu_names()
+    layers = default_gpu_layers(gpu_layers, bool(endpoints), gpus)
+    model = Model(Path(path), layers, devices=devices, tensor_split=tensor_split, load_mtp=load_mtp, drafts=drafts)
+    model.placement = placement(layers, [str(e) for e in endpoints], gpus)
+    return model
+
+
+def default_gpu_layers(given: int | None, workers: bool, gpus: Sequence[str]) -> int:
+    """The layers offloaded: as given; else every layer that fits (-1, llama.cpp's own default) where there
+    is a GPU or a worker to put them on, and none on a machine with neither."""
+    if given is not None:
+        return given
+    return -1 if workers or gpus else 0
+
+
+def placement(layers: int, workers: Sequence[str], gpus: Sequence[str]) -> str:
+    """Where a model runs, in words: "CPU", or the devices its layers go to and how many."""
+    devices = [*workers, *gpus]
+    if layers == 0 or not devices:
+        return "CPU"
+    return f"{', '.join(devices)} ({'every layer that fits' if layers < 0 else f'{layers} layers'}; the rest on the CPU)"
 
 
 def _check_split(weights: Sequence[float], n_devices: int) -> None:

@@ -4,17 +4,33 @@ from pathlib import Path
 
 import pytest
 
+from spec_cli import kernels
 from tiny_models import CHAT_TEMPLATE, write_model
 
 
+@pytest.fixture(scope="session")
+def kernels_probed(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The probe of llama.cpp's kernels on this machine, run once for the session (a few seconds)."""
+    folder = tmp_path_factory.mktemp("kernels")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SPEC_CLI_CACHE", str(folder))
+        patch.delenv(kernels.ENV, raising=False)
+        kernels.verdict()
+    return (folder / "kernels.json").read_text()
+
+
 @pytest.fixture(autouse=True)
-def user_dirs(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """No test touches the real home: the cache and config live in a fresh temporary folder."""
+def user_dirs(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch, kernels_probed: str) -> Path:
+    """No test touches the real home: the cache and config live in a fresh temporary folder, which holds the
+    session's probe of the kernels."""
     home = tmp_path_factory.mktemp("home")
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.setenv("SPEC_CLI_CACHE", str(home / "cache"))
     monkeypatch.setenv("XDG_CACHE_HOME", str(home / ".cache"))
     monkeypatch.setenv("XDG_CONFIG_HOME", str(home / ".config"))
+    monkeypatch.delenv(kernels.ENV, raising=False)
+    (home / "cache").mkdir()
+    (home / "cache" / "kernels.json").write_text(kernels_probed)
     return home
 
 
