@@ -189,6 +189,11 @@ def local_devices() -> list[int]:
     return discrete or local
 
 
+def local_gpu_names() -> list[str]:
+    """llama.cpp's names of this machine's GPUs that layers go to ("CUDA0", "Metal" …)."""
+    return [_lib.dev_name(d).decode() for d in local_devices()]
+
+
 def device_list(endpoints: Sequence[Endpoint]) -> ctypes.Array[ctypes.c_void_p] | None:
     """The NULL-terminated device list for a model's `llama_model_params.devices`: the workers', then the
     local GPUs. None (llama.cpp's own choice) while no worker is registered in this process, so a model

@@ -38,6 +38,7 @@ class Stats:
     llama_s: float = 0.0
     rollback_s: float = 0.0  # taking back rejected tokens: snapshots, restores, replays (within the above)
     memory: dict[str, dict[str, str]] = field(default_factory=dict)  # per model: kind, rollback method
+    placement: dict[str, str] = field(default_factory=dict)  # per model: "CPU", or the devices it runs on
     costs: LoopCosts = field(default_factory=LoopCosts)  # each call's seconds, for the cost model
 
     def merge(self, other: Stats) -> None:
@@ -133,5 +134,6 @@ class Stats:
             "adaptive_k": self.adaptive,
             "current_k": self.current_k,
             "memory": self.memory,
+            "placement": self.placement,
             "costs": self.costs.as_dict(),
         }

@@ -84,6 +84,8 @@ def summary_line(generation: Generation) -> str:
     else:
         parts.append("no draft")
     parts += [f"prompt {s.prompt_tokens} tokens in {s.prompt_s:.2f}s", f"finish: {generation.finish_reason}"]
+    if any(where != "CPU" for where in s.placement.values()):
+        parts += [f"{name} on {where}" for name, where in s.placement.items()]
     return " · ".join(parts)
 
 

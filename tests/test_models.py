@@ -9,6 +9,7 @@ from typer.testing import CliRunner
 
 from spec_cli.cli import app
 from spec_cli.llama import Model, supports_gpu_offload
+from spec_cli import models
 from spec_cli.models import backends
 from tiny_models import write_model
 
@@ -87,8 +88,21 @@ def test_doctor_reports_versions_backend_and_locations(user_dirs: Path) -> None:
     assert result.exit_code == 0, result.output
     for fact in ("llama-cpp-python", "0.3.36", "GPU offload", "CPU threads", "memory", "user pairs"):
         assert fact in result.stdout
-    if not supports_gpu_offload():
-        assert "-DGGML_CUDA=on" in result.stdout
+    assert "CPU kernels" in result.stdout
+
+
+def test_doctor_prints_the_gpu_reinstall_only_where_the_machine_has_a_gpu(user_dirs: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    if supports_gpu_offload():
+        pytest.skip("this build offloads already")
+    wide = {"COLUMNS": "400"}
+    monkeypatch.setattr(models, "machine_gpu", lambda: None)
+    assert "enable GPU" not in CliRunner().invoke(app, ["doctor"], env=wide).stdout
+    monkeypatch.setattr(models, "machine_gpu", lambda: "an NVIDIA GPU")
+    monkeypatch.setattr(models.sys, "platform", "linux")
+    result = CliRunner().invoke(app, ["doctor"], env=wide)
+    assert "this machine has an NVIDIA GPU, which this build cannot use: " \
+           'CMAKE_ARGS="-DGGML_CUDA=on -DGGML_RPC=on" pip install' in result.stdout
 
 
 def test_backends_are_read_from_system_info() -> None:
