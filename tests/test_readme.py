@@ -25,9 +25,13 @@ def test_ci_runs_the_readme_test_command_verbatim() -> None:
     assert install_and_test in (ROOT / ".ci" / "run").read_text().splitlines()
 
 
-def test_both_lines_build_llama_cpp_with_rpc_even_over_a_cached_wheel() -> None:
-    """pip's wheel cache ignores CMAKE_ARGS: each line checks the build and rebuilds the pinned version."""
+def test_both_lines_install_through_the_script_that_builds_with_rpc_and_sees_through_the_wheel_cache() -> None:
+    """pip's wheel cache ignores CMAKE_ARGS: install.sh checks the build and rebuilds the pinned version."""
     pinned = re.search(r'"(llama-cpp-python==[^"]+)"', (ROOT / "pyproject.toml").read_text()).group(1)
-    for line in quickstart_commands():
-        assert 'export CMAKE_ARGS="-DGGML_RPC=on"' in line and "llama_cpp.llama_supports_rpc()" in line
-        assert f'pip cache remove llama_cpp_python || true; pip install --force-reinstall --no-deps "{pinned}"' in line
+    script = (ROOT / "install.sh").read_text()
+    assert f'LLAMA_CPP_PYTHON="{pinned}"' in script
+    assert 'pip cache remove llama_cpp_python' in script and '--force-reinstall --no-deps --no-cache-dir "$LLAMA_CPP_PYTHON"' in script
+    for flags in ("-DGGML_CUDA=on -DGGML_RPC=on", "-DGGML_METAL=on -DGGML_RPC=on", "-DGGML_RPC=on"):
+        assert f'export CMAKE_ARGS="{flags}"' in script
+    run_line, test_line = quickstart_commands()
+    assert run_line.startswith("./install.sh && ") and test_line == "./install.sh --test && .venv/bin/pytest"
