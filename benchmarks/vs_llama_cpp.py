@@ -37,10 +37,16 @@ def demo_files() -> tuple[Path, Path]:
     return target, draft
 
 
-def spec_cli_run(target: Path, draft: Path, k: int, args: argparse.Namespace) -> list[tuple[float, float, float]]:
+def as_user_turn(target: Path) -> str:
+    """The prompt as the target's chat template writes it: the same text for both programs."""
+    with load_pair(target) as alone:
+        return alone.target.format_chat([{"role": "user", "content": PROMPT}])
+
+
+def spec_cli_run(target: Path, draft: Path, text: str, k: int, args: argparse.Namespace) -> list[tuple[float, float, float]]:
     """(tok/s, draft ms per token, verify ms per token) of each run; kernels as SPEC_EXTRA_BUFFERS says."""
     with load_pair(target, draft, n_threads=args.threads) as pair:
-        prompt = pair.prompt_tokens(PROMPT)
+        prompt = pair.prompt_tokens(text, raw=True)
         runs = []
         for _ in range(args.repeat + 1):  # the first warms the caches up
             generation = pair.generate(prompt, sampling=SamplingParams(), draft_max=k, max_tokens=args.max_tokens)
@@ -59,9 +65,10 @@ def llama_bench(target: Path, repack: bool, args: argparse.Namespace) -> float:
     return float(BENCH_ROW.search(output).group(2))
 
 
-def llama_speculative(target: Path, draft: Path, k: int, repack: bool, args: argparse.Namespace) -> float:
+def llama_speculative(target: Path, draft: Path, text: str, k: int, repack: bool, args: argparse.Namespace) -> float:
     command = [str(args.llama_bin / "llama-speculative-simple"), "-m", str(target), "-md", str(draft),
-               "--spec-draft-n-max", str(k), "-n", str(args.max_tokens), "-p", PROMPT, "--temp", "0",
+               "--spec-type", "draft-simple",
+               "--spec-draft-n-max", str(k), "-n", str(args.max_tokens), "-p", text, "--temp", "0",
                "-t", str(args.threads), "-c", "2048", *(() if repack else ("--no-repack",))]
     output = subprocess.run(command, capture_output=True, text=True, errors="replace", check=True).stderr
     tokens, seconds = DECODED.search(output).groups()
@@ -78,13 +85,15 @@ def main() -> None:
     parser.add_argument("-t", "--threads", type=int, default=os.cpu_count() or 1)
     args = parser.parse_args()
     target, draft = demo_files()
+    text = as_user_turn(target)
     found = kernels.verdict()
     rows = []
     for setting, repack in ((found.name, True), ("off", False)):
         os.environ[kernels.ENV] = setting
-        ours = spec_cli_run(target, draft, args.k, args)
+        ours = spec_cli_run(target, draft, text, args.k, args)
         alone = llama_bench(target, repack, args)
-        theirs = statistics.median(llama_speculative(target, draft, args.k, repack, args) for _ in range(args.repeat))
+        theirs = statistics.median(llama_speculative(target, draft, text, args.k, repack, args)
+                                   for _ in range(args.repeat))
         rows.append((setting, ours, alone, theirs))
     print(f"demo pair (SmolLM2-135M-Instruct F32 drafted by its Q4_1), greedy, K = {args.k}, {args.max_tokens} "
           f"tokens, {args.threads} threads, medians of {args.repeat}; probe verdict: {found.name}")
