@@ -110,11 +110,14 @@ def _probe() -> Verdict:
     steps = {step: _run_step(step) for step in STEPS}
     found = Verdict(decide(steps), "probe", time.strftime("%Y-%m-%d %H:%M"), steps)
     path = cache_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f".{path.name}.part")
-    partial.write_text(json.dumps({"key": machine_key(), "verdict": found.name, "checked": found.checked,
-                                   "steps": steps}, indent=2) + "\n")
-    os.replace(partial, path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial.write_text(json.dumps({"key": machine_key(), "verdict": found.name, "checked": found.checked,
+                                       "steps": steps}, indent=2) + "\n")
+        os.replace(partial, path)
+    except OSError:
+        partial.unlink(missing_ok=True)  # a cache that cannot be written: probe again next time
     return found
 
 
