@@ -24,6 +24,7 @@ import hashlib
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
 import time
@@ -131,8 +132,6 @@ def _run_step(step: str) -> str:
     if done.returncode == 0:
         return "ok"
     if done.returncode < 0:
-        import signal
-
         return f"killed by {signal.Signals(-done.returncode).name}"
     return f"exit status {done.returncode}"
 

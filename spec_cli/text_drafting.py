@@ -183,7 +183,7 @@ class TextDrafter(ContextDrafter):
         """Greedy: draft until the draft's text spells k target tokens or the steps run out. The k-th may be
         the start of a longer token the next draft step would have finished; waiting for that step (to see
         the k-th token end) cost more than it saved: on Gemma 3 270M drafted by SmolLM2 it kept acceptance
-        at 64% and took the pair from 0.90x to 0.64x of the target alone. The text must begin with the
+        at 64% and took the pair from 0.87x to 0.64x of the target alone. The text must begin with the
         held-back bytes to count."""
         speller, tail = self.translation.draft, self._tail
         recent = sampling.recent(self._draft)
