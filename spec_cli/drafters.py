@@ -18,7 +18,7 @@ import numpy as np
 from spec_cli.costs import LoopCosts
 from spec_cli.draft_length import DraftLength
 from spec_cli.llama import Context
-from spec_cli.sampling import SamplingParams, one_hot, penalized, probabilities, sample
+from spec_cli.sampling import Law, SamplingParams, penalized, probabilities, sample
 
 
 @dataclass
@@ -28,7 +28,7 @@ class Draft:
     translating between two vocabularies (drafting through text)."""
 
     tokens: list[int] = field(default_factory=list)
-    q: list[np.ndarray] = field(default_factory=list)
+    q: list[Law] = field(default_factory=list)
     steps: list[tuple[int, float]] = field(default_factory=list)
     convert_s: float = 0.0
 
@@ -147,7 +147,7 @@ def draft_step_by_step(step: Callable[[int, list[int]], np.ndarray], catch_up: l
 
 
 def next_draft_token(logits: np.ndarray, sampling: SamplingParams, recent: list[int], rng: np.random.Generator,
-                      p_min: float) -> tuple[int, np.ndarray | None] | None:
+                      p_min: float) -> tuple[int, Law | None] | None:
     """The drafted token and its q (None when greedy), or None when the confidence stop ends the draft: the
     most likely token has probability below `p_min`. q goes through the same transforms as the target's p."""
     if sampling.greedy:
@@ -195,7 +195,7 @@ class NgramDrafter:
         self._extend(tokens)
         draft = Draft(tokens=self.lookup(k))
         if not sampling.greedy:
-            draft.q = [one_hot(token, self.n_vocab) for token in draft.tokens]
+            draft.q = [Law.one_hot(token, self.n_vocab) for token in draft.tokens]
         return draft
 
     def update(self, drafted: int, accepted: int) -> None:

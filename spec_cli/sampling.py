@@ -138,16 +138,25 @@ def settle(preset: str, model_recommends: dict[str, float | int], given: dict[st
     return SamplingParams(**{**base, **given})
 
 
+def _penalties(logits: np.ndarray, params: SamplingParams, recent: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    """The tokens llama.cpp's repetition, frequency and presence penalties change (the distinct `recent`
+    ones) and their penalized logits: the rest of the row stays as it is, so a filter can work on it sparsely."""
+    if not params.penalizes or not len(recent):
+        return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.float32)
+    tokens, counts = np.unique(np.asarray(recent[-params.repeat_last_n:]), return_counts=True)
+    seen = logits[tokens].astype(np.float32)
+    seen = np.where(seen <= 0, seen * params.repeat_penalty, seen / params.repeat_penalty)
+    return tokens, (seen - counts * params.frequency_penalty - params.presence_penalty).astype(np.float32)
+
+
 def penalized(logits: np.ndarray, params: SamplingParams, recent: Sequence[int]) -> np.ndarray:
     """The logits after llama.cpp's repetition, frequency and presence penalties: `logits` itself when none
-    applies, else a float32 copy (llama.cpp's precision; float32 also keeps top-k's partition fast)."""
-    if not params.penalizes or not len(recent):
+    applies, else a float32 copy (llama.cpp's precision)."""
+    tokens, values = _penalties(logits, params, recent)
+    if not tokens.size:
         return logits
     z = logits.astype(np.float32)
-    tokens, counts = np.unique(np.asarray(recent[-params.repeat_last_n:]), return_counts=True)
-    seen = z[tokens]
-    seen = np.where(seen <= 0, seen * params.repeat_penalty, seen / params.repeat_penalty)
-    z[tokens] = seen - counts * params.frequency_penalty - params.presence_penalty
+    z[tokens] = values
     return z
 
 
@@ -156,60 +165,215 @@ def greedy_token(logits: np.ndarray, params: SamplingParams, recent: Sequence[in
     return int(np.argmax(penalized(logits, params, recent)))
 
 
-def probabilities(logits: np.ndarray, params: SamplingParams, recent: Sequence[int] = ()) -> np.ndarray:
+class Law:
+    """A distribution over the token ids 0..size−1, held on its support: P(tokens[i]) = probs[i] with `tokens`
+    ascending, 0 elsewhere; or over every id at once (`tokens` None, P(i) = probs[i]).
+
+    A sampled row's filters keep a few dozen tokens of 10⁵ or more, so p, q, the residual and block
+    verification's sums are computed on supports: the host's work per round stays nearly independent of the
+    vocabulary's size. `law[x]` reads P(x); `np.asarray(law)` is the dense vector it stands for.
+    """
+
+    __slots__ = ("probs", "tokens", "size")
+
+    def __init__(self, probs: np.ndarray, tokens: np.ndarray | None = None, size: int | None = None) -> None:
+        self.probs = probs
+        self.tokens = tokens
+        self.size = probs.size if tokens is None else int(size)
+
+    @classmethod
+    def of(cls, law: Law | np.ndarray) -> Law:
+        """`law` itself, or a dense vector of probabilities as a Law."""
+        return law if isinstance(law, Law) else cls(np.asarray(law, dtype=np.float64))
+
+    @classmethod
+    def one_hot(cls, token: int, size: int) -> Law:
+        """All probability on one token: greedy decoding's law, and q of a deterministic proposal."""
+        return cls(np.ones(1), np.array([token]), size)
+
+    def at(self, ids: np.ndarray | None) -> np.ndarray:
+        """P at `ids`, or at every id (the dense vector) when None."""
+        if self.tokens is None:
+            return self.probs if ids is None else self.probs[ids]
+        if ids is None:
+            dense = np.zeros(self.size, dtype=self.probs.dtype)
+            dense[self.tokens] = self.probs
+            return dense
+        where = np.minimum(np.searchsorted(self.tokens, ids), self.tokens.size - 1)
+        return np.where(self.tokens[where] == ids, self.probs[where], 0.0)
+
+    def __getitem__(self, ids: int | Sequence[int] | np.ndarray) -> float | np.ndarray:
+        if not isinstance(ids, (int, np.integer)):
+            return self.at(np.asarray(ids))
+        if self.tokens is None:
+            return float(self.probs[ids])
+        i = int(self.tokens.searchsorted(ids))
+        return float(self.probs[i]) if i < self.tokens.size and self.tokens[i] == ids else 0.0
+
+    def __array__(self, dtype: np.dtype | None = None, copy: bool | None = None) -> np.ndarray:
+        dense = self.at(None)
+        return dense if dtype is None else dense.astype(dtype)
+
+    def max(self) -> float:
+        return float(self.probs.max())
+
+
+def probabilities(logits: np.ndarray, params: SamplingParams, recent: Sequence[int] = ()) -> Law:
     """The distribution a sampler draws from, in llama.cpp's order: penalties (over `recent`), top-k,
     top-p and min-p on the distribution at temperature 1, then softmax(logits / T) over what they kept.
 
     Tokens the filters remove get probability 0. Temperature 0 gives all mass to the greedy token. One
     function for p and q alike: exactness needs both through the same transforms.
+
+    The work is sized by the candidates, not the vocabulary: top-k finds its k in one pass over the row
+    (`_top_k`) and the rest runs on those; with no top-k, one softmax pass in float32 (no sort) when no other
+    filter is on, else a float64 one, and only the head that top-p and min-p choose from is sorted (`_head`).
     """
-    z = penalized(logits, params, recent)
+    n = logits.size
     if params.greedy:
-        return one_hot(int(np.argmax(z)), z.size)
-    kept = np.argpartition(z, -params.top_k)[-params.top_k:] if 0 < params.top_k < z.size else np.arange(z.size)
-    values = z[kept].astype(np.float64)
-    if params.top_p < 1.0 or params.min_p > 0.0:
-        at_one = np.exp(values - values.max())
-        at_one /= at_one.sum()
-        order = np.argsort(-at_one, kind="stable")
-        kept, values, at_one = kept[order], values[order], at_one[order]
-        if params.top_p < 1.0:
-            # The smallest prefix whose mass reaches top_p (at least the most likely token).
-            n_keep = int(np.searchsorted(np.cumsum(at_one), params.top_p)) + 1
-            kept, values, at_one = kept[:n_keep], values[:n_keep], at_one[:n_keep]
-        if params.min_p > 0.0:
-            enough = at_one >= params.min_p * at_one[0]
-            kept, values = kept[enough], values[enough]
-    scaled = np.exp((values - values.max()) / params.temperature)
-    probs = np.zeros(z.size)
-    probs[kept] = scaled / scaled.sum()
-    return probs
+        return Law.one_hot(greedy_token(logits, params, recent), n)
+    if 0 < params.top_k < n:
+        kept, values = _top_k(logits, params, recent)
+        order = values.argsort(kind="stable")[::-1]
+        kept, values = kept[order], values[order].astype(np.float64)
+        shifted = values - values[0]
+        at_one = np.exp(shifted)
+        total = at_one.sum()
+    else:
+        z = penalized(logits, params, recent)
+        if params.top_p == 1.0 and params.min_p == 0.0:
+            return _softmax(z, params.temperature)
+        values = z.astype(np.float64)
+        shifted = values - values.max()
+        at_one = np.exp(shifted)
+        total = at_one.sum()
+        kept = _head(at_one / total, params)
+        shifted, at_one = shifted[kept], at_one[kept]
+    n_keep = kept.size
+    if params.top_p < 1.0:
+        # The smallest prefix whose mass reaches top_p (at least the most likely token).
+        n_keep = min(n_keep, int(np.searchsorted(np.cumsum(at_one / total), params.top_p)) + 1)
+    if params.min_p > 0.0:
+        n_keep = min(n_keep, int(np.count_nonzero(at_one >= params.min_p * at_one[0])))
+    scaled = np.exp(shifted[:n_keep] / params.temperature)
+    order = kept[:n_keep].argsort()
+    return Law(scaled[order] / scaled.sum(), kept[:n_keep][order], n)
 
 
-def one_hot(token: int, n_vocab: int) -> np.ndarray:
-    """All probability on one token: greedy decoding's law, and q of a deterministic proposal."""
-    probs = np.zeros(n_vocab)
-    probs[token] = 1.0
-    return probs
+SAMPLE_SIZE = 2048  # about how many logits `_top_k` samples to place its floor
 
 
-def sample(probs: np.ndarray, rng: np.random.Generator) -> int:
-    """Draw one token id from `probs` by inverting the CDF with a single uniform, over the tokens with
-    probability > 0 only (the filters leave few; the token drawn is the same as over the whole CDF)."""
-    support = np.flatnonzero(probs > 0)
-    cumulative = np.cumsum(probs[support])
-    index = int(np.searchsorted(cumulative, rng.random() * cumulative[-1], side="right"))
-    return int(support[min(index, support.size - 1)])
+def _top_k(logits: np.ndarray, params: SamplingParams, recent: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    """The top_k largest penalized logits, as (tokens, values), without partitioning the whole row.
+
+    Every token whose logit reaches a floor is a candidate; once there are at least k of them they hold the k
+    largest. The floor is the r-th largest of an evenly strided sample of about 2048 logits, r chosen so that
+    some 4 samples' worth of tokens beyond 2k are expected above it, whatever the row's spread: one pass
+    over the row finds a few hundred candidates. A row where that falls short tries a lower floor, and at
+    last every token. Penalties change only the recent tokens: they join the candidates with their new
+    values. A row no longer than the sample is partitioned whole.
+    """
+    k, n = params.top_k, logits.size
+    if n <= SAMPLE_SIZE:
+        z = penalized(logits, params, recent)
+        top = np.argpartition(z, -k)[-k:]
+        return top, z[top]
+    seen, seen_values = _penalties(logits, params, recent)
+    stride = n // SAMPLE_SIZE
+    sample = logits[::stride]
+    rank = 4 + -(-2 * k // stride)
+    while True:
+        if rank >= sample.size:
+            floor = -np.inf
+            kept = np.arange(n)
+        else:
+            floor = np.partition(sample, -rank)[-rank]
+            kept = np.flatnonzero(logits >= floor)
+        values = logits[kept]
+        if seen.size:
+            values[np.isin(kept, seen)] = -np.inf  # replaced by their penalized values
+            keep = seen_values >= floor
+            kept, values = np.concatenate([kept, seen[keep]]), np.concatenate([values, seen_values[keep]])
+        if kept.size >= k:
+            break
+        rank *= 8
+    top = np.argpartition(values, -k)[-k:]
+    return kept[top], values[top]
 
 
-def excess(p: np.ndarray, q: np.ndarray, w: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
-    """max(0, w·p − q), unnormalised, as (tokens, values) over the tokens with p > 0: it has no mass
-    elsewhere, and the filters leave p few tokens. Its sum is block verification's r."""
-    support = np.flatnonzero(p > 0)
-    return support, np.maximum(w * p[support] - q[support], 0.0)
+def _head(at_one: np.ndarray, params: SamplingParams) -> np.ndarray:
+    """The indices of `at_one` (probabilities at T = 1), most likely first, that top-p and min-p choose from.
+
+    Both filters keep a prefix of the tokens by falling probability, so only the head of that order is sorted:
+    with min-p, the tokens it keeps (top-p then cuts among them or keeps them all); with top-p alone, the
+    tokens above the first of a few thresholds whose mass reaches top_p. The cumulative sums over the head are
+    the whole order's, so the cut is the one a full sort would make.
+    """
+    top = at_one.max()
+    floors = [params.min_p * top] if params.min_p > 0.0 else [top * 1e-2, top * 1e-4, top * 1e-6, 0.0]
+    for floor in floors:
+        head = np.flatnonzero(at_one >= floor)
+        head = head[np.argsort(-at_one[head], kind="stable")]
+        if params.min_p > 0.0 or at_one[head].sum() >= params.top_p or floor == 0.0:
+            return head
+    raise AssertionError("the last floor keeps every token")
 
 
-def residual(p: np.ndarray, q: np.ndarray, w: float = 1.0) -> np.ndarray:
+def _softmax(z: np.ndarray, temperature: float) -> Law:
+    """softmax(z / T) over every token, in float32: one exp per logit and no sort."""
+    e = z - z.max()
+    if temperature != 1.0:
+        e *= np.float32(1.0 / temperature)
+    np.exp(e, out=e)
+    e /= e.sum()
+    return Law(e)
+
+
+def sample(law: Law | np.ndarray, rng: np.random.Generator) -> int:
+    """Draw one token id from `law` by inverting its CDF with a single uniform, over its support only."""
+    law = Law.of(law)
+    index = _inverse_cdf(law.probs, rng.random())
+    return index if law.tokens is None else int(law.tokens[index])
+
+
+CDF_BLOCK = 1024  # weights summed per block when a CDF is long: a sequential cumsum over 10⁵ costs ~1 ms
+
+
+def _inverse_cdf(weights: np.ndarray, u: float) -> int:
+    """The index i with W(i−1) ≤ u·W(n) < W(i), W being the cumulative sums of `weights` (≥ 0, some > 0).
+
+    A long vector is searched in two steps: its block sums, then the block the draw falls in. A draw that
+    rounding puts past the last positive weight of its block takes that weight: never a zero-weight index.
+    """
+    offset = 0
+    if weights.size > CDF_BLOCK:
+        starts = np.arange(0, weights.size, CDF_BLOCK)
+        sums = np.add.reduceat(weights, starts, dtype=np.float64)
+        cumulative = np.cumsum(sums)
+        target = u * cumulative[-1]
+        block = min(int(np.searchsorted(cumulative, target, side="right")), sums.size - 1)
+        u = (target - (cumulative[block - 1] if block else 0.0)) / sums[block]
+        offset, weights = int(starts[block]), weights[starts[block]:starts[block] + CDF_BLOCK]
+    cumulative = np.cumsum(weights, dtype=np.float64)
+    index = min(int(np.searchsorted(cumulative, u * cumulative[-1], side="right")), weights.size - 1)
+    if weights[index] <= 0:
+        index = int(np.flatnonzero(weights[:index])[-1])
+    return offset + index
+
+
+def _excess(p: Law | np.ndarray, q: Law | np.ndarray, w: float) -> tuple[Law, np.ndarray]:
+    """p as a Law, and max(0, w·p − q) on p's support: there is none elsewhere."""
+    p, q = Law.of(p), Law.of(q)
+    diff = w * p.probs - q.at(p.tokens)
+    return p, np.maximum(diff, 0.0, out=diff)
+
+
+def excess_mass(p: Law | np.ndarray, q: Law | np.ndarray, w: float = 1.0) -> float:
+    """Σ max(0, w·p − q): block verification's r."""
+    return float(_excess(p, q, w)[1].sum())
+
+
+def residual(p: Law | np.ndarray, q: Law | np.ndarray, w: float = 1.0) -> Law:
     """norm(max(0, w·p − q)): the distribution that corrects a rejection so the output follows p (w = 1 for
     token verification; block verification weighs p by what the drafted path still owes it, w ≤ 1).
 
@@ -217,10 +381,8 @@ def residual(p: np.ndarray, q: np.ndarray, w: float = 1.0) -> np.ndarray:
     If it has no positive mass (p == q up to rounding, so a rejection was practically impossible), p
     itself is the right distribution.
     """
-    support, diff = excess(p, q, w)
+    p, diff = _excess(p, q, w)
     total = diff.sum()
     if total <= 0:
         return p
-    law = np.zeros(p.size)
-    law[support] = diff / total
-    return law
+    return Law(diff / total, p.tokens, p.size)

@@ -25,7 +25,7 @@ import numpy as np
 
 from spec_cli.drafters import ContextDrafter, Draft, next_draft_token
 from spec_cli.llama import Context, Model, common_prefix
-from spec_cli.sampling import SamplingParams, probabilities, sample
+from spec_cli.sampling import Law, SamplingParams, probabilities, sample
 from spec_cli.spelling import Speller, incomplete_tail
 
 LOOK_BEHIND = 2  # aligned points re-spelt behind the end of the text each round: where tokens may merge
@@ -50,6 +50,9 @@ class Translation:
                  if not self.draft.control[d] and piece in by_text]
         self.shared_draft = np.array([d for d, _ in pairs], dtype=np.int64)
         self.shared_target = np.array([t for _, t in pairs], dtype=np.int64)
+        self._shared_index = np.full(len(self.draft.pieces), -1)  # by draft id: its shared index, -1 for none
+        self._shared_index[self.shared_draft] = np.arange(self.shared_draft.size)
+        self._targets, self._rank = np.unique(self.shared_target, return_inverse=True)
 
     def to_draft(self, tokens: Sequence[int], at_start: bool) -> tuple[list[int], list[tuple[int, int]], bytes]:
         """The draft's tokens for the text of target `tokens`, the aligned points (i, j) where target
@@ -94,16 +97,26 @@ class Translation:
         flush(held)
         return out, aligned, tail
 
-    def shared_law(self, q: np.ndarray) -> np.ndarray | None:
-        """q restricted to the shared tokens and renormalised (by shared index), or None when it puts no mass
-        there."""
-        restricted = q[self.shared_draft]
-        mass = restricted.sum()
-        return restricted / mass if mass > 0 else None
+    def shared_law(self, q: Law | np.ndarray) -> Law | None:
+        """q restricted to the shared tokens and renormalised, as a law over shared indices, or None when it puts
+        no mass there."""
+        q = Law.of(q)
+        if q.tokens is None:
+            law = Law(q.probs[self.shared_draft])
+        else:
+            index = self._shared_index[q.tokens]
+            law = Law(q.probs[index >= 0], index[index >= 0], self.shared_draft.size)
+        mass = law.probs.sum()
+        return Law(law.probs / mass, law.tokens, law.size) if mass > 0 else None
 
-    def over_target(self, law: np.ndarray) -> np.ndarray:
-        """A law over the shared tokens as a distribution over the target's vocabulary (zero elsewhere)."""
-        return np.bincount(self.shared_target, weights=law, minlength=len(self.target.pieces))
+    def over_target(self, law: Law) -> Law:
+        """A law over shared indices as a distribution over the target's vocabulary (zero elsewhere); draft tokens
+        of the same text add up on their one target token."""
+        size = len(self.target.pieces)
+        if law.tokens is None:
+            return Law(np.bincount(self._rank, weights=law.probs, minlength=self._targets.size), self._targets, size)
+        ranks, merged = np.unique(self._rank[law.tokens], return_inverse=True)
+        return Law(np.bincount(merged, weights=law.probs), self._targets[ranks], size)
 
 
 class TextDrafter(ContextDrafter):

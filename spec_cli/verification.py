@@ -27,9 +27,9 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from spec_cli.sampling import excess, residual
+from spec_cli.sampling import Law, excess_mass, residual
 
-Distributions = Sequence[np.ndarray]
+Distributions = Sequence[Law | np.ndarray]
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,7 @@ class Verdict:
     """A round's outcome: τ drafted tokens kept, and the distribution of the one token that follows them."""
 
     accepted: int
-    next_token: np.ndarray
+    next_token: Law | np.ndarray
 
 
 def token_thresholds(p: Distributions, q: Distributions, draft: Sequence[int]) -> list[float]:
@@ -68,7 +68,7 @@ def _stop_threshold(i: int, weights: list[float], p: Distributions, q: Distribut
     """h_i of block verification for 1 ≤ i ≤ K."""
     if i == k:
         return weights[k]
-    r = float(excess(p[i], q[i], weights[i])[1].sum())
+    r = excess_mass(p[i], q[i], weights[i])
     return r / (r + 1.0 - weights[i]) if r > 0 else 0.0
 
 

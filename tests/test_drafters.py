@@ -66,7 +66,8 @@ def test_sampling_proposals_carry_one_hot_q() -> None:
     assert draft.tokens == [3, 1]
     assert len(draft.q) == 2
     for token, q in zip(draft.tokens, draft.q):
-        assert q.shape == (50,) and q[token] == 1.0 and q.sum() == 1.0
+        dense = np.asarray(q)
+        assert dense.shape == (50,) and dense[token] == 1.0 and dense.sum() == 1.0
 
 
 class FakeModel:

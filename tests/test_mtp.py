@@ -82,7 +82,7 @@ def test_after_rounds_with_rejections_the_head_holds_the_pairs_a_fresh_head_woul
     finally:
         head.close()
         target.close()
-    assert np.abs(incremental.q[0] - fresh.q[0]).max() < 2e-5  # batch shapes differ: ~3e-6
+    assert np.abs(np.asarray(incremental.q[0]) - np.asarray(fresh.q[0])).max() < 2e-5  # batch shapes differ: ~3e-6
 
 
 def test_a_prompt_longer_than_one_batch_is_paired_whole(pair: Pair) -> None:

@@ -95,7 +95,7 @@ def test_shared_law_is_the_draft_law_restricted_and_renormalised(bpe_pair: Pair)
     shared_d = int(both.shared_draft[5])
     q[shared_d], q[1] = 0.3, 0.7  # token 1 is a control token: outside the shared tokens
     law = both.shared_law(q)
-    assert law is not None and law.sum() == pytest.approx(1.0)
+    assert law is not None and np.asarray(law).sum() == pytest.approx(1.0)
     over_target = both.over_target(law)
     assert over_target[int(both.shared_target[5])] == pytest.approx(1.0)
     assert both.shared_law(np.eye(len(both.draft.pieces))[1]) is None  # no mass on shared tokens: no draft
@@ -186,7 +186,7 @@ def test_each_sampled_draft_comes_with_the_law_it_was_drawn_from(files: dict[str
             law = bpe_pair.translation.shared_law(probabilities(check.decode(spelt[check.n_past:], 1)[0], SAMPLED))
             assert law is not None
             np.testing.assert_allclose(q, bpe_pair.translation.over_target(law), atol=1e-6)
-            assert q[token] > 0 and q.sum() == pytest.approx(1.0)
+            assert q[token] > 0 and np.asarray(q).sum() == pytest.approx(1.0)
             spelt.append(int(bpe_pair.translation.shared_draft[bpe_pair.translation.shared_target == token][0]))
     finally:
         check.close()
