@@ -21,42 +21,54 @@ N_SAMPLES = 3000
 
 
 def sampled_pairs(pair: Pair, prompt: list[int], sampling: SamplingParams, k: int | str, mode: str,
-                  verify: str = "block", p_min: float = 0.0) -> tuple[Counter, Stats]:
-    """The first two tokens of N_SAMPLES seeded generations, and their summed statistics."""
+                  verify: str = "block", p_min: float = 0.0, n: int = N_SAMPLES) -> tuple[Counter, Stats]:
+    """The first two tokens of `n` seeded generations, and their summed statistics."""
     observed: Counter = Counter()
     totals = Stats(draft_max=0)
     room = max(k + 1, 2) if isinstance(k, int) else 6  # room for the first round's whole draft (auto: K ≤ 5)
-    for seed in range(N_SAMPLES):
+    for seed in range(n):
         generation = pair.generate(prompt, sampling=sampling, seed=seed, max_tokens=room, draft_max=k,
                                    draft_mode=mode, verify=verify, draft_p_min=p_min)
         for _ in generation:
             pass
         observed[tuple(generation.token_ids[:2])] += 1
         totals.merge(generation.stats)
-    assert sum(observed.values()) == N_SAMPLES
+    assert sum(observed.values()) == n
     return observed, totals
 
 
-def exact_pair_distribution(pair: Pair, prompt: list[int],
-                            sampling: SamplingParams = SAMPLED) -> dict[tuple[int, int], float]:
-    """P(x1, x2) = p(x1 | prompt) · p(x2 | prompt, x1) computed from the target's logits."""
+REST = ("rest",)  # the pairs an expectation leaves out, as one cell
+
+
+def exact_pair_distribution(pair: Pair, prompt: list[int], sampling: SamplingParams = SAMPLED,
+                            least: float = 0.0) -> dict[tuple, float]:
+    """P(x1, x2) = p(x1 | prompt) · p(x2 | prompt, x1) computed from the target's logits.
+
+    With `least` > 0, only the pairs of probability ≥ least are listed and the rest of the mass is REST's: a law
+    with no filter has the whole vocabulary for support, too many pairs to list."""
     context = Context(pair.target, n_ctx=64, n_threads=1)
     try:
-        p1 = probabilities(context.decode(prompt, 1)[0], sampling, sampling.recent(prompt))
-        result = {}
-        for x1 in np.flatnonzero(p1):
+        p1 = np.asarray(probabilities(context.decode(prompt, 1)[0], sampling, sampling.recent(prompt)))
+        result: dict[tuple, float] = {}
+        for x1 in np.flatnonzero((p1 > 0) & (p1 >= least)):
             context.trim(len(prompt))  # a recurrent memory may go back further: feed what it lacks
-            p2 = probabilities(context.decode([*prompt[context.n_past:], int(x1)], 1)[0], sampling,
-                               sampling.recent([*prompt, int(x1)]))
-            for x2 in np.flatnonzero(p2):
+            p2 = np.asarray(probabilities(context.decode([*prompt[context.n_past:], int(x1)], 1)[0], sampling,
+                                          sampling.recent([*prompt, int(x1)])))
+            for x2 in np.flatnonzero((p2 > 0) & (p1[x1] * p2 >= least)):
                 result[(int(x1), int(x2))] = float(p1[x1] * p2[x2])
+        if least > 0:
+            result[REST] = 1.0 - sum(result.values())
         return result
     finally:
         context.close()
 
 
 def chi_square_p_value(observed: Counter, expected: dict, n: int) -> float:
-    """Goodness of fit of observed pair counts to exact probabilities; cells expecting < 5 are pooled."""
+    """Goodness of fit of observed pair counts to exact probabilities; cells expecting < 5 are pooled. Pairs the
+    expectation does not list count as REST where it has that cell."""
+    if REST in expected:
+        observed = Counter({key: count for key, count in observed.items() if key in expected})
+        observed[REST] = n - sum(observed.values())
     stat, pooled_obs, pooled_exp, cells = 0.0, 0, 0.0, 0
     for key, prob in expected.items():
         if prob * n >= 5:

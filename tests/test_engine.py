@@ -15,8 +15,8 @@ import pytest
 from spec_cli import Generation, Pair, SamplingParams, SpecError, load_pair
 from spec_cli.llama import Context
 from spec_cli.stats import Stats
-from exactness import (N_SAMPLES, REPETITIVE, SAMPLED, SIGNIFICANCE, chi_square_p_value, exact_pair_distribution,
-                        sampled_pairs)
+from exactness import (N_SAMPLES, REPETITIVE, REST, SAMPLED, SIGNIFICANCE, chi_square_p_value,
+                        exact_pair_distribution, sampled_pairs)
 from tiny_models import write_model
 
 PROMPT = "the cat and the dog"
@@ -235,6 +235,37 @@ def test_sampled_first_two_tokens_follow_the_target(request: pytest.FixtureReque
     if drafter == "other":
         assert totals.acceptance_rate < 0.8  # a draft far from the target: the rules are really at work
     assert chi_square_p_value(observed, exact_pair_distribution(alone, prompt), N_SAMPLES) > SIGNIFICANCE
+
+
+LARGE_VOCAB = 32_000  # Llama 2's: above it every shortcut of the sampler is taken (candidates, CDF blocks)
+LARGE_SAMPLES = 2000  # generations per test: a step over this vocabulary costs several times a tiny one's
+
+
+@pytest.fixture(scope="module")
+def large(models_dir: Path) -> Iterator[Pair]:
+    """A target over a large vocabulary and a draft that agrees with it about half the time; logits wide
+    enough that a few dozen tokens hold most of the unfiltered law."""
+    shape = dict(vocab_size=LARGE_VOCAB, n_embd=16, output_scale=1.5)
+    target = write_model(models_dir / "large-target.gguf", seed=1, **shape)
+    draft = write_model(models_dir / "large-draft.gguf", seed=1, noise=0.1, **shape)
+    with load_pair(target, draft) as pair:
+        yield pair
+
+
+@pytest.mark.parametrize("sampling, verify", [
+    (SamplingParams(temperature=0.8), "block"),  # llama.cpp's (and `spec chat`'s) defaults
+    (SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0), "token"),  # the whole vocabulary
+])
+def test_sampled_first_two_tokens_follow_the_target_at_a_large_vocabulary(large: Pair, sampling: SamplingParams,
+                                                                         verify: str) -> None:
+    """p and q held on the filters' candidates, and a law over every token, give the target's law: χ² at
+    α = SIGNIFICANCE over the pairs expected at least 5 times, the rest pooled."""
+    prompt = large.prompt_tokens(REPETITIVE, raw=True)
+    expected = exact_pair_distribution(large, prompt, sampling, least=5 / LARGE_SAMPLES)
+    assert expected[REST] < 0.4  # most of the law is in cells of its own
+    observed, totals = sampled_pairs(large, prompt, sampling, 3, "model", verify, n=LARGE_SAMPLES)
+    assert 0.2 < totals.acceptance_rate < 0.8
+    assert chi_square_p_value(observed, expected, LARGE_SAMPLES) > SIGNIFICANCE
 
 
 def accepted_mean_and_variance(stats: Stats) -> tuple[float, float]:

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from spec_cli.errors import SpecError
-from spec_cli.sampling import (SamplingParams, greedy_token, penalized, probabilities, recommended, residual,
-                               sample, settle)
+from spec_cli.sampling import (SAMPLE_SIZE, Law, SamplingParams, excess_mass, greedy_token, penalized, probabilities,
+                               recommended, residual, sample, settle)
 
 PLAIN = dict(top_k=0, top_p=1.0, min_p=0.0)  # no filters: only the temperature
 
@@ -50,6 +50,55 @@ def test_sample_follows_the_distribution() -> None:
     counts = np.bincount([sample(probs, rng) for _ in range(20000)], minlength=4)
     assert counts[1] == 0
     np.testing.assert_allclose(counts / counts.sum(), probs, atol=0.02)
+
+
+class FixedDraw:
+    """A generator whose every uniform is `u`: which token a given draw gives."""
+
+    def __init__(self, u: float) -> None:
+        self.u = u
+
+    def random(self) -> float:
+        return self.u
+
+
+def test_a_long_vector_is_sampled_by_its_cdf_and_never_at_a_zero_weight() -> None:
+    """The two-step search (block sums, then the block) finds the token one cumulative sum would, for draws
+    all along [0, 1); whole blocks and scattered tokens without mass are never drawn, at either end either."""
+    rng = np.random.default_rng(2)
+    weights = rng.random(5000) * (rng.random(5000) < 0.3)
+    weights[1024:2100] = 0.0
+    weights[-7:] = 0.0
+    cumulative = np.cumsum(weights)
+    for u in [*np.linspace(0.0, 1.0, 4001)[:-1], 1.0 - 2.0 ** -53]:
+        token = sample(weights, FixedDraw(u))
+        assert weights[token] > 0, u
+        expected = int(np.searchsorted(cumulative, u * cumulative[-1], side="right"))
+        assert token == min(expected, int(np.flatnonzero(weights)[-1])), u
+    assert sample(weights, FixedDraw(0.0)) == int(np.flatnonzero(weights)[0])
+
+
+def test_a_law_on_its_support_reads_and_samples_like_its_dense_vector() -> None:
+    dense = np.zeros(1000)
+    dense[[3, 500, 999]] = [0.2, 0.5, 0.3]
+    law = Law(dense[[3, 500, 999]], np.array([3, 500, 999]), 1000)
+    np.testing.assert_array_equal(np.asarray(law), dense)
+    assert law[500] == 0.5 and law[4] == 0.0 and law[0] == 0.0 and law.max() == 0.5
+    np.testing.assert_array_equal(law[[999, 998, 3]], [0.3, 0.0, 0.2])
+    for u in np.linspace(0.0, 1.0, 101)[:-1]:
+        assert sample(law, FixedDraw(u)) == sample(dense, FixedDraw(u))
+
+
+def test_residual_on_supports_equals_the_dense_residual() -> None:
+    """p and q held on supports that overlap only in part: norm(max(0, w·p − q)) and block verification's r
+    are those of the dense vectors."""
+    p = Law(np.array([0.5, 0.3, 0.2]), np.array([1, 4, 7]), 10)
+    q = Law(np.array([0.1, 0.6, 0.3]), np.array([0, 4, 7]), 10)
+    for w in (1.0, 0.6):
+        excess = np.maximum(w * np.asarray(p) - np.asarray(q), 0.0)
+        np.testing.assert_allclose(np.asarray(residual(p, q, w)), excess / excess.sum(), rtol=1e-12)
+        assert excess_mass(p, q, w) == pytest.approx(excess.sum(), rel=1e-12)
+        assert excess_mass(p, np.asarray(q), w) == pytest.approx(excess.sum(), rel=1e-12)
 
 
 def test_defaults_are_llama_cpps() -> None:
@@ -174,3 +223,72 @@ def test_settle_layers_defaults_preset_and_flags() -> None:
         SamplingParams(temperature=0.6, top_k=5, repeat_penalty=1.1)
     with pytest.raises(SpecError, match="unknown sampling 'warm'; choose one of: greedy, model"):
         settle("warm", model, {})
+
+
+# --- the candidate shortcut against the whole row ------------------------------------------------------------
+
+def full_law(logits: np.ndarray, params: SamplingParams, recent: list[int]) -> np.ndarray:
+    """The law by its definition, with no shortcut: every token sorted by its penalized logit, the filters on the
+    softmax at T = 1 of what the previous one kept, then the softmax at T of the rest, in float64."""
+    z = penalized(logits, params, recent).astype(np.float64)
+    order = np.argsort(-z, kind="stable")
+    if 0 < params.top_k < z.size:
+        order = order[:params.top_k]
+    keep = order.size
+    if params.top_p < 1.0:
+        keep = int(np.argmax(np.cumsum(softmax(z[order])) >= params.top_p)) + 1
+    at_one = softmax(z[order[:keep]])
+    if params.min_p > 0.0:
+        keep = int(np.count_nonzero(at_one >= params.min_p * at_one[0]))
+    law = np.zeros(z.size)
+    law[order[:keep]] = softmax(z[order[:keep]] / params.temperature)
+    return law
+
+
+def logit_row(kind: str, n: int) -> np.ndarray:
+    rng = np.random.default_rng([n, len(kind)])
+    if kind == "spread":
+        return (rng.standard_normal(n) * 3).astype(np.float32)
+    if kind == "nearly flat":
+        return (rng.standard_normal(n) * 1e-3).astype(np.float32)
+    if kind == "one token towers over a long tail":  # top-p needs far more than the tokens near the top
+        row = rng.standard_normal(n).astype(np.float32)
+        row[n // 3] = 3 + np.log(n)
+        return row
+    # "only sampled tokens are high": the floor from the strided sample finds fewer than k, and tries lower
+    row = (rng.standard_normal(n) - 10).astype(np.float32)
+    row[::max(n // SAMPLE_SIZE, 1)] = np.linspace(5, 6, row[::max(n // SAMPLE_SIZE, 1)].size)
+    return row
+
+
+SHORTCUT_CASES = {
+    "chat defaults": SamplingParams(temperature=0.8),
+    "top-k alone": SamplingParams(temperature=1.0, top_k=40, top_p=1.0, min_p=0.0),
+    "top-k 1": SamplingParams(temperature=1.0, top_k=1, top_p=1.0, min_p=0.0),
+    "wide top-k and top-p": SamplingParams(temperature=0.8, top_k=500, top_p=0.99, min_p=0.0),
+    "no filter": SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0),
+    "top-p alone": SamplingParams(temperature=0.7, top_k=0, top_p=0.95, min_p=0.0),
+    "min-p alone": SamplingParams(temperature=1.3, top_k=0, top_p=1.0, min_p=0.05),
+    "top-p and min-p": SamplingParams(temperature=1.0, top_k=0, top_p=0.5, min_p=0.02),
+    "penalties that raise and lower": SamplingParams(temperature=0.8, repeat_penalty=0.5, presence_penalty=-0.5,
+                                                     frequency_penalty=0.2),
+    "penalties, no filter": SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, repeat_penalty=1.3,
+                                           frequency_penalty=0.1),
+}
+
+
+@pytest.mark.parametrize("n", [50, 4000, 151_936])
+@pytest.mark.parametrize("kind", ["spread", "nearly flat", "one token towers over a long tail",
+                                  "only sampled tokens are high"])
+@pytest.mark.parametrize("case", SHORTCUT_CASES)
+def test_the_candidate_shortcut_gives_the_law_of_the_whole_row(case: str, kind: str, n: int) -> None:
+    """`probabilities` works on a few candidates; the law must be the one the whole row defines, to float
+    tolerance, on exactly the same support. The recent tokens hold the row's top tokens and some of its
+    lowest, so penalties move tokens into and out of the candidates."""
+    params, logits = SHORTCUT_CASES[case], logit_row(kind, n)
+    ranked = np.argsort(logits)
+    recent = [*ranked[-3:], *ranked[:2], *np.random.default_rng(n).integers(0, n, 20), int(ranked[-1])]
+    law = np.asarray(probabilities(logits, params, recent))
+    expected = full_law(logits, params, recent)
+    np.testing.assert_array_equal(np.flatnonzero(law), np.flatnonzero(expected))
+    np.testing.assert_allclose(law, expected, rtol=1e-5, atol=1e-12)
