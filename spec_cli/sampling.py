@@ -152,9 +152,9 @@ def _penalties(logits: np.ndarray, params: SamplingParams, recent: Sequence[int]
 def penalized(logits: np.ndarray, params: SamplingParams, recent: Sequence[int]) -> np.ndarray:
     """The logits after llama.cpp's repetition, frequency and presence penalties: `logits` itself when none
     applies, else a float32 copy (llama.cpp's precision)."""
-    tokens, values = _penalties(logits, params, recent)
-    if not tokens.size:
+    if not params.penalizes or not len(recent):
         return logits
+    tokens, values = _penalties(logits, params, recent)
     z = logits.astype(np.float32)
     z[tokens] = values
     return z

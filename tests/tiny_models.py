@@ -166,7 +166,8 @@ def write_model(path: Path, seed: int, *, arch: str = "llama", vocab_size: int =
                 chat_template: str | None = None, eos: int = 2, output_scale: float = 1.0, noise: float = 0.0,
                 sliding_window: int = 4, n_embd: int = N_EMBD, n_layer: int = N_LAYER,
                 layer_scale: float = 1.0, sampling: dict[str, float] | None = None,
-                tokenizer: Tokenizer | None = None, plain_output: bool = False) -> Path:
+                tokenizer: Tokenizer | None = None, plain_output: bool = False,
+                kept_layers: int | None = None) -> Path:
     """Write a tiny random model of `arch` to `path`; `output_scale` widens the logits (fewer near-ties).
 
     `noise` > 0 perturbs every weight of the seed's model by that fraction (drawn from another seed): a
@@ -180,6 +181,8 @@ def write_model(path: Path, seed: int, *, arch: str = "llama", vocab_size: int =
     (same seed, same layers) over another vocabulary (see `rows_for`). `plain_output` zeroes the output rows
     of the default vocabulary's byte and unused tokens, so the model writes mostly letters and words (text
     that two vocabularies can both spell) while byte-fallback tokens still spell what the prompt holds.
+    `kept_layers`: write only the first layers of the seed's model, with its embeddings and output (a draft cut
+    from it).
     """
     n_ff = 2 * n_embd
     rng = np.random.default_rng(seed)
@@ -196,7 +199,8 @@ def write_model(path: Path, seed: int, *, arch: str = "llama", vocab_size: int =
         else:
             writer.add_float32(f"general.sampling.{key}", value)
     writer.add_embedding_length(n_embd)
-    writer.add_block_count(n_layer)
+    kept = n_layer if kept_layers is None else kept_layers
+    writer.add_block_count(kept)
     writer.add_feed_forward_length(n_ff)
     writer.add_layer_norm_rms_eps(1e-5)
     write_tokenizer(writer, tokenizer or own, chat_template)
@@ -221,6 +225,11 @@ def write_model(path: Path, seed: int, *, arch: str = "llama", vocab_size: int =
         moved[ids] = rows[base_ids]
         return moved
 
+    def add(name: str, tensor: np.ndarray) -> None:
+        """Add a tensor, unless it belongs to a layer past `kept` (drawn all the same: the seed's model stays one)."""
+        if not name.startswith("blk.") or int(name.split(".")[1]) < kept:
+            writer.add_tensor(name, tensor)
+
     def ones(n: int) -> np.ndarray:
         return np.ones(n, dtype=np.float32)
 
@@ -229,7 +238,7 @@ def write_model(path: Path, seed: int, *, arch: str = "llama", vocab_size: int =
     every = list(range(n_layer))
     recurrent = {"mamba": every, "lfm2": every[::2], "jamba": every[::2]}.get(arch, [])
     writer.add_head_count(0 if arch == "mamba" else N_HEAD)
-    writer.add_head_count_kv([0 if i in recurrent else N_HEAD_KV for i in range(n_layer)])
+    writer.add_head_count_kv([0 if i in recurrent else N_HEAD_KV for i in range(kept)])
     if arch in ("llama", "gemma3"):
         writer.add_rope_dimension_count(head_dim)
     if arch == "gemma3":
@@ -242,47 +251,47 @@ def write_model(path: Path, seed: int, *, arch: str = "llama", vocab_size: int =
     if arch == "lfm2":
         writer.add_shortconv_l_cache(L_CACHE)
 
-    writer.add_tensor("token_embd.weight", vocabulary_rows(EMBEDDING_SCALE.get(arch, 8.0)))
+    add("token_embd.weight", vocabulary_rows(EMBEDDING_SCALE.get(arch, 8.0)))
     for i in range(n_layer):
         blk = f"blk.{i}"
-        writer.add_tensor(f"{blk}.attn_norm.weight", ones(n_embd))
+        add(f"{blk}.attn_norm.weight", ones(n_embd))
         if i in recurrent and arch == "lfm2":
-            writer.add_tensor(f"{blk}.shortconv.conv.weight", weight(n_embd, L_CACHE))
-            writer.add_tensor(f"{blk}.shortconv.in_proj.weight", weight(3 * n_embd, n_embd))
-            writer.add_tensor(f"{blk}.shortconv.out_proj.weight", weight(n_embd, n_embd, scale=layer_scale))
+            add(f"{blk}.shortconv.conv.weight", weight(n_embd, L_CACHE))
+            add(f"{blk}.shortconv.in_proj.weight", weight(3 * n_embd, n_embd))
+            add(f"{blk}.shortconv.out_proj.weight", weight(n_embd, n_embd, scale=layer_scale))
         elif i in recurrent:
-            writer.add_tensor(f"{blk}.ssm_in.weight", weight(2 * d_inner, n_embd))
-            writer.add_tensor(f"{blk}.ssm_conv1d.weight", weight(d_inner, D_CONV))
-            writer.add_tensor(f"{blk}.ssm_conv1d.bias", weight(d_inner, scale=0.1))
-            writer.add_tensor(f"{blk}.ssm_x.weight", weight(DT_RANK + 2 * D_STATE, d_inner))
-            writer.add_tensor(f"{blk}.ssm_dt.weight", weight(d_inner, DT_RANK))
-            writer.add_tensor(f"{blk}.ssm_dt.bias", weight(d_inner, scale=0.1))
-            writer.add_tensor(f"{blk}.ssm_a", -np.exp(rng.uniform(-1, 1, (d_inner, D_STATE))).astype(np.float32))
-            writer.add_tensor(f"{blk}.ssm_d", ones(d_inner))
-            writer.add_tensor(f"{blk}.ssm_out.weight", weight(n_embd, d_inner, scale=layer_scale))
+            add(f"{blk}.ssm_in.weight", weight(2 * d_inner, n_embd))
+            add(f"{blk}.ssm_conv1d.weight", weight(d_inner, D_CONV))
+            add(f"{blk}.ssm_conv1d.bias", weight(d_inner, scale=0.1))
+            add(f"{blk}.ssm_x.weight", weight(DT_RANK + 2 * D_STATE, d_inner))
+            add(f"{blk}.ssm_dt.weight", weight(d_inner, DT_RANK))
+            add(f"{blk}.ssm_dt.bias", weight(d_inner, scale=0.1))
+            add(f"{blk}.ssm_a", -np.exp(rng.uniform(-1, 1, (d_inner, D_STATE))).astype(np.float32))
+            add(f"{blk}.ssm_d", ones(d_inner))
+            add(f"{blk}.ssm_out.weight", weight(n_embd, d_inner, scale=layer_scale))
             if arch == "jamba":
-                writer.add_tensor(f"{blk}.ssm_dt_norm.weight", ones(DT_RANK))
-                writer.add_tensor(f"{blk}.ssm_b_norm.weight", ones(D_STATE))
-                writer.add_tensor(f"{blk}.ssm_c_norm.weight", ones(D_STATE))
+                add(f"{blk}.ssm_dt_norm.weight", ones(DT_RANK))
+                add(f"{blk}.ssm_b_norm.weight", ones(D_STATE))
+                add(f"{blk}.ssm_c_norm.weight", ones(D_STATE))
         else:
-            writer.add_tensor(f"{blk}.attn_q.weight", weight(n_embd, n_embd))
-            writer.add_tensor(f"{blk}.attn_k.weight", weight(N_HEAD_KV * head_dim, n_embd))
-            writer.add_tensor(f"{blk}.attn_v.weight", weight(N_HEAD_KV * head_dim, n_embd))
-            writer.add_tensor(f"{blk}.attn_output.weight", weight(n_embd, n_embd, scale=layer_scale))
+            add(f"{blk}.attn_q.weight", weight(n_embd, n_embd))
+            add(f"{blk}.attn_k.weight", weight(N_HEAD_KV * head_dim, n_embd))
+            add(f"{blk}.attn_v.weight", weight(N_HEAD_KV * head_dim, n_embd))
+            add(f"{blk}.attn_output.weight", weight(n_embd, n_embd, scale=layer_scale))
             if arch in ("lfm2", "gemma3"):
-                writer.add_tensor(f"{blk}.attn_q_norm.weight", ones(head_dim))
-                writer.add_tensor(f"{blk}.attn_k_norm.weight", ones(head_dim))
+                add(f"{blk}.attn_q_norm.weight", ones(head_dim))
+                add(f"{blk}.attn_k_norm.weight", ones(head_dim))
             if arch == "gemma3":
-                writer.add_tensor(f"{blk}.post_attention_norm.weight", ones(n_embd))
+                add(f"{blk}.post_attention_norm.weight", ones(n_embd))
         if arch != "mamba":
-            writer.add_tensor(f"{blk}.ffn_norm.weight", ones(n_embd))
-            writer.add_tensor(f"{blk}.ffn_gate.weight", weight(n_ff, n_embd))
-            writer.add_tensor(f"{blk}.ffn_up.weight", weight(n_ff, n_embd))
-            writer.add_tensor(f"{blk}.ffn_down.weight", weight(n_embd, n_ff, scale=layer_scale))
+            add(f"{blk}.ffn_norm.weight", ones(n_embd))
+            add(f"{blk}.ffn_gate.weight", weight(n_ff, n_embd))
+            add(f"{blk}.ffn_up.weight", weight(n_ff, n_embd))
+            add(f"{blk}.ffn_down.weight", weight(n_embd, n_ff, scale=layer_scale))
         if arch == "gemma3":
-            writer.add_tensor(f"{blk}.post_ffw_norm.weight", ones(n_embd))
-    writer.add_tensor("token_embd_norm.weight" if arch == "lfm2" else "output_norm.weight", ones(n_embd))
-    writer.add_tensor("output.weight", vocabulary_rows(4.0 * output_scale, plain_output))
+            add(f"{blk}.post_ffw_norm.weight", ones(n_embd))
+    add("token_embd_norm.weight" if arch == "lfm2" else "output_norm.weight", ones(n_embd))
+    add("output.weight", vocabulary_rows(4.0 * output_scale, plain_output))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
