@@ -25,7 +25,7 @@ from spec_cli.costs import LoopCosts
 from spec_cli.draft_length import DraftLength, FixedK
 from spec_cli.drafters import Draft, Drafter
 from spec_cli.llama import Context
-from spec_cli.sampling import SamplingParams, greedy_token, probabilities, sample
+from spec_cli.sampling import Law, SamplingParams, greedy_token, probabilities, sample
 from spec_cli.stats import Stats
 from spec_cli.verification import DEFAULT_VERIFY, RULES, Distributions
 
@@ -213,12 +213,12 @@ class _TargetLaws(Distributions):
 
     def __init__(self, rows: np.ndarray, sampling: SamplingParams, recent: list[int], draft: list[int]) -> None:
         self._rows, self._sampling, self._recent, self._draft = rows, sampling, recent, draft
-        self._laws: dict[int, np.ndarray] = {}
+        self._laws: dict[int, Law] = {}
 
     def __len__(self) -> int:
         return len(self._rows)
 
-    def __getitem__(self, i: int) -> np.ndarray:  # type: ignore[override]
+    def __getitem__(self, i: int) -> Law:  # type: ignore[override]
         if i not in self._laws:
             recent = self._sampling.recent([*self._recent, *self._draft[:i]])
             self._laws[i] = probabilities(self._rows[i], self._sampling, recent)
