@@ -25,7 +25,8 @@ from spec_cli.costs import LoopCosts
 from spec_cli.draft_length import DraftLength, FixedK
 from spec_cli.drafters import Draft, Drafter
 from spec_cli.llama import Context
-from spec_cli.sampling import Law, SamplingParams, greedy_token, probabilities, sample
+from spec_cli.sampling import (Law, SamplingParams, greedy_token, probabilities, row_laws, sample,
+                               shares_candidates)
 from spec_cli.stats import Stats
 from spec_cli.verification import DEFAULT_VERIFY, RULES, Distributions
 
@@ -208,8 +209,9 @@ class Generation:
 
 
 class _TargetLaws(Distributions):
-    """p_1..p_{K+1} from a verify pass's rows, each computed when a verification rule first reads it (token
-    verification stops reading at the first rejection)."""
+    """p_1..p_{K+1} from a verify pass's rows: all at once where their top-k candidates are found together
+    (`row_laws`), else each when a verification rule first reads it (token verification stops reading at the
+    first rejection)."""
 
     def __init__(self, rows: np.ndarray, sampling: SamplingParams, recent: list[int], draft: list[int]) -> None:
         self._rows, self._sampling, self._recent, self._draft = rows, sampling, recent, draft
@@ -219,6 +221,8 @@ class _TargetLaws(Distributions):
         return len(self._rows)
 
     def __getitem__(self, i: int) -> Law:  # type: ignore[override]
+        if not self._laws and shares_candidates(self._sampling, self._rows.shape[1]):
+            self._laws = dict(enumerate(row_laws(self._rows, self._sampling)))
         if i not in self._laws:
             recent = self._sampling.recent([*self._recent, *self._draft[:i]])
             self._laws[i] = probabilities(self._rows[i], self._sampling, recent)

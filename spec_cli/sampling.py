@@ -138,11 +138,14 @@ def settle(preset: str, model_recommends: dict[str, float | int], given: dict[st
     return SamplingParams(**{**base, **given})
 
 
+NO_TOKENS, NO_VALUES = np.empty(0, dtype=np.int64), np.empty(0, dtype=np.float32)
+
+
 def _penalties(logits: np.ndarray, params: SamplingParams, recent: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
     """The tokens llama.cpp's repetition, frequency and presence penalties change (the distinct `recent`
     ones) and their penalized logits: the rest of the row stays as it is, so a filter can work on it sparsely."""
     if not params.penalizes or not len(recent):
-        return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.float32)
+        return NO_TOKENS, NO_VALUES
     tokens, counts = np.unique(np.asarray(recent[-params.repeat_last_n:]), return_counts=True)
     seen = logits[tokens].astype(np.float32)
     seen = np.where(seen <= 0, seen * params.repeat_penalty, seen / params.repeat_penalty)
@@ -225,30 +228,65 @@ def probabilities(logits: np.ndarray, params: SamplingParams, recent: Sequence[i
     Tokens the filters remove get probability 0. Temperature 0 gives all mass to the greedy token. One
     function for p and q alike: exactness needs both through the same transforms.
 
-    The work is sized by the candidates, not the vocabulary: top-k finds its k in one pass over the row
-    (`_top_k`) and the rest runs on those; with no top-k, one softmax pass in float32 (no sort) when no other
-    filter is on, else a float64 one, and only the head that top-p and min-p choose from is sorted (`_head`).
+    The work is sized by the candidates, not the vocabulary: top-k finds a few hundred candidates in one pass
+    over the row (`_top_k`) and the rest runs on those; with no top-k, one softmax pass in float32 (no sort)
+    when no other filter is on, else a float64 one, and only the head that top-p and min-p choose from is
+    sorted (`_head`).
     """
     n = logits.size
     if params.greedy:
         return Law.one_hot(greedy_token(logits, params, recent), n)
     if 0 < params.top_k < n:
-        kept, values = _top_k(logits, params, recent)
-        order = values.argsort(kind="stable")[::-1]
-        kept, values = kept[order], values[order].astype(np.float64)
-        shifted = values - values[0]
-        at_one = np.exp(shifted)
-        total = at_one.sum()
-    else:
-        z = penalized(logits, params, recent)
-        if params.top_p == 1.0 and params.min_p == 0.0:
-            return _softmax(z, params.temperature)
-        values = z.astype(np.float64)
-        shifted = values - values.max()
-        at_one = np.exp(shifted)
-        total = at_one.sum()
-        kept = _head(at_one / total, params)
-        shifted, at_one = shifted[kept], at_one[kept]
+        return _top_law(*_top_k(logits, params, recent), params, n)
+    z = penalized(logits, params, recent)
+    if params.top_p == 1.0 and params.min_p == 0.0:
+        return _softmax(z, params.temperature)
+    values = z.astype(np.float64)
+    shifted = values - values.max()
+    at_one = np.exp(shifted)
+    total = at_one.sum()
+    kept = _head(at_one / total, params)
+    return _cut(kept, shifted[kept], at_one[kept], total, params, n)
+
+
+def shares_candidates(params: SamplingParams, n: int) -> bool:
+    """Whether `row_laws` finds the top-k candidates of a verify pass's rows together: top-k on rows longer
+    than the sample, a floor inside the sample, and no penalties (each row would count different recent
+    tokens)."""
+    if params.greedy or params.penalizes or not 0 < params.top_k < n or n <= SAMPLE_SIZE:
+        return False
+    stride, rank = _sample_rank(params.top_k, n)
+    return rank < -(-n // stride)
+
+
+def row_laws(rows: np.ndarray, params: SamplingParams) -> list[Law]:
+    """`probabilities` of each of the K + 1 rows of a verify pass, where `shares_candidates` holds: the
+    strided samples' floors and the pass over the rows are one call each for all rows, not one per row.
+    A row whose floor keeps fewer than k tokens goes through `probabilities`, which tries lower floors."""
+    n = rows.shape[1]
+    stride, rank = _sample_rank(params.top_k, n)
+    floors = np.partition(rows[:, ::stride], -rank, axis=1)[:, -rank, None]
+    hits = np.flatnonzero(rows >= floors)  # flat indices: a 2-D nonzero costs ten times as much
+    values = rows.ravel()[hits]
+    bounds = np.searchsorted(hits, np.arange(1, len(rows)) * n)
+    return [_top_law(kept - i * n, z, params, n) if kept.size >= params.top_k else probabilities(rows[i], params)
+            for i, (kept, z) in enumerate(zip(np.split(hits, bounds), np.split(values, bounds)))]
+
+
+def _top_law(kept: np.ndarray, values: np.ndarray, params: SamplingParams, n: int) -> Law:
+    """The law from top-k's candidates `kept` (at least k tokens holding the k largest) and their penalized
+    logits: the k largest, most likely first (ties by token id, as a stable sort of the row), then `_cut`."""
+    order = np.lexsort((kept, -values))[:params.top_k]
+    kept, shifted = kept[order], values[order].astype(np.float64)
+    shifted -= shifted[0]
+    at_one = np.exp(shifted)
+    return _cut(kept, shifted, at_one, at_one.sum(), params, n)
+
+
+def _cut(kept: np.ndarray, shifted: np.ndarray, at_one: np.ndarray, total: float, params: SamplingParams,
+         n: int) -> Law:
+    """top-p and min-p on the tokens `kept` (most likely first; `shifted` their logits less the largest,
+    `at_one` = exp(shifted), `total` its sum over every token top-k left), then softmax at T."""
     n_keep = kept.size
     if params.top_p < 1.0:
         # The smallest prefix whose mass reaches top_p (at least the most likely token).
@@ -261,27 +299,32 @@ def probabilities(logits: np.ndarray, params: SamplingParams, recent: Sequence[i
 
 
 SAMPLE_SIZE = 2048  # about how many logits `_top_k` samples to place its floor
+SORTED_AT_MOST = 1024  # candidates sorted whole; more (a lowered floor) are partitioned to k first
+
+
+def _sample_rank(k: int, n: int) -> tuple[int, int]:
+    """The stride of `_top_k`'s sample of a row of n logits, and the rank r of its floor in the sample: some
+    4 samples' worth of tokens beyond 2k are expected above the r-th largest sampled logit."""
+    stride = n // SAMPLE_SIZE
+    return stride, 4 + -(-2 * k // stride)
 
 
 def _top_k(logits: np.ndarray, params: SamplingParams, recent: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
-    """The top_k largest penalized logits, as (tokens, values), without partitioning the whole row.
+    """Candidates for the top_k largest penalized logits, as (tokens, values), without partitioning the row:
+    at least k tokens, the k largest among them.
 
     Every token whose logit reaches a floor is a candidate; once there are at least k of them they hold the k
-    largest. The floor is the r-th largest of an evenly strided sample of about 2048 logits, r chosen so that
-    some 4 samples' worth of tokens beyond 2k are expected above it, whatever the row's spread: one pass
-    over the row finds a few hundred candidates. A row where that falls short tries a lower floor, and at
-    last every token. Penalties change only the recent tokens: they join the candidates with their new
-    values. A row no longer than the sample is partitioned whole.
+    largest. The floor is the r-th largest of an evenly strided sample of about 2048 logits (`_sample_rank`),
+    whatever the row's spread: one pass over the row finds a few hundred candidates. A row where that falls
+    short tries a lower floor, and at last every token. Penalties change only the recent tokens: they join
+    the candidates with their new values. A row no longer than the sample is a candidate whole.
     """
     k, n = params.top_k, logits.size
     if n <= SAMPLE_SIZE:
-        z = penalized(logits, params, recent)
-        top = np.argpartition(z, -k)[-k:]
-        return top, z[top]
+        return np.arange(n), penalized(logits, params, recent)
     seen, seen_values = _penalties(logits, params, recent)
-    stride = n // SAMPLE_SIZE
+    stride, rank = _sample_rank(k, n)
     sample = logits[::stride]
-    rank = 4 + -(-2 * k // stride)
     while True:
         if rank >= sample.size:
             floor = -np.inf
@@ -289,16 +332,18 @@ def _top_k(logits: np.ndarray, params: SamplingParams, recent: Sequence[int]) ->
         else:
             floor = np.partition(sample, -rank)[-rank]
             kept = np.flatnonzero(logits >= floor)
-        values = logits[kept]
-        if seen.size:
-            values[np.isin(kept, seen)] = -np.inf  # replaced by their penalized values
-            keep = seen_values >= floor
-            kept, values = np.concatenate([kept, seen[keep]]), np.concatenate([values, seen_values[keep]])
+        if seen.size:  # the recent tokens' logits give way to their penalized values
+            unseen, keep = kept[~np.isin(kept, seen)], seen_values >= floor
+            kept, values = np.concatenate([unseen, seen[keep]]), np.concatenate([logits[unseen], seen_values[keep]])
+        else:
+            values = logits[kept]
         if kept.size >= k:
             break
         rank *= 8
-    top = np.argpartition(values, -k)[-k:]
-    return kept[top], values[top]
+    if kept.size > SORTED_AT_MOST:
+        top = np.argpartition(values, -k)[-k:]
+        kept, values = kept[top], values[top]
+    return kept, values
 
 
 def _head(at_one: np.ndarray, params: SamplingParams) -> np.ndarray:
@@ -319,12 +364,25 @@ def _head(at_one: np.ndarray, params: SamplingParams) -> np.ndarray:
     raise AssertionError("the last floor keeps every token")
 
 
+EXP_SAFE = 60.0  # exp(x) for x ≤ 60, summed over up to 10¹⁰ tokens, stays far below float32's 3.4·10³⁸
+
+
 def _softmax(z: np.ndarray, temperature: float) -> Law:
-    """softmax(z / T) over every token, in float32: one exp per logit and no sort."""
-    e = z - z.max()
-    if temperature != 1.0:
-        e *= np.float32(1.0 / temperature)
-    np.exp(e, out=e)
+    """softmax(z / T) over every token, in float32: one exp per logit and no sort.
+
+    The usual shift by the maximum m only guards exp against overflow. Where 0 ≤ m/T ≤ EXP_SAFE no exp can
+    overflow, and exp(z/T) ≥ exp(z/T − m/T) loses no small probability to underflow that the shift would keep,
+    so that pass over the row is skipped.
+    """
+    top = float(z.max()) / temperature
+    shift = not 0.0 <= top <= EXP_SAFE
+    if temperature == 1.0 and not shift:
+        e = np.exp(z, dtype=np.float32)
+    else:
+        e = np.multiply(z, 1.0 / temperature, dtype=np.float32)
+        if shift:
+            e -= np.float32(top)
+        np.exp(e, out=e)
     e /= e.sum()
     return Law(e)
 
@@ -348,8 +406,8 @@ def _inverse_cdf(weights: np.ndarray, u: float) -> int:
     offset = 0
     if weights.size > CDF_BLOCK:
         starts = np.arange(0, weights.size, CDF_BLOCK)
-        sums = np.add.reduceat(weights, starts, dtype=np.float64)
-        cumulative = np.cumsum(sums)
+        sums = np.add.reduceat(weights, starts)  # in the weights' own type: float64 makes reduceat crawl
+        cumulative = np.cumsum(sums, dtype=np.float64)
         target = u * cumulative[-1]
         block = min(int(np.searchsorted(cumulative, target, side="right")), sums.size - 1)
         u = (target - (cumulative[block - 1] if block else 0.0)) / sums[block]
@@ -364,7 +422,7 @@ def _inverse_cdf(weights: np.ndarray, u: float) -> int:
 def _excess(p: Law | np.ndarray, q: Law | np.ndarray, w: float) -> tuple[Law, np.ndarray]:
     """p as a Law, and max(0, w·p − q) on p's support: there is none elsewhere."""
     p, q = Law.of(p), Law.of(q)
-    diff = w * p.probs - q.at(p.tokens)
+    diff = p.probs - q.at(p.tokens) if w == 1.0 else w * p.probs - q.at(p.tokens)
     return p, np.maximum(diff, 0.0, out=diff)
 
 
@@ -385,4 +443,5 @@ def residual(p: Law | np.ndarray, q: Law | np.ndarray, w: float = 1.0) -> Law:
     total = diff.sum()
     if total <= 0:
         return p
-    return Law(diff / total, p.tokens, p.size)
+    diff /= total
+    return Law(diff, p.tokens, p.size)

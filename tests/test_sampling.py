@@ -7,7 +7,7 @@ import pytest
 
 from spec_cli.errors import SpecError
 from spec_cli.sampling import (SAMPLE_SIZE, Law, SamplingParams, excess_mass, greedy_token, penalized, probabilities,
-                               recommended, residual, sample, settle)
+                               recommended, residual, row_laws, sample, settle, shares_candidates)
 
 PLAIN = dict(top_k=0, top_p=1.0, min_p=0.0)  # no filters: only the temperature
 
@@ -249,8 +249,10 @@ def logit_row(kind: str, n: int) -> np.ndarray:
     rng = np.random.default_rng([n, len(kind)])
     if kind == "spread":
         return (rng.standard_normal(n) * 3).astype(np.float32)
-    if kind == "nearly flat":
-        return (rng.standard_normal(n) * 1e-3).astype(np.float32)
+    if kind == "nearly flat":  # and below 0: the dense softmax shifts by the maximum
+        return (rng.standard_normal(n) * 1e-3 - 1).astype(np.float32)
+    if kind == "far above 0":  # past EXP_SAFE: the dense softmax shifts by the maximum
+        return (rng.standard_normal(n) * 3 + 80).astype(np.float32)
     if kind == "one token towers over a long tail":  # top-p needs far more than the tokens near the top
         row = rng.standard_normal(n).astype(np.float32)
         row[n // 3] = 3 + np.log(n)
@@ -267,6 +269,7 @@ SHORTCUT_CASES = {
     "top-k 1": SamplingParams(temperature=1.0, top_k=1, top_p=1.0, min_p=0.0),
     "wide top-k and top-p": SamplingParams(temperature=0.8, top_k=500, top_p=0.99, min_p=0.0),
     "no filter": SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0),
+    "no filter, hot": SamplingParams(temperature=1.7, top_k=0, top_p=1.0, min_p=0.0),
     "top-p alone": SamplingParams(temperature=0.7, top_k=0, top_p=0.95, min_p=0.0),
     "min-p alone": SamplingParams(temperature=1.3, top_k=0, top_p=1.0, min_p=0.05),
     "top-p and min-p": SamplingParams(temperature=1.0, top_k=0, top_p=0.5, min_p=0.02),
@@ -278,7 +281,7 @@ SHORTCUT_CASES = {
 
 
 @pytest.mark.parametrize("n", [50, 4000, 151_936])
-@pytest.mark.parametrize("kind", ["spread", "nearly flat", "one token towers over a long tail",
+@pytest.mark.parametrize("kind", ["spread", "nearly flat", "far above 0", "one token towers over a long tail",
                                   "only sampled tokens are high"])
 @pytest.mark.parametrize("case", SHORTCUT_CASES)
 def test_the_candidate_shortcut_gives_the_law_of_the_whole_row(case: str, kind: str, n: int) -> None:
@@ -292,3 +295,25 @@ def test_the_candidate_shortcut_gives_the_law_of_the_whole_row(case: str, kind: 
     expected = full_law(logits, params, recent)
     np.testing.assert_array_equal(np.flatnonzero(law), np.flatnonzero(expected))
     np.testing.assert_allclose(law, expected, rtol=1e-5, atol=1e-12)
+
+
+@pytest.mark.parametrize("params", [SamplingParams(temperature=0.8), SamplingParams(temperature=1.0, top_k=3000,
+                                                                                    top_p=1.0, min_p=0.0)])
+def test_a_verify_pass_finds_its_rows_candidates_together_with_the_laws_row_by_row(params: SamplingParams) -> None:
+    """`row_laws` shares the floors and the pass over the rows; each law must be `probabilities`' own, bit for
+    bit, a row whose floor keeps too few tokens (the last kind) included."""
+    kinds = ["spread", "nearly flat", "far above 0", "one token towers over a long tail", "only sampled tokens are high"]
+    rows = np.stack([logit_row(kind, 151_936) for kind in kinds])
+    assert shares_candidates(params, rows.shape[1])
+    for law, row in zip(row_laws(rows, params), rows, strict=True):
+        alone = probabilities(row, params)
+        np.testing.assert_array_equal(law.tokens, alone.tokens)
+        np.testing.assert_array_equal(law.probs, alone.probs)
+
+
+def test_rows_with_penalties_or_without_top_k_are_not_batched() -> None:
+    assert not shares_candidates(SamplingParams(temperature=0.8, repeat_penalty=1.1), 151_936)
+    assert not shares_candidates(SamplingParams(temperature=0.8, top_k=0), 151_936)
+    assert not shares_candidates(SamplingParams(temperature=0.8), SAMPLE_SIZE)
+    assert not shares_candidates(SamplingParams(temperature=0.8, top_k=100_000), 151_936)  # floor past the sample
+    assert not shares_candidates(SamplingParams(), 151_936)
