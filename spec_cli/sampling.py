@@ -252,7 +252,7 @@ def probabilities(logits: np.ndarray, params: SamplingParams, recent: Sequence[i
 def shares_candidates(params: SamplingParams, n: int) -> bool:
     """Whether `row_laws` finds the top-k candidates of a verify pass's rows together: top-k on rows longer
     than the sample, a floor inside the sample, and no penalties (each row would count different recent
-    tokens)."""
+    tokens). A softmax over whole rows gains nothing from it: a matrix's passes cost what the rows' do."""
     if params.greedy or params.penalizes or not 0 < params.top_k < n or n <= SAMPLE_SIZE:
         return False
     stride, rank = _sample_rank(params.top_k, n)
@@ -261,22 +261,23 @@ def shares_candidates(params: SamplingParams, n: int) -> bool:
 
 def row_laws(rows: np.ndarray, params: SamplingParams) -> list[Law]:
     """`probabilities` of each of the K + 1 rows of a verify pass, where `shares_candidates` holds: the
-    strided samples' floors and the pass over the rows are one call each for all rows, not one per row.
+    strided samples' floors and the threshold pass are one call each for all rows, not one per row.
     A row whose floor keeps fewer than k tokens goes through `probabilities`, which tries lower floors."""
     n = rows.shape[1]
     stride, rank = _sample_rank(params.top_k, n)
     floors = np.partition(rows[:, ::stride], -rank, axis=1)[:, -rank, None]
     hits = np.flatnonzero(rows >= floors)  # flat indices: a 2-D nonzero costs ten times as much
     values = rows.ravel()[hits]
-    bounds = np.searchsorted(hits, np.arange(1, len(rows)) * n)
-    return [_top_law(kept - i * n, z, params, n) if kept.size >= params.top_k else probabilities(rows[i], params)
-            for i, (kept, z) in enumerate(zip(np.split(hits, bounds), np.split(values, bounds)))]
+    edges = [0, *np.searchsorted(hits, np.arange(1, len(rows)) * n).tolist(), hits.size]
+    return [_top_law(hits[a:b] - i * n, values[a:b], params, n) if b - a >= params.top_k
+            else probabilities(rows[i], params) for i, (a, b) in enumerate(zip(edges, edges[1:]))]
 
 
 def _top_law(kept: np.ndarray, values: np.ndarray, params: SamplingParams, n: int) -> Law:
-    """The law from top-k's candidates `kept` (at least k tokens holding the k largest) and their penalized
-    logits: the k largest, most likely first (ties by token id, as a stable sort of the row), then `_cut`."""
-    order = np.lexsort((kept, -values))[:params.top_k]
+    """The law from top-k's candidates `kept` (at least k tokens in ascending order, holding the k largest) and
+    their penalized logits: the k largest, most likely first (ties by token id, as a stable sort of the row),
+    then `_cut`."""
+    order = np.argsort(-values, kind="stable")[:params.top_k]
     kept, shifted = kept[order], values[order].astype(np.float64)
     shifted -= shifted[0]
     at_one = np.exp(shifted)
@@ -290,12 +291,13 @@ def _cut(kept: np.ndarray, shifted: np.ndarray, at_one: np.ndarray, total: float
     n_keep = kept.size
     if params.top_p < 1.0:
         # The smallest prefix whose mass reaches top_p (at least the most likely token).
-        n_keep = min(n_keep, int(np.searchsorted(np.cumsum(at_one / total), params.top_p)) + 1)
+        n_keep = min(n_keep, int(np.searchsorted(np.cumsum(at_one), params.top_p * total)) + 1)
     if params.min_p > 0.0:
         n_keep = min(n_keep, int(np.count_nonzero(at_one >= params.min_p * at_one[0])))
-    scaled = np.exp(shifted[:n_keep] / params.temperature)
     order = kept[:n_keep].argsort()
-    return Law(scaled[order] / scaled.sum(), kept[:n_keep][order], n)
+    scaled = at_one[order] if params.temperature == 1.0 else np.exp(shifted[order] / params.temperature)
+    scaled /= scaled.sum()
+    return Law(scaled, kept[order], n)
 
 
 SAMPLE_SIZE = 2048  # about how many logits `_top_k` samples to place its floor
@@ -335,13 +337,15 @@ def _top_k(logits: np.ndarray, params: SamplingParams, recent: Sequence[int]) ->
         if seen.size:  # the recent tokens' logits give way to their penalized values
             unseen, keep = kept[~np.isin(kept, seen)], seen_values >= floor
             kept, values = np.concatenate([unseen, seen[keep]]), np.concatenate([logits[unseen], seen_values[keep]])
+            order = kept.argsort(kind="stable")
+            kept, values = kept[order], values[order]
         else:
             values = logits[kept]
         if kept.size >= k:
             break
         rank *= 8
     if kept.size > SORTED_AT_MOST:
-        top = np.argpartition(values, -k)[-k:]
+        top = np.sort(np.argpartition(values, -k)[-k:])
         kept, values = kept[top], values[top]
     return kept, values
 
