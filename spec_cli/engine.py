@@ -209,9 +209,9 @@ class Generation:
 
 
 class _TargetLaws(Distributions):
-    """p_1..p_{K+1} from a verify pass's rows: all at once where their top-k candidates are found together
-    (`row_laws`), else each when a verification rule first reads it (token verification stops reading at the
-    first rejection)."""
+    """p_1..p_{K+1} from a verify pass's rows, computed when a verification rule first reads them: p_1..p_K all
+    at once where their top-k candidates are found together (`row_laws`), else each on its own (token
+    verification stops reading at the first rejection). p_{K+1} is read only when every draft is kept."""
 
     def __init__(self, rows: np.ndarray, sampling: SamplingParams, recent: list[int], draft: list[int]) -> None:
         self._rows, self._sampling, self._recent, self._draft = rows, sampling, recent, draft
@@ -221,8 +221,8 @@ class _TargetLaws(Distributions):
         return len(self._rows)
 
     def __getitem__(self, i: int) -> Law:  # type: ignore[override]
-        if not self._laws and shares_candidates(self._sampling, self._rows.shape[1]):
-            self._laws = dict(enumerate(row_laws(self._rows, self._sampling)))
+        if not self._laws and i < len(self._draft) and shares_candidates(self._sampling, self._rows.shape[1]):
+            self._laws = dict(enumerate(row_laws(self._rows[:len(self._draft)], self._sampling)))
         if i not in self._laws:
             recent = self._sampling.recent([*self._recent, *self._draft[:i]])
             self._laws[i] = probabilities(self._rows[i], self._sampling, recent)
