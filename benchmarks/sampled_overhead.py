@@ -6,8 +6,9 @@ Qwen's vocabulary size, and a draft cut from it (its first 2 layers, the same em
 layers keep llama.cpp's share small, so the host's work per round shows: softmaxes, filters, acceptance tests
 and residuals over the vocabulary. `--target/--draft` runs the same table on any pair (the demo pair's files
 are listed by `spec models show smollm2-demo` once `spec models pull smollm2-demo` has derived its target).
-Each row is the median of `-r` interleaved generations of `-n` tokens from one prompt, with fixed seeds. `--before REF` measures spec-cli as of a git revision too (its
-`spec_cli/` in a child process, the same models and settings) and prints both side by side:
+Each row is the median of `-r` interleaved generations of `-n` tokens from one prompt, with fixed seeds.
+`--before REF` measures spec-cli as of a git revision too (its `spec_cli/` in a child process, the same models
+and settings) and prints both side by side:
 
     python benchmarks/sampled_overhead.py [-n 200] [-k 5] [-r 3] [--before 62c69e2] [--target T --draft D]
 """

@@ -260,7 +260,7 @@ def shares_candidates(params: SamplingParams, n: int) -> bool:
 
 
 def row_laws(rows: np.ndarray, params: SamplingParams) -> list[Law]:
-    """`probabilities` of each of the K + 1 rows of a verify pass, where `shares_candidates` holds: the
+    """`probabilities` of each row of a verify pass, where `shares_candidates` holds: the
     strided samples' floors and the threshold pass are one call each for all rows, not one per row.
     A row whose floor keeps fewer than k tokens goes through `probabilities`, which tries lower floors."""
     n = rows.shape[1]
@@ -426,7 +426,7 @@ def _inverse_cdf(weights: np.ndarray, u: float) -> int:
 def _excess(p: Law | np.ndarray, q: Law | np.ndarray, w: float) -> tuple[Law, np.ndarray]:
     """p as a Law, and max(0, w·p − q) on p's support: there is none elsewhere."""
     p, q = Law.of(p), Law.of(q)
-    diff = p.probs - q.at(p.tokens) if w == 1.0 else w * p.probs - q.at(p.tokens)
+    diff = (p.probs if w == 1.0 else w * p.probs) - q.at(p.tokens)
     return p, np.maximum(diff, 0.0, out=diff)
 
 
