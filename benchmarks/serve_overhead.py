@@ -26,7 +26,8 @@ import openai
 
 from spec_cli import Pair, SamplingParams
 from spec_cli.bench import builtin_prompts
-from spec_cli.cli_pair import LoadOptions, open_pair, parse_draft_max
+from spec_cli.cli.options import LoadOptions, open_pair
+from spec_cli.request import draft_max_from_text
 
 
 def main() -> None:
@@ -40,7 +41,7 @@ def main() -> None:
     args = parser.parse_args()
     files = (["--target", str(args.target), "--draft", str(args.draft)] if args.target else
              (["--pair", args.pair] if args.pair else []))
-    k = parse_draft_max(args.draft_max) if args.draft_max else None
+    k = draft_max_from_text(args.draft_max) if args.draft_max else None
     prompts = builtin_prompts("chat")
     options = LoadOptions(args.target, args.draft, args.pair, quiet=True, max_draft=k if isinstance(k, int) else 0)
     with open_pair(options) as loaded:

@@ -23,7 +23,9 @@ import statistics
 import subprocess
 from pathlib import Path
 
-from spec_cli import SamplingParams, kernels, load_pair, registry
+from spec_cli import SamplingParams, load_pair
+from spec_cli.llama import kernels
+from spec_cli.models import registry
 
 PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
 DECODED = re.compile(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds")

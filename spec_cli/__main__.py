@@ -1,3 +1,3 @@
-from spec_cli.cli import main
+from spec_cli.cli.app import main
 
 main()

@@ -18,19 +18,20 @@ from __future__ import annotations
 import itertools
 import json
 import statistics
-from dataclasses import dataclass, field
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
-from spec_cli.costs import LoopCosts
-from spec_cli.draft_length import PositionAcceptance
+from spec_cli.decoding.costs import LoopCosts
+from spec_cli.decoding.draft_length import PositionAcceptance
+from spec_cli.decoding.sampling import SamplingParams
+from spec_cli.decoding.stats import Stats
+from spec_cli.decoding.verification import DEFAULT_VERIFY
+from spec_cli.drafting.modes import MODES
 from spec_cli.errors import SpecError
 from spec_cli.pair import Pair
-from spec_cli.sampling import SamplingParams
-from spec_cli.stats import Stats
+from spec_cli.request import GenerationRequest
 from spec_cli.text import NOT_UTF8_NOTE, decode_user_text
-from spec_cli.verification import DEFAULT_VERIFY
 
 _CODE = '''def summarize(orders):
     total = 0
@@ -243,10 +244,11 @@ def compare(pair: Pair, configs: Sequence[Config], prompts: Mapping[str | None, 
                 progress(side.label)
                 config = side.config
                 runner = rpc_pair if config.where == "rpc" and rpc_pair is not None else pair
-                generation = runner.generate(prompt, draft_mode=config.draft_mode, raw=raw,
-                                           seed=round_number * len(task_prompts) + prompt_number,
-                                           sampling=replace(sampling, temperature=config.temperature),
-                                           draft_max=config.draft_max, max_tokens=max_tokens, verify=config.verify)
+                request = GenerationRequest(sampling=replace(sampling, temperature=config.temperature),
+                                            seed=round_number * len(task_prompts) + prompt_number,
+                                            draft_max=config.draft_max, draft_mode=config.draft_mode,
+                                            verify=config.verify, max_tokens=max_tokens)
+                generation = runner.generate(prompt, request, raw=raw)
                 for _event in generation:
                     pass
                 side.runs.append(generation.stats)
@@ -264,7 +266,8 @@ def pooled_costs(sides: Sequence[Side]) -> LoopCosts:
     return costs
 
 
-PREDICTED_MODES = ("model", "mtp")  # one drafter with a step cost of its own, one K per round
+# One drafter with a step cost of its own, one K per round: the draft model, the MTP head.
+PREDICTED_MODES = tuple(name for name, mode in MODES.items() if mode.own_model)
 
 
 def predicted_speedup(side: Side, costs: LoopCosts, baseline: float | None) -> float | None:

@@ -11,18 +11,16 @@ keep their longest common prefix. When the conversation outgrows the context, th
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
-from spec_cli.engine import Generation, TokenEvent
+from spec_cli.decoding.engine import Generation, TokenEvent
+from spec_cli.decoding.prompt_cache import PromptCache
+from spec_cli.decoding.stats import Stats
 from spec_cli.errors import SpecError
-from spec_cli.pair import DRAFTING_MODES, MAX_K, Pair
-from spec_cli.prompt_cache import PromptCache
-from spec_cli.sampling import SamplingParams
-from spec_cli.stats import Stats
-from spec_cli.verification import DEFAULT_VERIFY, VERIFY_RULES
-
+from spec_cli.pair import Pair
+from spec_cli.request import GenerationRequest, InvalidRequest, draft_max_from_text
 
 CHAT_FORMATS = {
     "chatml": ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -42,17 +40,16 @@ def chat_template(chat_format: str | None) -> str | None:
     return path.read_text(encoding="utf-8")
 
 
-@dataclass
-class Settings:
-    """What `/set` and `/draft` change between turns."""
+@dataclass(frozen=True)
+class Settings(GenerationRequest):
+    """The request each answer is generated with, as `/set` changes it between turns, and whether to draft
+    (`/draft off` lets the target answer alone and keeps the drafting mode for `/draft on`)."""
 
-    sampling: SamplingParams
-    draft_max: int | str
-    draft_mode: str
-    draft_p_min: float
-    max_tokens: int
     use_draft: bool = True
-    verify: str = DEFAULT_VERIFY
+
+    @classmethod
+    def of(cls, request: GenerationRequest, use_draft: bool = True) -> Settings:
+        return cls(**{f.name: getattr(request, f.name) for f in fields(request)}, use_draft=use_draft)
 
     def describe(self) -> str:
         """One line for the banner and a bare `/set`."""
@@ -73,7 +70,6 @@ class ChatSession:
     pair: Pair
     settings: Settings
     system: str | None = None
-    seed: int | None = None
     template: str | None = None  # a Jinja chat template overriding the target's own
     turns: list[Turn] = field(default_factory=list)
     totals: Stats = field(default_factory=lambda: Stats(draft_max=0))
@@ -90,14 +86,11 @@ class ChatSession:
         """Answer a user message, streaming events; the answer joins the history even if cut short."""
         if not text.strip():
             raise SpecError("the message is empty")
-        s = self.settings
         turns = self.turns
         self.turns = turns + [Turn("user", text)]
         try:
             prompt = self._prompt_tokens()
-            generation = self.pair.generate(prompt, sampling=s.sampling, seed=self.seed, max_tokens=s.max_tokens,
-                                            draft_max=s.draft_max, draft_p_min=s.draft_p_min,
-                                            draft_mode=s.draft_mode if s.use_draft else "none", verify=s.verify)
+            generation = self.pair.generate(prompt, self.settings, draft_mode=self._drafting())
         except SpecError:
             self.turns = turns
             raise
@@ -108,6 +101,10 @@ class ChatSession:
             self.turns.append(Turn("assistant", generation.text, interrupted=generation.finish_reason == "interrupted"))
             self._cache.remember(self._rendered + generation.text, prompt + generation.token_ids)
             self.totals.merge(generation.stats)
+
+    def _drafting(self) -> str:
+        """The mode this turn drafts with: the settings' own, or none after `/draft off`."""
+        return self.pair.mode_for(self.settings) if self.settings.use_draft else "none"
 
     def _prompt_tokens(self) -> list[int]:
         """The conversation's tokens, extending the exact tokens of earlier turns where the template allows,
@@ -161,6 +158,12 @@ SAMPLING_FIELDS: dict[str, tuple[str, type]] = {
     "repeat-penalty": ("repeat_penalty", float), "repeat-last-n": ("repeat_last_n", int),
     "presence-penalty": ("presence_penalty", float), "frequency-penalty": ("frequency_penalty", float),
 }
+# /set names of the request's other fields, with the field and how the value is read.
+REQUEST_FIELDS: dict[str, tuple[str, Callable[[str], object]]] = {
+    "k": ("draft_max", draft_max_from_text), "verify": ("verify", str), "max-tokens": ("max_tokens", int),
+    "mode": ("draft_mode", str), "p-min": ("draft_p_min", float),
+}
+SET_NAMES = {field_name: key for key, (field_name, _parse) in REQUEST_FIELDS.items()}  # for messages
 SETTING_NAMES = ("k", *SAMPLING_FIELDS, "verify", "max-tokens", "mode", "p-min")
 
 COMMANDS = {
@@ -197,12 +200,13 @@ def run_command(session: ChatSession, line: str) -> str | None:
     if name == "/draft":
         if argument not in ("on", "off"):
             raise SpecError("usage: /draft on|off")
-        if argument == "on" and session.settings.draft_mode not in session.pair.drafting_modes:
+        if argument == "on" and session.pair.mode_for(session.settings) not in session.pair.drafting_modes:
             raise SpecError("no draft model is loaded (start spec chat with one, or /set mode ngram)")
-        session.settings.use_draft = argument == "on"
+        session.settings = replace(session.settings, use_draft=argument == "on")
         return f"drafting {argument}"
     if name == "/set":
-        return _set(session.settings, argument)
+        session.settings, said = _set(session.settings, argument)
+        return said
     if name == "/save":
         if not argument:
             raise SpecError("usage: /save FILE (.json or .md)")
@@ -211,37 +215,23 @@ def run_command(session: ChatSession, line: str) -> str | None:
     raise SpecError(f"unknown command {name}; known: {', '.join(c.split()[0] for c in COMMANDS)}")
 
 
-def _set(settings: Settings, argument: str) -> str:
+def _set(settings: Settings, argument: str) -> tuple[Settings, str]:
+    """The settings with one changed, and what to say; the request checks the value as it checks every face's."""
     key, _, value = argument.partition(" ")
     value = value.strip()
     if not key:
-        return settings.describe()
+        return settings, settings.describe()
+    if key not in SETTING_NAMES:
+        raise SpecError(f"usage: /set {'|'.join(SETTING_NAMES)} VALUE")
     try:
         if key in SAMPLING_FIELDS:
             field_name, kind = SAMPLING_FIELDS[key]
-            settings.sampling = replace(settings.sampling, **{field_name: kind(value)})
-        elif key == "verify":
-            if value not in VERIFY_RULES:
-                raise SpecError(f"verify is one of: {', '.join(VERIFY_RULES)}")
-            settings.verify = value
-        elif key == "k":
-            if value != "auto" and not 0 <= int(value) <= MAX_K:
-                raise ValueError
-            settings.draft_max = value if value == "auto" else int(value)
-        elif key == "max-tokens":
-            if int(value) < 1:
-                raise ValueError
-            settings.max_tokens = int(value)
-        elif key == "mode":
-            if value not in DRAFTING_MODES:
-                raise SpecError(f"mode is one of: {', '.join(DRAFTING_MODES)}")
-            settings.draft_mode = value
-        elif key == "p-min":
-            if not 0 <= float(value) < 1:
-                raise ValueError
-            settings.draft_p_min = float(value)
+            changed = replace(settings, sampling=replace(settings.sampling, **{field_name: kind(value)}))
         else:
-            raise SpecError(f"usage: /set {'|'.join(SETTING_NAMES)} VALUE")
+            field_name, parse = REQUEST_FIELDS[key]
+            changed = replace(settings, **{field_name: parse(value)})
     except ValueError:
         raise SpecError(f"bad value for {key}: {value!r}") from None
-    return f"{key} = {value}"
+    except InvalidRequest as exc:
+        raise SpecError(exc.named(SET_NAMES)) from None
+    return changed, f"{key} = {value}"

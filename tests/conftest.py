@@ -4,7 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from spec_cli import kernels
+from spec_cli.llama import kernels
+
 from tiny_models import CHAT_TEMPLATE, write_model
 
 

@@ -10,9 +10,9 @@ from collections import Counter
 import numpy as np
 
 from spec_cli import Pair, SamplingParams
-from spec_cli.llama import Context
-from spec_cli.stats import Stats
-from spec_cli.sampling import probabilities
+from spec_cli.decoding.sampling import probabilities
+from spec_cli.decoding.stats import Stats
+from spec_cli.llama.context import Context
 
 SAMPLED = SamplingParams(temperature=1.0, top_k=4)
 SIGNIFICANCE = 0.001  # per χ² test; seeds are fixed, so a pass is reproducible

@@ -11,10 +11,20 @@ import pytest
 from typer.testing import CliRunner
 
 from spec_cli import SpecError, load_pair
-from spec_cli.cli import app
-from spec_cli.bench import (TARGET_ALONE, Config, Side, builtin_prompts, compare, configurations, load_prompts,
-                            pooled_costs, predicted_speedup)
-from spec_cli.stats import Stats
+from spec_cli.bench import (
+    TARGET_ALONE,
+    Config,
+    Side,
+    builtin_prompts,
+    compare,
+    configurations,
+    load_prompts,
+    pooled_costs,
+    predicted_speedup,
+)
+from spec_cli.cli.app import app
+from spec_cli.decoding.stats import Stats
+
 from tiny_models import write_model
 
 runner = CliRunner()

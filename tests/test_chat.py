@@ -14,6 +14,7 @@ import pytest
 
 from spec_cli import Pair, SamplingParams, SpecError, load_pair
 from spec_cli.chat import ChatSession, Settings, run_command
+
 from tiny_models import CHAT_TEMPLATE, write_model
 
 
@@ -118,10 +119,10 @@ def test_slash_commands_change_settings(pair: Pair) -> None:
 
 @pytest.mark.parametrize("line, message", [
     ("/set temp hot", "bad value for temp: 'hot'"),
-    ("/set k -3", "bad value for k"),
+    ("/set k -3", "k must be a number from 0 to 64 or 'auto', got -3"),
     ("/set colour red", "usage: /set k|temp|top-k|top-p|min-p|repeat-penalty|repeat-last-n|presence-penalty|"
                         "frequency-penalty|verify|max-tokens|mode|p-min VALUE"),
-    ("/set verify joint", "verify is one of: block, token"),
+    ("/set verify joint", "unknown verify 'joint'; choose one of: block, token"),
     ("/set repeat-penalty 0", "repeat-penalty must be > 0"),
     ("/set repeat-last-n 1.5", "bad value for repeat-last-n"),
     ("/draft maybe", "usage: /draft on|off"),

@@ -15,7 +15,8 @@ import pytest
 from typer.testing import CliRunner
 
 from spec_cli import SpecError
-from spec_cli.cli import app
+from spec_cli.cli.app import app
+
 from tiny_models import write_model
 
 runner = CliRunner()
@@ -275,7 +276,7 @@ def test_recurrent_pair_gives_the_target_alone_text(recurrent_pair: list[str]) -
 
 def test_llama_cpp_refusing_mid_generation_is_one_line_and_keeps_the_text(
         pair_args: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    from spec_cli.llama import Context
+    from spec_cli.llama.context import Context
 
     decode, calls = Context._decode, []
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from spec_cli.costs import BatchCosts, LoopCosts
-from spec_cli.draft_length import PositionAcceptance
+from spec_cli.decoding.costs import BatchCosts, LoopCosts
+from spec_cli.decoding.draft_length import PositionAcceptance
 
 
 class Fixed:

@@ -12,9 +12,9 @@ import pytest
 from typer.testing import CliRunner
 
 from spec_cli import load_pair
-from spec_cli.cli import app
-from spec_cli.llama import quantize
-from spec_cli.stats import Stats
+from spec_cli.cli.app import app
+from spec_cli.decoding.stats import Stats
+from spec_cli.llama.gguf import quantize
 
 pytestmark = pytest.mark.demo
 

@@ -6,9 +6,9 @@ from typing import Callable
 
 import pytest
 
-from spec_cli.costs import LoopCosts
-from spec_cli.draft_length import AdaptiveK, FixedK, PositionAcceptance, expected_tokens
-from spec_cli.stats import Stats
+from spec_cli.decoding.costs import LoopCosts
+from spec_cli.decoding.draft_length import AdaptiveK, FixedK, PositionAcceptance, expected_tokens
+from spec_cli.decoding.stats import Stats
 
 
 def test_fixed_k_never_changes_but_learns_acceptance() -> None:

@@ -6,10 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from spec_cli.costs import LoopCosts
-from spec_cli.draft_length import FixedK
-from spec_cli.drafters import Draft, HybridDrafter, HybridState, NgramDrafter
-from spec_cli.sampling import SamplingParams
+from spec_cli.decoding.costs import LoopCosts
+from spec_cli.decoding.draft_length import FixedK
+from spec_cli.decoding.drafter import Draft
+from spec_cli.decoding.sampling import SamplingParams
+from spec_cli.drafting.hybrid import HybridDrafter, HybridState
+from spec_cli.drafting.ngram import NgramDrafter
 
 GREEDY = SamplingParams()
 

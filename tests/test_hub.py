@@ -10,9 +10,10 @@ from typing import Iterator
 import pytest
 from typer.testing import CliRunner
 
+from spec_cli.cli.app import app
+from spec_cli.models import hub
+
 from fake_hub import FakeHub, serve
-from spec_cli import hub
-from spec_cli.cli import app
 
 runner = CliRunner()
 

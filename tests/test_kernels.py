@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from spec_cli import SpecError, kernels, load_pair
-from spec_cli.cli import app
+from spec_cli import SpecError, load_pair
+from spec_cli.cli.app import app
+from spec_cli.llama import kernels
 
 
 @pytest.mark.parametrize("steps, expected", [

@@ -7,10 +7,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from spec_cli.cli import app
-from spec_cli.llama import Model, supports_gpu_offload
-from spec_cli import models
-from spec_cli.models import backends
+from spec_cli.cli.app import app
+from spec_cli.llama.model import Model, supports_gpu_offload
+from spec_cli.models import reports as models
+from spec_cli.models.reports import backends
+
 from tiny_models import write_model
 
 runner = CliRunner()

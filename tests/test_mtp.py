@@ -13,13 +13,14 @@ import pytest
 from click.testing import Result
 from typer.testing import CliRunner
 
-from exactness import SAMPLED, SIGNIFICANCE, chi_square_p_value, exact_pair_distribution
 from spec_cli import Generation, Pair, SamplingParams, SpecError, load_pair
 from spec_cli.chat import ChatSession, Settings, run_command
-from spec_cli.cli import app
-from spec_cli.llama import Context, HeadContext
-from spec_cli.mtp import MtpDrafter
-from spec_cli.registry import parse_registry
+from spec_cli.cli.app import app
+from spec_cli.drafting.mtp import MtpDrafter
+from spec_cli.llama.context import Context, HeadContext
+from spec_cli.models.registry import parse_registry
+
+from exactness import SAMPLED, SIGNIFICANCE, chi_square_p_value, exact_pair_distribution
 from tiny_models import CHAT_TEMPLATE, write_qwen35_mtp
 
 PROMPTS = ("the cat", "and the dog ran far away from the big red barn")
@@ -233,8 +234,8 @@ def test_with_a_draft_model_too_each_drafter_is_priced_with_its_own_steps(mtp_pa
         assert both.drafting_modes == ("model", "mtp", "ngram", "hybrid") and both.default_draft_mode == "model"
         head_rounds = greedy(both, "the cat", draft_mode="mtp", draft_max=3)
         assert head_rounds.stats.drafted > 0
-        assert both.costs_for("mtp").draft.seconds(1) is not None
-        assert both.costs_for("model").draft.seconds(1) is None  # untouched by the head's steps
+        assert both.drafting.costs("mtp").draft.seconds(1) is not None
+        assert both.drafting.costs("model").draft.seconds(1) is None  # untouched by the head's steps
         greedy(both, "the cat", draft_mode="model", draft_max=3)
-        assert both.costs_for("model").draft.seconds(1) is not None
-        assert both.costs_for("ngram") is both.costs_for("model")  # no steps of its own
+        assert both.drafting.costs("model").draft.seconds(1) is not None
+        assert both.drafting.costs("ngram") is both.drafting.costs("model")  # no steps of its own

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from spec_cli.openai_api import Answer, RequestError, finish_reason, parse_chat, parse_completion
-from spec_cli.stats import Stats
+from spec_cli.decoding.stats import Stats
+from spec_cli.server.openai_api import Answer, RequestError, finish_reason, parse_chat, parse_completion
 
 HELLO = [{"role": "user", "content": "hi"}]
 

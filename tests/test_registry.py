@@ -6,10 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from spec_cli import derive as derive_module
-from spec_cli import llama
 from spec_cli.errors import SpecError
-from spec_cli.registry import load_registry, parse_registry, resolve
+from spec_cli.llama import gguf
+from spec_cli.llama.model import Model
+from spec_cli.models import derive as derive_module
+from spec_cli.models.registry import load_registry, parse_registry, resolve
 
 
 def test_shipped_registry_has_the_demo_pair_as_default() -> None:
@@ -103,7 +104,7 @@ def test_derived_member_is_made_once_and_loads(target_path: Path) -> None:
     notes: list[str] = []
     _, draft = resolve(spec, notify=notes.append)
     assert draft.parent == derive_module.derived_path(target_path, "q8_0").parent
-    model = llama.Model(draft)
+    model = Model(draft)
     assert model.n_vocab == 320
     model.close()
     _, again = resolve(spec, notify=notes.append)
@@ -116,7 +117,7 @@ def test_interrupted_derive_leaves_nothing_behind(target_path: Path, tmp_path: P
         dest.write_bytes(b"GGUF half-written")
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(llama, "quantize", quantize_then_interrupt)
+    monkeypatch.setattr(gguf, "quantize", quantize_then_interrupt)
     out = tmp_path / "out" / "model.f16.gguf"
     with pytest.raises(KeyboardInterrupt):
         derive_module.derive(target_path, "f16", dest=out)

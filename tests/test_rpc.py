@@ -15,15 +15,17 @@ from collections import Counter
 from pathlib import Path
 from typing import Iterator
 
+import llama_cpp
 import pytest
 from typer.testing import CliRunner
 
-import llama_cpp
-from spec_cli import Pair, load_pair, rpc
-from spec_cli.cli import app
-from spec_cli.engine import Generation
+from spec_cli import Pair, load_pair
+from spec_cli.cli.app import app
+from spec_cli.cli.common import reachable_from_outside
+from spec_cli.decoding.engine import Generation
 from spec_cli.errors import SpecError
-from spec_cli.registry import parse_registry
+from spec_cli.llama import rpc
+from spec_cli.models.registry import parse_registry
 
 from exactness import REPETITIVE, SAMPLED, SIGNIFICANCE, chi_square_p_value, exact_pair_distribution
 from tiny_models import write_model
@@ -317,8 +319,8 @@ def test_a_worker_reachable_from_other_machines_needs_allow_remote(host: str) ->
     result = CliRunner().invoke(app, ["worker", "--host", host])
     assert result.exit_code == 1
     assert f"--host {host} lets other machines reach this worker" in result.stderr and "--allow-remote" in result.stderr
-    assert rpc.check_bind_host(host, allow_remote=True)
-    assert not rpc.check_bind_host("127.0.0.1", allow_remote=False)
+    assert reachable_from_outside(host, allow_remote=True, risk="reach this worker", ipv4_only=True)
+    assert not reachable_from_outside("127.0.0.1", allow_remote=False, risk="reach this worker", ipv4_only=True)
 
 
 def test_allow_remote_warns_in_one_line_before_serving(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -19,9 +19,11 @@ import openai
 import pytest
 from typer.testing import CliRunner
 
-from spec_cli import Pair, SpecError, load_pair, server
-from spec_cli.cli import app
-from spec_cli.llama import Context
+from spec_cli import GenerationRequest, Pair, SpecError, load_pair
+from spec_cli.cli.app import app
+from spec_cli.llama.context import Context
+from spec_cli.server import app as server
+from spec_cli.server.service import DEFAULT_QUEUE, Service
 
 NAME = "tiny"
 HELLO = [{"role": "user", "content": "hello there"}]
@@ -30,10 +32,10 @@ HELLO = [{"role": "user", "content": "hello there"}]
 class Running:
     """A server in a thread of this process, over `pair`; `lines` collects what it logs."""
 
-    def __init__(self, pair: Pair, queue_size: int = server.DEFAULT_QUEUE, api_key: str | None = None,
-                 defaults: server.Defaults = server.Defaults(draft_max=3, draft_mode="model", verify="block")) -> None:
+    def __init__(self, pair: Pair, queue_size: int = DEFAULT_QUEUE, api_key: str | None = None,
+                 defaults: GenerationRequest = GenerationRequest(draft_max=3, draft_mode="model")) -> None:
         self.lines: list[str] = []
-        self.service = server.Service(pair, NAME, defaults, queue_size, log=self.lines.append)
+        self.service = Service(pair, NAME, defaults, queue_size=queue_size, log=self.lines.append)
         sock = server.listen("127.0.0.1", 0)
         self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
         self._http = server.http_server(server.create_app(self.service, api_key))
@@ -265,7 +267,7 @@ def test_a_prompt_too_long_for_the_context_is_named_so(live: Running) -> None:
 
 def test_a_model_without_a_chat_template_says_how_to_give_one(target_path: Path) -> None:
     with load_pair(target_path, draft=None) as bare, \
-            running(bare, defaults=server.Defaults(draft_max=0, draft_mode="none", verify="block")) as serving:
+            running(bare, defaults=GenerationRequest(draft_max=0, draft_mode="none")) as serving:
         response = serving.post("/v1/chat/completions", {"messages": HELLO})
         assert response.status_code == 400 and "--chat-format" in response.json()["error"]["message"]
         assert serving.post("/v1/completions", {"prompt": "the cat", "max_tokens": 3}).status_code == 200
@@ -356,5 +358,5 @@ def test_spec_serve_answers_logs_each_answer_and_stops_on_ctrl_c(chat_target_pat
     assert first.startswith(f"spec: serving {chat_target_path.stem} on http://127.0.0.1:")
     assert "drafting model K=2" in first
     assert answer.usage.completion_tokens == 5 and answer.choices[0].finish_reason == "length"
-    assert logged.startswith("spec: chat: ") and "5 tokens" in logged and "finish length" in logged
+    assert logged.startswith("spec: chat: ") and "5 tokens" in logged and "finish: length" in logged
     assert process.returncode == 0 and rest.strip().endswith("server stopped")

@@ -19,16 +19,27 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from spec_cli import Generation, Pair, SamplingParams, SpecError, load_pair
+from spec_cli import Generation, Pair, SpecError, load_pair
 from spec_cli.chat import ChatSession, Settings
-from spec_cli.cli import app
-from spec_cli.llama import Context, Model
-from spec_cli.sampling import probabilities
-from spec_cli.stats import Stats
-from spec_cli.text_drafting import TextDrafter, Translation
-from spec_cli.vocab import translation
-from exactness import SAMPLED, SIGNIFICANCE, N_SAMPLES, chi_square_p_value, exact_pair_distribution, sampled_pairs
-from tiny_models import CHAT_TEMPLATE, CONTROL, NORMAL, Tokenizer, byte_level_bpe, sentencepiece_merged_otherwise, write_model
+from spec_cli.cli.app import app
+from spec_cli.decoding.sampling import probabilities
+from spec_cli.decoding.stats import Stats
+from spec_cli.drafting.text import TextDrafter
+from spec_cli.drafting.translation import Translation
+from spec_cli.llama.context import Context
+from spec_cli.llama.model import Model
+from spec_cli.models.vocab import translation
+
+from exactness import N_SAMPLES, SAMPLED, SIGNIFICANCE, chi_square_p_value, exact_pair_distribution, sampled_pairs
+from tiny_models import (
+    CHAT_TEMPLATE,
+    CONTROL,
+    NORMAL,
+    Tokenizer,
+    byte_level_bpe,
+    sentencepiece_merged_otherwise,
+    write_model,
+)
 
 PROMPTS = ("the cat sat on the mat", "café crème 🙂 and the")
 SAMPLED_PROMPT = "a cat and the dog"  # the draft's likeliest next tokens are shared ones ("at", BPE's own, is not)
@@ -158,8 +169,8 @@ def test_chat_answers_equal_answers_without_drafting(tmp_path: Path, files: dict
     reach it as text, turn after turn, and each turn re-spells only what is new."""
     target = near_bigram(tmp_path / "chat.gguf", chat_template=CHAT_TEMPLATE)
     with load_pair(target, files["bpe"]) as pair:
-        speculative = ChatSession(pair, Settings(SamplingParams(), 3, "model", 0.0, 16))
-        alone = ChatSession(pair, Settings(SamplingParams(), 3, "model", 0.0, 16, use_draft=False))
+        speculative = ChatSession(pair, Settings(draft_max=3, draft_mode="model", max_tokens=16))
+        alone = ChatSession(pair, Settings(draft_max=3, draft_mode="model", max_tokens=16, use_draft=False))
         for message in ("the cat sat", "and the dog", "café"):
             for session in (speculative, alone):
                 for _ in session.reply(message):

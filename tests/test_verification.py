@@ -9,9 +9,16 @@ from typing import Callable, Iterator
 import numpy as np
 import pytest
 
-from spec_cli import sampling
-from spec_cli.verification import (RULES, THRESHOLDS, Rule, Verdict, block_verification, token_thresholds,
-                                   token_verification)
+from spec_cli.decoding import sampling
+from spec_cli.decoding.verification import (
+    RULES,
+    THRESHOLDS,
+    Rule,
+    Verdict,
+    block_verification,
+    token_thresholds,
+    token_verification,
+)
 
 Prefix = tuple[int, ...]
 Law = Callable[[Prefix], np.ndarray]

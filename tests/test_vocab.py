@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from spec_cli.errors import SpecError
-from spec_cli.llama import Model
-from spec_cli.vocab import compare, shares_ids, translation
+from spec_cli.llama.model import Model
+from spec_cli.models.vocab import compare, shares_ids, translation
+
 from tiny_models import write_model
 
 

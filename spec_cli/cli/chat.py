@@ -1,0 +1,117 @@
+"""`spec chat`: a conversation in the terminal, each turn evaluating only its new tokens."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import replace
+from typing import Annotated, Optional
+
+import typer
+
+from spec_cli import chat as conversation
+from spec_cli.cli.common import ThreadsOpt, user_errors
+from spec_cli.cli.options import (
+    ChatFormatOpt,
+    CtxOpt,
+    DraftGpuLayersOpt,
+    DraftMaxOpt,
+    DraftModeOpt,
+    DraftOpt,
+    DraftPMinOpt,
+    DraftRpcOpt,
+    FrequencyPenaltyOpt,
+    GpuLayersOpt,
+    LoadOptions,
+    MinPOpt,
+    NoDraftOpt,
+    PairOpt,
+    PresencePenaltyOpt,
+    QuietOpt,
+    RepeatLastNOpt,
+    RepeatPenaltyOpt,
+    RequestFlags,
+    RpcOpt,
+    Sampling,
+    SamplingPresetOpt,
+    SeedOpt,
+    TargetOpt,
+    TempOpt,
+    TensorSplitOpt,
+    TopKOpt,
+    TopPOpt,
+    VerifyOpt,
+    open_pair,
+)
+from spec_cli.decoding.verification import DEFAULT_VERIFY
+from spec_cli.terminal.chat_repl import chat_loop
+
+CHAT_EXAMPLES = """\
+Examples:
+
+  spec chat
+
+  spec chat --system "You are a terse assistant." --temp 0.7
+
+  spec chat --pair qwen2.5-7b -k auto
+
+  printf 'Hi!\\nWhat is 2+2?\\n' | spec chat > answers.txt
+
+  spec chat --pair big --rpc 192.168.1.7:50052 --gpu-layers 60   # 60 layers on the worker, the rest here
+"""
+
+
+def chat(
+    target: TargetOpt = None,
+    draft: DraftOpt = None,
+    pair: PairOpt = None,
+    system: Annotated[Optional[str], typer.Option("--system", "-s", help="System message.", show_default=False)] = None,
+    chat_format: ChatFormatOpt = None,
+    draft_max: DraftMaxOpt = None,
+    draft_mode: DraftModeOpt = None,
+    draft_p_min: DraftPMinOpt = 0.0,
+    sampling_preset: SamplingPresetOpt = None,
+    temp: TempOpt = None,
+    top_k: TopKOpt = None,
+    top_p: TopPOpt = None,
+    min_p: MinPOpt = None,
+    repeat_penalty: RepeatPenaltyOpt = None,
+    repeat_last_n: RepeatLastNOpt = None,
+    presence_penalty: PresencePenaltyOpt = None,
+    frequency_penalty: FrequencyPenaltyOpt = None,
+    verify: VerifyOpt = DEFAULT_VERIFY,
+    seed: SeedOpt = None,
+    max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", min=1, help="Longest answer, in tokens.")] = 512,
+    ctx: CtxOpt = None,
+    threads: ThreadsOpt = None,
+    gpu_layers: GpuLayersOpt = None,
+    draft_gpu_layers: DraftGpuLayersOpt = None,
+    rpc_workers: RpcOpt = None,
+    draft_rpc: DraftRpcOpt = None,
+    tensor_split: TensorSplitOpt = None,
+    no_draft: NoDraftOpt = False,
+    quiet: QuietOpt = False,
+) -> None:
+    """Talk with a model in the terminal, with speculative decoding and per-answer statistics.
+
+    Each turn evaluates only its new tokens: both models keep the conversation in their caches. Type /help for commands. When stdin is not a terminal, each input line is one message and answers are written plainly.
+
+    Sampling uses the settings the target's GGUF recommends (--sampling model), else llama.cpp's defaults, in llama.cpp's order: penalties → top-k → top-p → min-p → temperature.
+    """
+    with user_errors():
+        sampling = Sampling.from_flags(sampling_preset, "model", temp, top_k, top_p, min_p, repeat_penalty,
+                                       repeat_last_n, presence_penalty, frequency_penalty)
+        # --no-draft starts with drafting off and keeps the mode for /draft on.
+        flags = RequestFlags.from_flags(draft_max, draft_mode, False, sampling, seed=seed, verify=verify,
+                                        draft_p_min=draft_p_min, max_tokens=max_tokens)
+        template = conversation.chat_template(chat_format)
+        options = LoadOptions(target, draft, pair, no_draft, quiet, ctx, threads, gpu_layers, draft_gpu_layers,
+                              needs_draft=flags.loads_draft, max_draft=flags.max_draft, rpc=rpc_workers,
+                              draft_rpc=draft_rpc, tensor_split=tensor_split)
+        with open_pair(options) as loaded:
+            # Fail now rather than at the first message when there is no template to use.
+            loaded.pair.target.format_chat([{"role": "user", "content": "hi"}], template=template)
+            request = flags.for_pair(loaded)
+            request = replace(request, draft_mode=loaded.pair.mode_for(request))  # named in the banner and /set
+            settings = conversation.Settings.of(request, use_draft=not no_draft)
+            session = conversation.ChatSession(loaded.pair, settings, system=system, template=template)
+            chat_loop(session, interactive=sys.stdin.isatty(), quiet=quiet)

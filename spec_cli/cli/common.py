@@ -1,0 +1,82 @@
+"""What every `spec` command module shares: exit statuses, turning library errors into one line (naming
+request fields by their flags), lists given as comma-separated text, the check of a --host, and resolving a
+pair's files with progress bars."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Callable, Iterator, Optional, TypeVar
+
+import typer
+
+from spec_cli.errors import SpecError
+from spec_cli.models import registry
+from spec_cli.request import InvalidRequest
+from spec_cli.terminal.output import error, note
+from spec_cli.terminal.progress import download_progress
+
+T = TypeVar("T")
+EXIT_USER_ERROR = 1
+EXIT_INTERRUPTED = 130
+# Request fields by the flags that set them, for messages.
+FLAGS = {"draft_max": "--draft-max", "draft_mode": "--draft-mode", "draft_p_min": "--draft-p-min",
+         "verify": "--verify", "max_tokens": "--max-tokens"}
+
+ThreadsOpt = Annotated[Optional[int], typer.Option("--threads", min=1, help="CPU threads per model (default: all cores).", show_default=False)]
+
+
+@contextmanager
+def user_errors() -> Iterator[None]:
+    """Turn the library's one-line errors into one line on stderr and a non-zero exit."""
+    try:
+        yield
+    except InvalidRequest as exc:
+        error(exc.named(FLAGS))
+        raise typer.Exit(EXIT_USER_ERROR) from None
+    except SpecError as exc:
+        error(str(exc))
+        raise typer.Exit(EXIT_USER_ERROR) from None
+
+
+def resolve_files(spec: registry.PairSpec, quiet: bool, refresh: bool = False) -> tuple[Path, Path | None]:
+    """The pair's files (no draft file when the target's MTP head drafts), downloading (with progress bars) and
+    deriving what is missing."""
+    notify = (lambda _m: None) if quiet else note
+    with download_progress() as bar:
+        return registry.resolve(spec, notify=notify, tqdm_class=bar, refresh=refresh)
+
+
+def csv_list(text: str, parse: Callable[[str], T]) -> list[T]:
+    items = [parse(item.strip()) for item in text.split(",") if item.strip()]
+    if not items:
+        raise SpecError(f"expected a comma-separated list, got {text!r}")
+    return items
+
+
+def or_default(value: T | None, default: T) -> T:
+    return default if value is None else value
+
+
+def reachable_from_outside(host: str, allow_remote: bool, risk: str, hint: str = "", ipv4_only: bool = False) -> bool:
+    """Whether a --host (an IP address; localhost too unless `ipv4_only`) lets other machines in, which needs
+    --allow-remote; the refusal says what they could then do (`risk`, "use this server"), and `hint`."""
+    if host == "localhost" and not ipv4_only:
+        return False
+    try:
+        address = ipaddress.IPv4Address(host) if ipv4_only else ipaddress.ip_address(host)
+    except ValueError:
+        kind = "an IPv4 address" if ipv4_only else "an IP address"
+        raise SpecError(f"--host must be {kind} such as 127.0.0.1 or 0.0.0.0, got {host!r}") from None
+    if not address.is_loopback and not allow_remote:
+        raise SpecError(f"--host {host} lets other machines {risk}; add --allow-remote if that is what you want{hint}")
+    return not address.is_loopback
+
+
+def silence_stdout() -> None:
+    """The reader went away (`spec run … | head`): drop further output so Python's exit flush is quiet."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())

@@ -1,0 +1,211 @@
+"""What the commands that generate share (run, chat, bench, serve): their options, declared once; the request
+their flags describe, checked before any model loads; and opening the pair the options name, a registry pair
+or files, with the registry's settings as defaults."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Annotated, Iterator, Optional
+
+import typer
+
+from spec_cli.cli.common import csv_list, or_default, resolve_files
+from spec_cli.decoding.sampling import SAMPLING_ORDER, SAMPLING_PRESETS, SamplingParams, settle
+from spec_cli.drafting.modes import MODES, mode_help
+from spec_cli.errors import SpecError
+from spec_cli.llama import kernels, rpc
+from spec_cli.llama.gguf import mtp_layers
+from spec_cli.llama.model import supports_gpu_offload
+from spec_cli.models import registry
+from spec_cli.pair import DEFAULT_CTX, Pair, load_pair
+from spec_cli.request import MAX_K, GenerationRequest, draft_max_from_text
+from spec_cli.terminal.output import note
+
+TargetOpt = Annotated[Optional[Path], typer.Option("--target", "-t", help="Target GGUF file (the model you want output from).", show_default=False)]
+DraftOpt = Annotated[Optional[Path], typer.Option("--draft", "-d", help="Draft GGUF file (small; a different vocabulary drafts through text).", show_default=False)]
+PairOpt = Annotated[Optional[str], typer.Option("--pair", "-p", help="A named pair from models.toml (default: the registry's default pair).", show_default=False)]
+DraftMaxOpt = Annotated[Optional[str], typer.Option("--draft-max", "-k", help=f"Draft tokens per round, K: 0-{MAX_K}, or auto to choose K each round from measured acceptance and costs (default: the pair's tuned K; auto for files given with --target/--draft).", show_default=False)]
+DraftModeOpt = Annotated[Optional[str], typer.Option("--draft-mode", help=f"How drafts are made: {mode_help()} (default: the draft model when there is one, else the target's MTP head).", show_default=False)]
+DraftPMinOpt = Annotated[float, typer.Option("--draft-p-min", min=0.0, max=0.99, help="Confidence stop: the draft model stops a round when its top probability falls below this (0: off).")]
+VerifyOpt = Annotated[str, typer.Option("--verify", help="How sampled drafts are verified: block (Sun et al. 2025, keeps more tokens) or token (token by token); both are exact.")]
+CtxOpt = Annotated[Optional[int], typer.Option("--ctx", min=16, help=f"Context size in tokens (default: the pair's, else {DEFAULT_CTX}).", show_default=False)]
+GpuLayersOpt = Annotated[Optional[int], typer.Option("--gpu-layers", min=-1, help="Target layers to put on devices (GPUs, RPC workers), -1: all; the rest run on this CPU (default: the pair's; else all with --rpc, 0 without).", show_default=False)]
+DraftGpuLayersOpt = Annotated[Optional[int], typer.Option("--draft-gpu-layers", min=-1, help="Draft layers to put on the GPU, -1: all (default: the pair's, else 0).", show_default=False)]
+RpcOpt = Annotated[Optional[str], typer.Option("--rpc", help="llama.cpp RPC workers to split the target over, HOST:PORT[,HOST:PORT…] (`spec worker` on each) (default: the pair's rpc, else none).", show_default=False)]
+DraftRpcOpt = Annotated[Optional[str], typer.Option("--draft-rpc", help="RPC workers for the draft, HOST:PORT[,…] (default: none: the draft is small, and drafting here pays no round trips).", show_default=False)]
+TensorSplitOpt = Annotated[Optional[str], typer.Option("--tensor-split", help="Weights of the devices the target is split over, comma-separated: one per RPC worker in --rpc order, then one per local GPU (default: by free memory).", show_default=False)]
+NoDraftOpt = Annotated[bool, typer.Option("--no-draft", help="Run the target alone through the same code path, for comparison.")]
+QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No statistics, no notes: only the text.")]
+ChatFormatOpt = Annotated[Optional[str], typer.Option("--chat-format", help="Chat template when the model has none: chatml, or a Jinja template file.", show_default=False)]
+# Sampling, with llama.cpp's meaning and defaults; None means "not given", so the --sampling preset decides.
+TempOpt = Annotated[Optional[float], typer.Option("--temp", min=0.0, help=f"Temperature, applied last as in llama.cpp ({SAMPLING_ORDER}); 0 is greedy (output identical to the target alone).", show_default=False)]
+TopKOpt = Annotated[Optional[int], typer.Option("--top-k", min=0, help="Keep the k most likely tokens (0: off) (default: 40).", show_default=False)]
+TopPOpt = Annotated[Optional[float], typer.Option("--top-p", min=0.0, max=1.0, help="Keep the smallest set of tokens with this much probability, at temperature 1 (default: 0.95).", show_default=False)]
+MinPOpt = Annotated[Optional[float], typer.Option("--min-p", min=0.0, max=1.0, help="Drop tokens below this fraction of the top token's probability, at temperature 1 (default: 0.05).", show_default=False)]
+RepeatPenaltyOpt = Annotated[Optional[float], typer.Option("--repeat-penalty", min=0.0, help="Divide the logits of tokens seen in the last --repeat-last-n (multiply negative ones); 1: off (default: 1).", show_default=False)]
+RepeatLastNOpt = Annotated[Optional[int], typer.Option("--repeat-last-n", min=0, help="How many recent tokens, prompt included, the penalties look at; 0: off (default: 64).", show_default=False)]
+PresencePenaltyOpt = Annotated[Optional[float], typer.Option("--presence-penalty", help="Subtract from the logit of every token seen in the last --repeat-last-n (default: 0).", show_default=False)]
+FrequencyPenaltyOpt = Annotated[Optional[float], typer.Option("--frequency-penalty", help="Subtract this times the number of times a token was seen in the last --repeat-last-n (default: 0).", show_default=False)]
+SamplingPresetOpt = Annotated[Optional[str], typer.Option("--sampling", help="greedy (temperature 0 unless --temp is given) or model (what the target's GGUF recommends, else llama.cpp's temp 0.8, top-k 40, top-p 0.95, min-p 0.05); flags given always win (default: greedy for run, model for chat).", show_default=False)]
+SeedOpt = Annotated[Optional[int], typer.Option("--seed", help="Random seed; the same seed gives the same text (default: random).", show_default=False)]
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """The sampling flags as given: a preset and the settings given by hand, by SamplingParams field."""
+
+    preset: str
+    given: dict[str, float | int] = field(default_factory=dict)
+
+    @classmethod
+    def from_flags(cls, preset: str | None, default: str, temp: float | None, top_k: int | None,
+                   top_p: float | None, min_p: float | None, repeat_penalty: float | None,
+                   repeat_last_n: int | None, presence_penalty: float | None,
+                   frequency_penalty: float | None) -> Sampling:
+        """Checked now, before any model loads."""
+        chosen = preset or default
+        if chosen not in SAMPLING_PRESETS:
+            raise SpecError(f"unknown --sampling {chosen!r}; choose one of: {', '.join(SAMPLING_PRESETS)}")
+        flags = {"temperature": temp, "top_k": top_k, "top_p": top_p, "min_p": min_p,
+                 "repeat_penalty": repeat_penalty, "repeat_last_n": repeat_last_n,
+                 "presence_penalty": presence_penalty, "frequency_penalty": frequency_penalty}
+        given = {name: value for name, value in flags.items() if value is not None}
+        SamplingParams(**given)
+        return cls(chosen, given)
+
+    def for_pair(self, pair: Pair) -> SamplingParams:
+        """The preset (with the target's recommended settings) under the flags given."""
+        return settle(self.preset, pair.recommended_sampling(), self.given)
+
+
+@dataclass(frozen=True)
+class RequestFlags:
+    """The request the flags describe, checked before any model loads; `for_pair` completes it with what only
+    the loaded pair knows: its tuned K where -k was not given, the sampling its GGUF recommends."""
+
+    request: GenerationRequest
+    k_given: bool
+    sampling: Sampling | None = None
+
+    @classmethod
+    def from_flags(cls, draft_max: str | None, draft_mode: str | None, no_draft: bool = False,
+                   sampling: Sampling | None = None, **fields: object) -> RequestFlags:
+        """`fields`: the other request fields the command takes (seed, draft_p_min, verify, max_tokens)."""
+        request = GenerationRequest(draft_max=4 if draft_max is None else draft_max_from_text(draft_max),
+                                    draft_mode="none" if no_draft else draft_mode, **fields)
+        return cls(request, draft_max is not None, sampling)
+
+    @property
+    def loads_draft(self) -> bool:
+        """Whether a draft file given (or named by the pair) is loaded: unless the mode drafts without one."""
+        return self.request.draft_mode is None or MODES[self.request.draft_mode].loads_draft
+
+    @property
+    def max_draft(self) -> int:
+        """The largest fixed K asked for (memories that roll back in place are sized to it)."""
+        return largest_k([self.request.draft_max] if self.k_given else [])
+
+    def for_pair(self, loaded: Loaded) -> GenerationRequest:
+        request = self.request if self.k_given else replace(self.request, draft_max=loaded.draft_max)
+        if self.sampling is not None:
+            request = replace(request, sampling=self.sampling.for_pair(loaded.pair))
+        return request
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    """The options every command that loads a pair shares, as the user gave them."""
+
+    target: Path | None = None
+    draft: Path | None = None
+    pair: str | None = None
+    no_draft: bool = False
+    quiet: bool = False
+    ctx: int | None = None
+    threads: int | None = None
+    gpu_layers: int | None = None
+    draft_gpu_layers: int | None = None
+    needs_draft: bool = True
+    max_draft: int = 0  # the largest fixed K asked for (memories that roll back in place are sized to it)
+    rpc: str | None = None
+    draft_rpc: str | None = None
+    tensor_split: str | None = None
+    local_only: bool = False  # no workers, not even the pair's
+
+
+@dataclass(frozen=True)
+class Loaded:
+    pair: Pair
+    draft_max: int | str
+
+
+@contextmanager
+def open_pair(options: LoadOptions) -> Iterator[Loaded]:
+    """Resolve the files (a named pair, or --target/--draft), load them, and close them afterwards.
+
+    Settings the user left out come from the pair's registry entry; GPU layers asked for on a build that
+    cannot offload get one warning line.
+    """
+    spec = _pair_spec(options)
+    workers = csv_list(options.rpc, str) if options.rpc else list(spec.rpc if spec else ())
+    draft_workers = csv_list(options.draft_rpc, str) if options.draft_rpc else []
+    if options.rpc or workers or draft_workers:
+        rpc.require()  # before any download or derivation
+    if options.local_only:
+        workers, draft_workers = [], []
+    if spec is None:
+        target, draft = options.target, options.draft
+    else:
+        target, draft = resolve_files(spec, options.quiet)
+    if (options.gpu_layers and not workers) or (options.draft_gpu_layers and not draft_workers):
+        _warn_cpu_only()
+    load_draft = options.needs_draft and not options.no_draft
+    ctx = options.ctx or (spec.ctx if spec else DEFAULT_CTX)
+    # A pair's gpu_layers are for its own workers (or GPU): workers given here take every layer by default.
+    gpu_layers = or_default(options.gpu_layers, spec.gpu_layers if spec and (spec.rpc or not options.rpc) else None)
+    draft_gpu_layers = or_default(options.draft_gpu_layers, spec.draft_gpu_layers if spec else None)
+    split = csv_list(options.tensor_split, _weight) if options.tensor_split else []
+    if not kernels.known() and not options.quiet:
+        note("trying which of llama.cpp's CPU kernels this machine runs (once, a few seconds)")
+    with load_pair(target, draft if load_draft else None, n_ctx=ctx, n_threads=options.threads,
+                   gpu_layers=gpu_layers, draft_gpu_layers=draft_gpu_layers, rpc=workers, draft_rpc=draft_workers,
+                   tensor_split=split, max_draft=max(options.max_draft, spec.draft_max if spec else 0)) as pair:
+        if pair.translation is not None and pair.draft is not None and not options.quiet:
+            note(f"{pair.draft.path.name} and {pair.target.path.name} have different vocabularies: "
+                 "drafting goes through text (exact)")
+        yield Loaded(pair, spec.draft_max if spec else "auto")
+
+
+def _pair_spec(options: LoadOptions) -> registry.PairSpec | None:
+    """The registry entry to use, or None when the user named the files directly."""
+    if options.target is None and options.draft is not None:
+        raise SpecError("--draft needs --target")
+    if options.target is None:
+        models = registry.load_registry()
+        return models.get(options.pair or models.default)
+    if options.pair is not None:
+        raise SpecError("give either --pair or --target/--draft, not both")
+    if options.draft is None and options.needs_draft and not options.no_draft and not mtp_layers(options.target):
+        raise SpecError("--target needs a --draft (or a target with MTP layers, or --draft-mode ngram, or "
+                        "--no-draft for the target alone)")
+    return None
+
+
+def largest_k(ks: list[int | str]) -> int:
+    """The largest fixed K among those given (0 when none is a number)."""
+    return max((k for k in ks if isinstance(k, int)), default=0)
+
+
+def _weight(value: str) -> float:
+    try:
+        return float(value)
+    except ValueError:
+        raise SpecError(f"--tensor-split takes numbers, got {value!r}") from None
+
+
+def _warn_cpu_only() -> None:
+    if not supports_gpu_offload():
+        note("warning: this llama-cpp-python build has no GPU support; running on the CPU "
+             "(spec doctor says how to install a CUDA or Metal build)")

@@ -1,0 +1,167 @@
+"""`spec run`: generate from a prompt (an argument or stdin), streamed to the terminal, a pipe or JSON."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated, Optional
+
+import typer
+
+from spec_cli.cli.common import EXIT_INTERRUPTED, ThreadsOpt, silence_stdout, user_errors
+from spec_cli.cli.options import (
+    CtxOpt,
+    DraftGpuLayersOpt,
+    DraftMaxOpt,
+    DraftModeOpt,
+    DraftOpt,
+    DraftPMinOpt,
+    DraftRpcOpt,
+    FrequencyPenaltyOpt,
+    GpuLayersOpt,
+    LoadOptions,
+    MinPOpt,
+    NoDraftOpt,
+    PairOpt,
+    PresencePenaltyOpt,
+    QuietOpt,
+    RepeatLastNOpt,
+    RepeatPenaltyOpt,
+    RequestFlags,
+    RpcOpt,
+    Sampling,
+    SamplingPresetOpt,
+    SeedOpt,
+    TargetOpt,
+    TempOpt,
+    TensorSplitOpt,
+    TopKOpt,
+    TopPOpt,
+    VerifyOpt,
+    open_pair,
+)
+from spec_cli.decoding.engine import Generation
+from spec_cli.decoding.verification import DEFAULT_VERIFY
+from spec_cli.errors import SpecError
+from spec_cli.llama import rpc
+from spec_cli.terminal.output import error, note
+from spec_cli.terminal.views import View, make_view
+from spec_cli.text import NOT_UTF8_NOTE, decode_user_text
+
+RUN_EXAMPLES = """\
+Examples:
+
+  spec run "Explain speculative decoding in one sentence."
+
+  spec run --temp 0.7 --seed 1 -n 200 "Write a haiku about caches."
+
+  spec run --sampling model --repeat-penalty 1.1 "Tell me a story."
+
+  echo "Summarise: ..." | spec run - > summary.txt
+
+  spec run --target big.gguf --draft small.gguf -k 6 "Hello"
+
+  spec run -k auto --draft-mode hybrid "Rewrite this paragraph: ..."
+
+  spec run --target model.gguf --draft-mode ngram "Fix the typos: ..."
+
+  spec run --no-draft --json "Hello" | jq .stats.tokens_per_second
+
+  spec run --target 70b.gguf --draft 1b.gguf --rpc 192.168.1.7:50052,192.168.1.8:50052 "Hello"   # spec worker on each
+"""
+
+
+def run(
+    prompt: Annotated[Optional[str], typer.Argument(help="The prompt; '-' or nothing reads it from stdin.", show_default=False)] = None,
+    target: TargetOpt = None,
+    draft: DraftOpt = None,
+    pair: PairOpt = None,
+    draft_max: DraftMaxOpt = None,
+    draft_mode: DraftModeOpt = None,
+    draft_p_min: DraftPMinOpt = 0.0,
+    sampling_preset: SamplingPresetOpt = None,
+    temp: TempOpt = None,
+    top_k: TopKOpt = None,
+    top_p: TopPOpt = None,
+    min_p: MinPOpt = None,
+    repeat_penalty: RepeatPenaltyOpt = None,
+    repeat_last_n: RepeatLastNOpt = None,
+    presence_penalty: PresencePenaltyOpt = None,
+    frequency_penalty: FrequencyPenaltyOpt = None,
+    verify: VerifyOpt = DEFAULT_VERIFY,
+    seed: SeedOpt = None,
+    max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", min=1, help="Stop after this many generated tokens.")] = 256,
+    ctx: CtxOpt = None,
+    threads: ThreadsOpt = None,
+    gpu_layers: GpuLayersOpt = None,
+    draft_gpu_layers: DraftGpuLayersOpt = None,
+    rpc_workers: RpcOpt = None,
+    draft_rpc: DraftRpcOpt = None,
+    tensor_split: TensorSplitOpt = None,
+    no_draft: NoDraftOpt = False,
+    raw: Annotated[bool, typer.Option("--raw", help="Send the prompt verbatim instead of wrapping it in the model's chat template.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object: text, token ids, finish reason, statistics.")] = False,
+    quiet: QuietOpt = False,
+) -> None:
+    """Generate from a prompt with speculative decoding, streaming tokens and acceptance statistics.
+
+    Greedy output (the default, --temp 0) is token for token what the target alone would write; sampled output follows the target's distribution exactly. On a terminal, draft tokens the target accepted are shown in cyan.
+
+    Sampling means what it means in llama.cpp, with its defaults: penalties → top-k → top-p → min-p → temperature.
+    """
+    with user_errors():
+        text = _read_prompt(prompt, quiet)
+        sampling = Sampling.from_flags(sampling_preset, "greedy", temp, top_k, top_p, min_p, repeat_penalty,
+                                       repeat_last_n, presence_penalty, frequency_penalty)
+        flags = RequestFlags.from_flags(draft_max, draft_mode, no_draft, sampling, seed=seed, verify=verify,
+                                        draft_p_min=draft_p_min, max_tokens=max_tokens)
+        options = LoadOptions(target, draft, pair, no_draft, quiet, ctx, threads, gpu_layers, draft_gpu_layers,
+                              needs_draft=flags.loads_draft, max_draft=flags.max_draft, rpc=rpc_workers,
+                              draft_rpc=draft_rpc, tensor_split=tensor_split)
+        with open_pair(options) as loaded:
+            if not raw and not loaded.pair.has_chat_template:
+                if not quiet:
+                    note(f"{loaded.pair.target.path.name} has no chat template; sending the prompt as raw text")
+                raw = True
+            stream(loaded.pair.generate(text, flags.for_pair(loaded), raw=raw), make_view(as_json, quiet))
+
+
+def _read_prompt(prompt: str | None, quiet: bool) -> str:
+    """The prompt argument, or stdin when the argument is `-`, or absent with stdin not a terminal."""
+    if prompt == "-" or (prompt is None and not sys.stdin.isatty()):
+        text, replaced = decode_user_text(sys.stdin.buffer.read())
+    elif prompt is None:
+        raise SpecError('no prompt: give one as an argument (spec run "…") or pipe it in (… | spec run -)')
+    else:
+        text, replaced = decode_user_text(prompt)
+    if replaced and not quiet:
+        note(f"note: the prompt is {NOT_UTF8_NOTE}")
+    return text
+
+
+def stream(generation: Generation, view: View) -> None:
+    """Feed the generation's events to the view; Ctrl-C keeps the text so far and still reports."""
+    events = iter(generation)
+    view.start(generation)
+
+    def worker_lost(line: str) -> None:
+        generation.finish_reason = "error"
+        view.finish(generation)  # the text so far, as with Ctrl-C
+        error(line)
+
+    try:
+        with rpc.on_worker_lost(worker_lost):
+            for event in events:
+                view.token(event)
+    except KeyboardInterrupt:
+        events.close()
+        view.finish(generation)
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+    except BrokenPipeError:
+        events.close()
+        silence_stdout()
+        return
+    except SpecError:
+        events.close()
+        view.finish(generation)  # the text so far stays on screen; the error follows in one line
+        raise
+    view.finish(generation)

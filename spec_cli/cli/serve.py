@@ -1,0 +1,127 @@
+"""`spec serve`: the pair behind an OpenAI-compatible HTTP API, for editors, agents and chat front-ends."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from spec_cli import chat as conversation
+from spec_cli.cli.common import ThreadsOpt, reachable_from_outside, user_errors
+from spec_cli.cli.options import (
+    ChatFormatOpt,
+    CtxOpt,
+    DraftGpuLayersOpt,
+    DraftMaxOpt,
+    DraftModeOpt,
+    DraftOpt,
+    DraftRpcOpt,
+    GpuLayersOpt,
+    LoadOptions,
+    NoDraftOpt,
+    PairOpt,
+    RequestFlags,
+    RpcOpt,
+    TargetOpt,
+    TensorSplitOpt,
+    VerifyOpt,
+    open_pair,
+)
+from spec_cli.decoding.verification import DEFAULT_VERIFY
+from spec_cli.llama import rpc
+from spec_cli.models import registry
+from spec_cli.pair import Pair
+from spec_cli.request import GenerationRequest
+from spec_cli.server import app as server
+from spec_cli.server.service import DEFAULT_QUEUE, Service
+from spec_cli.terminal.output import error, note, serving
+
+SERVE_EXAMPLES = f"""\
+Examples:
+
+  spec serve                                   # the default pair on http://127.0.0.1:{server.DEFAULT_PORT}/v1
+
+  spec serve --target big.gguf --draft small.gguf -k auto --ctx 8192
+
+  spec serve --pair qwen2.5-7b --port 9000 --model-name qwen
+
+  spec serve --host 0.0.0.0 --allow-remote --api-key "$(cat ~/.spec-key)"   # other machines, with a key
+
+  curl http://127.0.0.1:{server.DEFAULT_PORT}/v1/chat/completions -d '{{"messages": [{{"role": "user", "content": "Hi"}}]}}'
+"""
+
+
+def serve(
+    target: TargetOpt = None,
+    draft: DraftOpt = None,
+    pair: PairOpt = None,
+    draft_max: DraftMaxOpt = None,
+    draft_mode: DraftModeOpt = None,
+    verify: VerifyOpt = DEFAULT_VERIFY,
+    max_tokens: Annotated[Optional[int], typer.Option("--max-tokens", "-n", min=1, help="Longest answer for requests that set no max_tokens (default: until the context is full).", show_default=False)] = None,
+    chat_format: ChatFormatOpt = None,
+    ctx: CtxOpt = None,
+    threads: ThreadsOpt = None,
+    gpu_layers: GpuLayersOpt = None,
+    draft_gpu_layers: DraftGpuLayersOpt = None,
+    rpc_workers: RpcOpt = None,
+    draft_rpc: DraftRpcOpt = None,
+    tensor_split: TensorSplitOpt = None,
+    no_draft: NoDraftOpt = False,
+    host: Annotated[str, typer.Option("--host", help="Address to listen on; anything but loopback needs --allow-remote.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", min=0, max=65535, help="TCP port to listen on (0: any free port, printed at start).")] = server.DEFAULT_PORT,
+    allow_remote: Annotated[bool, typer.Option("--allow-remote", help="Allow a --host other machines can reach.")] = False,
+    api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="SPEC_API_KEY", help="Require 'Authorization: Bearer KEY' on every request but /health (or set SPEC_API_KEY, which keeps the key out of the process list).", show_default=False)] = None,
+    queue: Annotated[int, typer.Option("--queue", min=0, help="Requests that may wait while one generates; more are answered 503 at once.")] = DEFAULT_QUEUE,
+    model_name: Annotated[Optional[str], typer.Option("--model-name", help="The model id clients send and /v1/models lists (default: the pair's name, or the target file's).", show_default=False)] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No line per answer on stderr (the line that says where it listens stays).")] = False,
+) -> None:
+    """Serve the pair over OpenAI's HTTP API, with exact speculative decoding: /v1/chat/completions, /v1/completions (streamed or not), /v1/models, /health.
+
+    Point any OpenAI-compatible client at http://HOST:PORT/v1. Requests may set temperature, top_p, top_k, min_p, penalties, seed, stop and max_tokens, and spec-cli's draft_max, draft_mode and verify; sampling they leave out follows what the target's GGUF recommends, as in spec chat. Every answer carries a speculation object (drafted, accepted, acceptance, tokens per target pass, tokens/s).
+
+    One generation runs at a time, in arrival order; a chat that resends its history costs only its new tokens. A client that disconnects stops its generation. One line per answer goes to stderr.
+    """
+    with user_errors():
+        remote = reachable_from_outside(host, allow_remote, "use this server", " (and --api-key to require a key)")
+        # max_tokens is the server's own: a request that sets none runs until the context is full.
+        flags = RequestFlags.from_flags(draft_max, draft_mode, no_draft, verify=verify)
+        template = conversation.chat_template(chat_format)
+        options = LoadOptions(target, draft, pair, no_draft, quiet, ctx, threads, gpu_layers, draft_gpu_layers,
+                              needs_draft=flags.loads_draft, max_draft=flags.max_draft, rpc=rpc_workers,
+                              draft_rpc=draft_rpc, tensor_split=tensor_split)
+        sock = server.listen(host, port)  # before the models load: a port in use is said at once
+        with sock, open_pair(options) as loaded:
+            defaults = flags.for_pair(loaded)
+            log = (lambda _line: None) if quiet else note
+            service = Service(loaded.pair, model_name or _default_name(target, pair), defaults, max_tokens, queue,
+                              template, log=log)
+            address = sock.getsockname()
+            serving(service.name, f"http://{_url_host(address[0])}:{address[1]}/v1", _drafting(loaded.pair, defaults))
+            if remote:
+                note(f"warning: other machines can reach this server on {host}"
+                     + ("" if api_key else "; anyone who can reach it can use it (--api-key requires a key)"))
+            try:
+                with rpc.on_worker_lost(error):
+                    server.http_server(server.create_app(service, api_key)).run(sockets=[sock])
+            except KeyboardInterrupt:
+                pass
+            finally:
+                service.close()
+            note("server stopped")
+
+
+def _default_name(target: Path | None, pair: str | None) -> str:
+    if target is not None:
+        return target.stem
+    return pair or registry.load_registry().default
+
+
+def _drafting(pair: Pair, defaults: GenerationRequest) -> str:
+    mode = pair.mode_for(defaults)
+    return "no draft" if mode == "none" else f"{mode} K={defaults.draft_max}"
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host

@@ -1,0 +1,166 @@
+"""How many tokens to draft next round: a fixed K, or K chosen from measured acceptance and costs.
+
+With per-token acceptance probability α, a round that drafts K tokens emits on average
+E[tokens](K) = (1 − α^(K+1)) / (1 − α) (Leviathan et al. 2023). Acceptance is tracked per draft position
+instead (`PositionAcceptance`), since later positions are accepted less often, and a round's cost comes from
+`costs.LoopCosts`: K draft steps with the catch-up a fully accepted round leaves, the target's pass over
+K + 1 tokens, and the loop's own work per token. `AdaptiveK` moves K towards the value that maximises
+E[tokens](K) / seconds(K), at most 2 a round; until it has measured enough it follows the transformers
+heuristic (K + 2 after a fully accepted round, K − 1 otherwise), which also explores K.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, Sequence
+
+import numpy as np
+
+from spec_cli.decoding.costs import LoopCosts
+
+PRIOR_WEIGHT = 3.0  # pseudo-rounds at α̂ behind each position's rate
+AUTO_K_MAX = 16  # the largest K `-k auto` chooses
+
+
+def expected_tokens(alpha: float, k: int) -> float:
+    """E[tokens per round] = (1 − α^(K+1)) / (1 − α): accepted drafts plus the target's own token."""
+    if alpha >= 1.0:
+        return k + 1.0
+    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+
+
+class PositionAcceptance:
+    """a_i = P(d_i accepted | d_1..d_{i−1} accepted), counted per draft position i.
+
+    E[tokens](K) = 1 + Σ_{i≤K} a_1·…·a_i and P(all K accepted) = a_1·…·a_K. Positions seldom reached lean on
+    the overall α̂ (the truncated-geometric estimate Σ accepted / (Σ accepted + rounds that ended in a
+    rejection)). Before any round α̂ is 1: optimism that gets a drafter tried (and measured) before a
+    hybrid drafter weighs it against the others; one round corrects it. Counts decay by `decay` a round, so
+    the estimates follow the text (code and prose differ); 1 keeps plain counts.
+    """
+
+    def __init__(self, decay: float = 1.0, prior_weight: float = PRIOR_WEIGHT) -> None:
+        self.decay = decay
+        self.prior_weight = prior_weight
+        self.accepted = 0.0
+        self.rejections = 0.0
+        self.reached = np.zeros(0)
+        self.accepted_at = np.zeros(0)
+
+    @classmethod
+    def from_counts(cls, reached: Sequence[int], accepted_at: Sequence[int], rejections: int) -> PositionAcceptance:
+        """Plain counts, as `Stats` keeps them, taken as they are (no prior: a benchmark's counts are final)."""
+        acceptance = cls(prior_weight=0.0)
+        acceptance._grow(len(reached))
+        acceptance.reached[:] = reached
+        acceptance.accepted_at[:len(accepted_at)] = accepted_at
+        acceptance.accepted, acceptance.rejections = float(sum(accepted_at)), float(rejections)
+        return acceptance
+
+    @property
+    def alpha(self) -> float:
+        total = self.accepted + self.rejections
+        return self.accepted / total if total else 1.0
+
+    def update(self, drafted: int, accepted: int) -> None:
+        """A round kept `accepted` of `drafted` tokens."""
+        self._grow(drafted)
+        self.accepted = self.accepted * self.decay + accepted
+        self.rejections = self.rejections * self.decay + (accepted < drafted)
+        self.reached *= self.decay
+        self.accepted_at *= self.decay
+        self.reached[:min(accepted + 1, drafted)] += 1  # positions drafted with every earlier one accepted
+        self.accepted_at[:accepted] += 1
+
+    def forget(self, keep: float) -> None:
+        """Scale every count by `keep`: what was learnt weighs less against what comes next."""
+        self.accepted, self.rejections = self.accepted * keep, self.rejections * keep
+        self.reached, self.accepted_at = self.reached * keep, self.accepted_at * keep
+
+    def _grow(self, k: int) -> None:
+        if k > len(self.reached):
+            self.reached = np.concatenate([self.reached, np.zeros(k - len(self.reached))])
+            self.accepted_at = np.concatenate([self.accepted_at, np.zeros(k - len(self.accepted_at))])
+
+    def rates(self, k: int) -> np.ndarray:
+        """a_1..a_k, each position's counts shrunk towards α̂ by `prior_weight` pseudo-rounds: a position
+        reached three times is mostly α̂, one reached fifty times is its own (a single early rejection at
+        position 3 used to pull K down for a whole generation)."""
+        reached, accepted = np.zeros(k), np.zeros(k)
+        seen = min(k, len(self.reached))
+        reached[:seen], accepted[:seen] = self.reached[:seen], self.accepted_at[:seen]
+        w, alpha = self.prior_weight, self.alpha
+        return np.where(reached + w > 0, (accepted + w * alpha) / np.maximum(reached + w, 1e-9), alpha)
+
+    def expected_tokens(self, k: int) -> float:
+        return 1.0 + float(np.cumprod(self.rates(k)).sum())
+
+    def all_accepted(self, k: int) -> float:
+        return float(np.prod(self.rates(k)))
+
+
+class DraftLength(Protocol):
+    k_max: int
+    """The most tokens a round may draft."""
+    acceptance: PositionAcceptance
+    """What rounds drafted at this controller's K kept; a hybrid drafter compares drafters by it."""
+
+    def next_k(self) -> int:
+        """K for the next round (the engine still shrinks it to fit max_tokens and the context)."""
+
+    def update(self, drafted: int, accepted: int) -> None:
+        """Learn from a finished round: `accepted` of `drafted` kept."""
+
+
+class FixedK:
+    def __init__(self, k: int, decay: float = 0.98) -> None:
+        self.k_max = k
+        self.acceptance = PositionAcceptance(decay)
+
+    def next_k(self) -> int:
+        return self.k_max
+
+    def update(self, drafted: int, accepted: int) -> None:
+        if drafted:
+            self.acceptance.update(drafted, accepted)
+
+
+class AdaptiveK:
+    """Chooses K to maximise expected tokens per second from running estimates of a_i and of `costs`.
+
+    `drafts_with_model`: whether each drafted token costs a draft-model step (False for n-gram lookup).
+    """
+
+    def __init__(self, costs: LoopCosts, drafts_with_model: bool, k_max: int, k_start: int = 4,
+                 warmup_rounds: int = 3, decay: float = 0.98) -> None:
+        self.costs = costs
+        self.drafts_with_model = drafts_with_model
+        self.k_max = k_max
+        self.k = min(k_start, k_max)
+        self.warmup_rounds = warmup_rounds
+        self.rounds = 0
+        self.acceptance = PositionAcceptance(decay)
+
+    def next_k(self) -> int:
+        return self.k
+
+    def update(self, drafted: int, accepted: int) -> None:
+        if drafted == 0:
+            return
+        self.rounds += 1
+        self.acceptance.update(drafted, accepted)
+        self.k = self._heuristic(drafted, accepted) if self.rounds < self.warmup_rounds else self._best_k()
+
+    def _heuristic(self, drafted: int, accepted: int) -> int:
+        return min(self.k_max, self.k + 2) if accepted == drafted else max(1, self.k - 1)
+
+    def _best_k(self) -> int:
+        """The K with the highest modelled rate within ±2 of the current one.
+
+        Moving by at most 2 a round keeps one noisy cost fit (a busy machine, few K values seen yet) from
+        throwing K to an extreme; each move also measures a new K, which improves the fit.
+        """
+        candidates = range(max(1, self.k - 2), min(self.k_max, self.k + 2) + 1)
+        rates = {k: self.costs.rate(k, self.acceptance, self.drafts_with_model) for k in candidates}
+        if None in rates.values():
+            return self.k
+        return max(rates, key=lambda k: rates[k])

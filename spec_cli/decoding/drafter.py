@@ -1,0 +1,56 @@
+"""What the loop asks of a drafter, so that it never imports one.
+
+A drafter sees the whole sequence so far (prompt + accepted output) and proposes up to K tokens, each with
+the distribution q it was drawn from (none when drafting greedily), so the loop can run the acceptance test
+min(1, p/q). A deterministic proposal (n-gram lookup) has q = 1 at its token, which keeps sampling exact:
+the token is kept with probability p(x), and a rejection draws from norm(max(0, p − q)), that is p without
+x. After verification the loop tells the drafter how much of the sequence is still valid.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from spec_cli.decoding.sampling import Law, SamplingParams
+
+
+@dataclass
+class Draft:
+    """Proposed tokens d1..dK and, when sampling, the distributions q1..qK they were drawn from; `steps` are
+    the draft model's decodes, (tokens fed, seconds) each, for the cost model; `convert_s` the seconds spent
+    translating between two vocabularies (drafting through text)."""
+
+    tokens: list[int] = field(default_factory=list)
+    q: list[Law] = field(default_factory=list)
+    steps: list[tuple[int, float]] = field(default_factory=list)
+    convert_s: float = 0.0
+
+
+class Drafter:
+    """The interface every drafter implements: `propose`, and whichever of the rest it needs. The defaults
+    suit a drafter without a memory of its own (nothing to take in, nothing to take back, no time in
+    llama.cpp)."""
+
+    busy_s: float = 0.0
+    """Seconds spent inside llama.cpp so far (0 for drafters without a model); for honest time splits."""
+    rollback_s: float = 0.0
+    """The part of `busy_s` spent taking back rejected draft tokens (snapshots, restores)."""
+
+    def prefill(self, tokens: Sequence[int]) -> list[tuple[int, float]]:
+        """Take in a new prompt before the first round (work that would otherwise land in round one); return
+        the draft model's decode, (tokens fed, seconds), for the cost model: the size of a large catch-up."""
+        return []
+
+    def propose(self, tokens: Sequence[int], k: int, sampling: SamplingParams,
+                rng: np.random.Generator) -> Draft:
+        """Propose up to `k` tokens to follow `tokens`."""
+        raise NotImplementedError
+
+    def update(self, drafted: int, accepted: int) -> None:
+        """The target kept `accepted` of the `drafted` tokens last proposed."""
+
+    def rewind(self, n_keep: int) -> None:
+        """Only the first `n_keep` tokens of the sequence last proposed from are still valid."""

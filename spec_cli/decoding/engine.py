@@ -1,0 +1,222 @@
+"""The draft-and-verify loop: one generator that yields a `TokenEvent` per emitted token.
+
+Each round the drafter proposes d1..dK, the target scores [last, d1..dK] in one batch (K + 1 rows of
+logits), a prefix d1..dn is kept and one token from the target follows it: the correction at position
+n + 1, or the bonus token when n = K. Greedy keeps the drafts the target would have chosen; sampled rounds
+let a rule from `verification` (block by default, or token by token) decide n and the next token's law.
+With K = 0 (no drafter) the same loop is plain target-only decoding, which is what `--no-draft` measures
+against.
+
+Invariant between rounds: the target's memory holds a prefix of the sequence without its last token
+(all of it, unless a recurrent memory went back to a snapshot); the next round's batch feeds the rest, the
+last token included, and asks for logits from the last token on.
+"""
+
+from __future__ import annotations
+
+import codecs
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from spec_cli.decoding.costs import LoopCosts
+from spec_cli.decoding.draft_length import DraftLength, FixedK
+from spec_cli.decoding.drafter import Draft, Drafter
+from spec_cli.decoding.sampling import (
+    Law,
+    SamplingParams,
+    greedy_token,
+    probabilities,
+    row_laws,
+    sample,
+    shares_candidates,
+)
+from spec_cli.decoding.stats import Stats
+from spec_cli.decoding.timing import RoundTimer
+from spec_cli.decoding.verification import DEFAULT_VERIFY, RULES, Distributions
+from spec_cli.llama.context import Context
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """One emitted token: `from_draft` is True when a draft token was accepted, False for the target's."""
+
+    token: int
+    text: str
+    from_draft: bool
+
+
+class Generation:
+    """A generation in progress: iterate it for `TokenEvent`s; `stats`, `text` and `finish_reason` are
+    live while it runs and final once it has finished.
+
+    finish_reason is "stop" (end-of-generation token), "length" (max_tokens), "context" (the context is
+    full), "interrupted" (the consumer stopped early, e.g. on Ctrl-C) or "error" (set by the consumer when
+    the run cannot go on, e.g. an RPC worker was lost).
+    """
+
+    def __init__(self, target: Context, drafter: Drafter | None, prompt: Sequence[int],
+                 sampling: SamplingParams, seed: int, draft_length: DraftLength, max_tokens: int,
+                 verify: str = DEFAULT_VERIFY, costs: LoopCosts | None = None) -> None:
+        """`costs`: running estimates that outlive this generation (the pair's), fed with each round's
+        timings; the generation's own timings are in `stats.costs`."""
+        self.target = target
+        self.drafter = drafter
+        self.prompt = list(prompt)
+        self.sampling = sampling
+        self.verification = verify  # the rule's name, for reports
+        self._verify_rule = RULES[verify]
+        self.seed = seed
+        self.draft_length = draft_length if drafter is not None else FixedK(0)
+        self.max_tokens = max_tokens
+        self.stats = Stats(draft_max=self.draft_length.k_max, prompt_tokens=len(self.prompt))
+        self.token_ids: list[int] = []
+        self.text = ""
+        self.finish_reason: str | None = None
+        self._started = False
+        self._seq = list(self.prompt)
+        self._rng = np.random.default_rng(seed)
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._timer = RoundTimer(self.stats, [target, *filter(None, [drafter])],
+                                 [self.stats.costs, *filter(None, [costs])])
+
+    def __iter__(self) -> Iterator[TokenEvent]:
+        if self._started:
+            raise RuntimeError("a Generation runs once; call Pair.generate again for another")
+        self._started = True
+        return self._run()
+
+    def _run(self) -> Iterator[TokenEvent]:
+        try:
+            self._prefill()
+            while self.finish_reason is None:
+                self.finish_reason = self._limit_reached()
+                if self.finish_reason is None:
+                    yield from self._round()
+        finally:
+            if self.finish_reason is None:
+                self.finish_reason = "interrupted"
+            self._rewind()
+
+    def _prefill(self) -> None:
+        """Both memories take in the prompt but its last token, which the first round feeds."""
+        with self._timer.prompt():
+            self.stats.prompt_cached = self.target.prefill(self._seq[:-1])
+            if self.drafter is not None:
+                self._timer.prefill_steps(self.drafter.prefill(self._seq[:-1]))
+
+    def _limit_reached(self) -> str | None:
+        if len(self.token_ids) >= self.max_tokens:
+            return "length"
+        if len(self._seq) >= self.target.n_ctx:
+            return "context"
+        return None
+
+    def _round(self) -> Iterator[TokenEvent]:
+        """Propose d1..dK, verify them in one target pass, emit the kept prefix and the target's token, rewind
+        what was not kept, and learn from the round."""
+        self._timer.start_round()
+        draft = self._propose(self._next_k())
+        self.stats.current_k = len(draft.tokens) or self.stats.current_k  # the K last drafted, for live views
+        n, token = self._verify(draft)
+        self.stats.record_round(len(draft.tokens), n)
+        emitted = yield from self._emit(draft.tokens[:n], token)
+        self._rewind()
+        self._learn(draft, n, emitted)
+
+    def _next_k(self) -> int:
+        """K for this round: the controller's choice, shrunk to leave room for K + 1 new tokens within
+        max_tokens and the context."""
+        room = min(self.max_tokens - len(self.token_ids), self.target.n_ctx - len(self._seq))
+        return min(self.draft_length.next_k(), room - 1)
+
+    def _propose(self, k: int) -> Draft:
+        if self.drafter is None or k == 0:
+            return Draft()
+        with self._timer.step("draft_s"):
+            draft = self.drafter.propose(self._seq, k, self.sampling, self._rng)
+        self.stats.convert_s += draft.convert_s
+        return draft
+
+    def _verify(self, draft: Draft) -> tuple[int, int]:
+        """Score [last, d1..dK] in one target pass (after any tokens a rollback took back); return (n accepted,
+        the target's token)."""
+        with self._timer.step("verify_s"):
+            known = self._seq[self.target.n_past:]
+            rows = self.target.decode([*known, *draft.tokens], len(draft.tokens) + 1, n_final=len(known))
+            return self._accepted_prefix(rows, draft)
+
+    def _accepted_prefix(self, rows: np.ndarray, draft: Draft) -> tuple[int, int]:
+        """Greedy: the drafted tokens the target would have chosen itself, then its own choice. Sampled: the
+        verification rule's verdict over p_1..p_{K+1}; each row's penalties count the drafted tokens before
+        it, as the draft's did."""
+        sampling = self.sampling
+        recent = sampling.recent(self._seq)
+        if sampling.greedy:
+            for n, x in enumerate([*draft.tokens, None]):
+                choice = greedy_token(rows[n], sampling, sampling.recent([*recent, *draft.tokens[:n]]))
+                if choice != x:
+                    return n, choice
+        p = _TargetLaws(rows, sampling, recent, draft.tokens)
+        verdict = self._verify_rule(p, draft.q, draft.tokens, self._rng.random(len(draft.tokens)))
+        return verdict.accepted, sample(verdict.next_token, self._rng)
+
+    def _emit(self, kept: list[int], token: int) -> Iterator[TokenEvent]:
+        """Yield the kept drafts and the target's token, up to an end-of-generation token; return how many
+        were emitted."""
+        model = self.target.model
+        for i, x in enumerate([*kept, token]):
+            if model.is_end_of_generation(x):
+                self.finish_reason = "stop"
+                return i
+            self._seq.append(x)
+            self.token_ids.append(x)
+            piece = self._decoder.decode(model.piece(x))
+            self.text += piece
+            self.stats.generated_tokens += 1
+            self._timer.tick()
+            yield TokenEvent(x, piece, from_draft=i < len(kept))
+        return len(kept) + 1
+
+    def _rewind(self) -> None:
+        """Make both memories hold at most seq[:-1]: drop drafted tokens the target did not keep.
+
+        Either may hold less (the draft never saw d_K after a fully accepted round; a memory that restored a
+        snapshot is further back); the next round feeds what each lacks. After a stop the drafter keeps the
+        last token too: no next round feeds it again, and a drafter whose memory goes back to snapshots would
+        otherwise lose the round's snapshot (taken after that token).
+        """
+        n = len(self._seq)
+        with self._timer.step():
+            self.target.trim(n - 1)
+            if self.drafter is not None:
+                self.drafter.rewind(n if self.finish_reason == "stop" else n - 1)
+
+    def _learn(self, draft: Draft, n: int, emitted: int) -> None:
+        """Tell the K controller and the drafter what was kept, and the cost books what the round cost."""
+        self.draft_length.update(len(draft.tokens), n)
+        if self.drafter is not None:
+            self.drafter.update(len(draft.tokens), n)
+        self._timer.end_round(draft.steps, len(draft.tokens), emitted)
+
+
+class _TargetLaws(Distributions):
+    """p_1..p_{K+1} from a verify pass's rows, computed when a verification rule first reads them: p_1..p_K all
+    at once where their top-k candidates are found together (`row_laws`), else each on its own (token
+    verification stops reading at the first rejection). p_{K+1} is read only when every draft is kept."""
+
+    def __init__(self, rows: np.ndarray, sampling: SamplingParams, recent: list[int], draft: list[int]) -> None:
+        self._rows, self._sampling, self._recent, self._draft = rows, sampling, recent, draft
+        self._laws: dict[int, Law] = {}
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def __getitem__(self, i: int) -> Law:  # type: ignore[override]
+        if not self._laws and i < len(self._draft) and shares_candidates(self._sampling, self._rows.shape[1]):
+            self._laws = dict(enumerate(row_laws(self._rows[:len(self._draft)], self._sampling)))
+        if i not in self._laws:
+            recent = self._sampling.recent([*self._recent, *self._draft[:i]])
+            self._laws[i] = probabilities(self._rows[i], self._sampling, recent)
+        return self._laws[i]

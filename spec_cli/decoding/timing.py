@@ -1,0 +1,79 @@
+"""The loop's clock: what each step of a round took, in wall time and inside llama.cpp, written into `Stats`,
+and each round's costs into the cost books (`LoopCosts`) that `-k auto` and the hybrid drafter price rounds
+with. Kept apart from the loop so that the loop reads as its algorithm."""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from typing import Iterator, Protocol, Sequence
+
+from spec_cli.decoding.costs import LoopCosts
+from spec_cli.decoding.stats import Stats
+
+
+class InLlama(Protocol):
+    """What spends time in llama.cpp and counts it: a context, a drafter."""
+
+    busy_s: float
+    rollback_s: float
+
+
+class RoundTimer:
+    """Times the prompt, then each round's steps. `parts` are what decodes (the target's context, the
+    drafter); `books` the cost books every round is recorded in (the generation's own, and the pair's running
+    ones, which outlive it)."""
+
+    def __init__(self, stats: Stats, parts: Sequence[InLlama], books: Sequence[LoopCosts]) -> None:
+        self.stats, self.parts, self.books = stats, parts, books
+        self._rollback_base = 0.0  # rollback counted before this generation's rounds (the prompt's snapshot)
+        self._decode_start = self._round_start = time.perf_counter()
+        self._verify_s = 0.0
+
+    def _in_llama(self) -> tuple[float, float]:
+        """(all seconds in llama.cpp, the part spent on rollback) so far."""
+        return sum(part.busy_s for part in self.parts), sum(part.rollback_s for part in self.parts)
+
+    @contextmanager
+    def prompt(self) -> Iterator[None]:
+        """Taking in the prompt: `prompt_s`; decoding time starts after it."""
+        started = time.perf_counter()
+        self._rollback_base = self._in_llama()[1]  # the contexts count across generations
+        yield
+        self._rollback_base = self._in_llama()[1]
+        self._decode_start = time.perf_counter()
+        self.stats.prompt_s = self._decode_start - started
+
+    def start_round(self) -> None:
+        self._round_start = time.perf_counter()
+
+    @contextmanager
+    def step(self, share: str | None = None) -> Iterator[None]:
+        """One step of a round: its time in llama.cpp, and its wall time into `share` ("draft_s", "verify_s";
+        None for a rewind, which counts as rollback only)."""
+        started, busy = time.perf_counter(), self._in_llama()[0]
+        yield
+        elapsed = time.perf_counter() - started
+        busy_now, rollback = self._in_llama()
+        self.stats.llama_s += busy_now - busy
+        self.stats.rollback_s = rollback - self._rollback_base
+        if share is not None:
+            setattr(self.stats, share, getattr(self.stats, share) + elapsed)
+        if share == "verify_s":
+            self._verify_s = elapsed
+
+    def tick(self) -> None:
+        """Decoding time so far, as live views read it."""
+        self.stats.decode_s = time.perf_counter() - self._decode_start
+
+    def prefill_steps(self, steps: list[tuple[int, float]]) -> None:
+        """The drafter's decode of the prompt: the size of a large catch-up, for the cost books."""
+        for book in self.books:
+            book.record_draft(steps)
+
+    def end_round(self, steps: list[tuple[int, float]], drafted: int, emitted: int) -> None:
+        """Book the round: its draft steps, its verify pass over `drafted` + 1 tokens, all it took."""
+        self.tick()
+        round_s = time.perf_counter() - self._round_start
+        for book in self.books:
+            book.record_round(steps, drafted, self._verify_s, round_s, emitted)

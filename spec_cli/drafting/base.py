@@ -1,0 +1,108 @@
+"""What drafters with a memory of their own share: catching up on tokens they did not draft, a draft model's
+KV cache, and drafting one decode at a time with the draft's law transformed exactly as the target's p."""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Sequence
+
+import numpy as np
+
+from spec_cli.decoding.drafter import Draft, Drafter
+from spec_cli.decoding.sampling import Law, SamplingParams, penalized, probabilities, sample
+from spec_cli.llama.context import Context
+
+
+class CatchUpDrafter(Drafter):
+    """A drafter with a memory of its own that catches up on the tokens it did not draft (a draft model, an
+    MTP head): the hybrid weighs that backlog."""
+
+    def pending(self, tokens: Sequence[int]) -> int:
+        """How many tokens the next proposal must feed before its first draft step (its catch-up)."""
+        raise NotImplementedError
+
+
+class ContextDrafter(CatchUpDrafter):
+    """What drafters on a draft model's own KV cache share: the time spent in llama.cpp, and taking in a prompt
+    (keeping what the cache already holds of it)."""
+
+    def __init__(self, context: Context, p_min: float = 0.0) -> None:
+        self.context = context
+        self.p_min = p_min
+
+    @property
+    def busy_s(self) -> float:
+        return self.context.busy_s
+
+    @property
+    def rollback_s(self) -> float:
+        return self.context.rollback_s
+
+    def _step(self, i: int, fed: list[int]) -> np.ndarray:
+        """Feed step i's tokens and return the logits of the next: the catch-up (step 0) is final, the draft's
+        own tokens are speculative (`n_final`), so a memory that cannot cut them prepares to go back."""
+        return self.context.decode(fed, 1, n_final=len(fed) if i == 0 else 0)[0]
+
+    def _take_in(self, tokens: Sequence[int]) -> list[tuple[int, float]]:
+        """Make the cache hold `tokens`; return the decode it took, (tokens fed, seconds), for the cost model."""
+        started = time.perf_counter()
+        fed = len(tokens) - self.context.prefill(tokens)
+        return [(fed, time.perf_counter() - started)] if fed else []
+
+
+Choose = Callable[[Draft, np.ndarray, list[int]], "int | None"]
+
+
+def draft_step_by_step(step: Callable[[int, list[int]], np.ndarray], catch_up: list[int], steps: int,
+                       sampling: SamplingParams, recent: list[int], choose: Choose) -> Draft:
+    """A round of a drafter that decodes one token at a time, at most `steps` decodes: `step(i, fed)` feeds
+    step i's tokens (the catch-up first, then the token drafted last) and returns the logits of the next;
+    `choose(draft, logits, recent)` adds what they draft to `draft` and returns the draft model's token to
+    feed back, or None to end the round. `recent` counts the drafted tokens for the penalties, exactly as the
+    target's p will. Each step's time (its decode and its choice) goes to the cost model."""
+    draft = Draft()
+    fed = catch_up
+    for i in range(steps):
+        started = time.perf_counter()
+        token = choose(draft, step(i, fed), recent)
+        draft.steps.append((len(fed), time.perf_counter() - started))
+        if token is None:
+            break
+        recent = sampling.recent([*recent, token])
+        fed = [token]
+    return draft
+
+
+def drafted_token(sampling: SamplingParams, rng: np.random.Generator, p_min: float) -> Choose:
+    """The choice of a drafter on the target's vocabulary: the draft's own next token, with its q."""
+    def choose(draft: Draft, logits: np.ndarray, recent: list[int]) -> int | None:
+        choice = next_draft_token(logits, sampling, recent, rng, p_min)
+        if choice is None:
+            return None
+        token, q = choice
+        draft.tokens.append(token)
+        if q is not None:
+            draft.q.append(q)
+        return token
+    return choose
+
+
+def next_draft_token(logits: np.ndarray, sampling: SamplingParams, recent: list[int], rng: np.random.Generator,
+                      p_min: float) -> tuple[int, Law | None] | None:
+    """The drafted token and its q (None when greedy), or None when the confidence stop ends the draft: the
+    most likely token has probability below `p_min`. q goes through the same transforms as the target's p."""
+    if sampling.greedy:
+        z = penalized(logits, sampling, recent)
+        if p_min > 0 and _top_probability(z) < p_min:
+            return None
+        return int(np.argmax(z)), None
+    q = probabilities(logits, sampling, recent)
+    if q.max() < p_min:
+        return None
+    return sample(q, rng), q
+
+
+def _top_probability(logits: np.ndarray) -> float:
+    """max softmax(logits), without normalising the whole vector twice."""
+    shifted = np.exp(logits - logits.max())
+    return float(1.0 / shifted.sum())

@@ -1,0 +1,197 @@
+"""The drafting modes, in one registry: what each is called and how it is described, whether it loads the
+draft file, which running costs its rounds are priced with, and how its drafter is built. The pair, the
+commands, chat, the server and the benchmark all read it; a new mode is a drafter module and one entry in
+`MODES`.
+
+`Drafting` is a pair's side of it: the models drafters draw on (`Sources`) and what they learn across
+generations (the loop's costs, one K controller per mode, drafter and K, the hybrid's state), so that one
+prompt (or chat turn) starts where the last left off.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from spec_cli.decoding.costs import LoopCosts
+from spec_cli.decoding.draft_length import AUTO_K_MAX, AdaptiveK, DraftLength, FixedK
+from spec_cli.decoding.drafter import Drafter
+from spec_cli.drafting.base import CatchUpDrafter
+from spec_cli.drafting.hybrid import HybridDrafter, HybridState
+from spec_cli.drafting.model import ModelDrafter
+from spec_cli.drafting.mtp import MtpDrafter
+from spec_cli.drafting.ngram import NgramDrafter
+from spec_cli.drafting.text import TextDrafter
+from spec_cli.drafting.translation import Translation
+from spec_cli.errors import SpecError
+from spec_cli.llama.context import Context, HeadContext
+
+COSTS_DECAY = 0.95  # each call of a size weighs 5% less at the next: the costs follow the machine's load
+
+
+@dataclass(frozen=True)
+class Sources:
+    """What a pair offers its drafters: the target's context, the draft model's and the target's MTP head's
+    where loaded, and `translation` when the draft's vocabulary is not the target's (it drafts through text)."""
+
+    target: Context
+    draft: Context | None = None
+    head: HeadContext | None = None
+    translation: Translation | None = None
+
+
+Build = Callable[["Drafting", float, "int | str"], "tuple[Drafter | None, DraftLength]"]
+
+
+@dataclass(frozen=True)
+class Mode:
+    """One way of drafting.
+
+    `loads_draft`: the draft file, where one is given, is loaded for it. `available`: whether a pair's sources
+    can draft this way (`missing` says why not). `book`: the running costs its rounds are priced with and
+    recorded in (the MTP head's steps apart from the draft model's: one step costs what it costs).
+    `build(drafting, p_min, K)`: its drafter and the controller of its K. `own_drafter(sources, p_min)`: for
+    a mode that drafts with a model of the pair's own (`own_model`), that drafter alone.
+    """
+
+    name: str
+    label: str
+    help: str
+    loads_draft: bool
+    available: Callable[[Sources], bool]
+    missing: Callable[[Sources], str]
+    book: Callable[[Sources], str]
+    build: Build
+    own_drafter: Callable[[Sources, float], CatchUpDrafter] | None = None
+
+    @property
+    def own_model(self) -> bool:
+        """Whether it drafts with a model of the pair's own, the draft model or the MTP head. Such a mode is the
+        pair's default where it is available, is what the hybrid pairs with n-gram lookup, and costs a decode
+        per drafted token, so `-k auto` prices its steps and the benchmark predicts its fixed-K rows."""
+        return self.own_drafter is not None
+
+
+def _ngram(drafting: Drafting, _p_min: float, k: int | str) -> tuple[Drafter | None, DraftLength]:
+    return NgramDrafter(drafting.sources.target.model.n_vocab), drafting.length("ngram", "ngram", k)
+
+
+def _model_drafter(sources: Sources, p_min: float) -> CatchUpDrafter:
+    """The draft model's drafter: on the target's token ids, or through text when the vocabularies differ."""
+    assert sources.draft is not None
+    if sources.translation is not None:
+        return TextDrafter(sources.draft, sources.translation, p_min)
+    return ModelDrafter(sources.draft, p_min)
+
+
+def _mtp_drafter(sources: Sources, p_min: float) -> CatchUpDrafter:
+    assert sources.head is not None
+    return MtpDrafter(sources.target, sources.head, p_min)
+
+
+def _model(drafting: Drafting, p_min: float, k: int | str) -> tuple[Drafter | None, DraftLength]:
+    return _model_drafter(drafting.sources, p_min), drafting.length("model", "model", k)
+
+
+def _mtp(drafting: Drafting, p_min: float, k: int | str) -> tuple[Drafter | None, DraftLength]:
+    return _mtp_drafter(drafting.sources, p_min), drafting.length("mtp", "mtp", k)
+
+
+def _hybrid(drafting: Drafting, p_min: float, k: int | str) -> tuple[Drafter | None, DraftLength]:
+    """n-gram lookup and the pair's own model. The hybrid chooses K for each of its drafters itself, each with
+    its own controller; the loop only caps it (K, or AUTO_K_MAX for auto)."""
+    partner = drafting.own_model().own_drafter
+    assert partner is not None
+    hybrid = HybridDrafter(NgramDrafter(drafting.sources.target.model.n_vocab), partner(drafting.sources, p_min),
+                           drafting.costs("hybrid"), drafting.hybrid_state(k))
+    return hybrid, FixedK(AUTO_K_MAX if k == "auto" else k)
+
+
+def _none(_drafting: Drafting, _p_min: float, _k: int | str) -> tuple[Drafter | None, DraftLength]:
+    return None, FixedK(0)
+
+
+def _no_draft_model(mode: str) -> Callable[[Sources], str]:
+    return lambda _sources: f"draft mode {mode!r} needs a draft model; give one, or use --draft-mode ngram"
+
+
+MODES: dict[str, Mode] = {mode.name: mode for mode in (
+    Mode("model", "draft model", "the draft model", loads_draft=True, available=lambda s: s.draft is not None,
+         missing=_no_draft_model("model"), book=lambda _s: "model", build=_model, own_drafter=_model_drafter),
+    Mode("mtp", "MTP head", "the target's own MTP head, no draft file", loads_draft=False,
+         available=lambda s: s.head is not None,
+         missing=lambda s: f"{s.target.model.path.name} has no MTP layers to draft with (nextn_predict_layers is "
+                           "0, or a conversion stripped them); give a draft model, or use --draft-mode ngram",
+         book=lambda _s: "mtp", build=_mtp, own_drafter=_mtp_drafter),
+    # n-gram rounds take no draft steps: they share the draft model's book.
+    Mode("ngram", "n-gram lookup", "prompt lookup, no draft model needed", loads_draft=False,
+         available=lambda _s: True, missing=lambda _s: "", book=lambda _s: "model", build=_ngram),
+    Mode("hybrid", "hybrid", "n-gram lookup and the draft model, else the MTP head", loads_draft=True,
+         available=lambda s: s.draft is not None or s.head is not None, missing=_no_draft_model("hybrid"),
+         book=lambda s: "model" if s.draft is not None else "mtp", build=_hybrid),
+    Mode("none", "no draft", "the target alone", loads_draft=False, available=lambda _s: True,
+         missing=lambda _s: "", book=lambda _s: "model", build=_none),
+)}
+NONE = MODES["none"]
+
+
+def mode(name: str) -> Mode:
+    """The mode called `name`, or one line naming the choices."""
+    if name not in MODES:
+        raise SpecError(f"unknown draft mode {name!r}; choose one of: {', '.join(MODES)}")
+    return MODES[name]
+
+
+def mode_help() -> str:
+    """The modes in words, for help screens."""
+    return ", ".join(f"{m.name} ({m.help})" for m in MODES.values())
+
+
+class Drafting:
+    """A pair's drafting: its `Sources`, and what its drafters learn, kept across generations."""
+
+    def __init__(self, sources: Sources) -> None:
+        self.sources = sources
+        self._costs: dict[str, LoopCosts] = {}
+        self._lengths: dict[tuple[str, str, int | str], DraftLength] = {}
+        self._hybrids: dict[int | str, HybridState] = {}
+
+    @property
+    def modes(self) -> tuple[str, ...]:
+        """The ways this pair can draft (the target alone aside)."""
+        return tuple(m.name for m in MODES.values() if m is not NONE and m.available(self.sources))
+
+    def own_model(self) -> Mode:
+        """The pair's own drafting model: the draft model where there is one, else the target's MTP head, else
+        none (the target alone)."""
+        return next((m for m in MODES.values() if m.own_model and m.available(self.sources)), NONE)
+
+    def check(self, name: str) -> Mode:
+        """The mode called `name`, if this pair can draft that way."""
+        found = mode(name)
+        if not found.available(self.sources):
+            raise SpecError(found.missing(self.sources))
+        return found
+
+    def build(self, name: str, p_min: float, k: int | str) -> tuple[Drafter | None, DraftLength]:
+        """The drafter for mode `name` and the controller of its K."""
+        return self.check(name).build(self, p_min, k)
+
+    def costs(self, name: str) -> LoopCosts:
+        """The running costs mode `name`'s rounds are priced with and recorded in."""
+        return self._costs.setdefault(MODES[name].book(self.sources), LoopCosts(decay=COSTS_DECAY))
+
+    def length(self, name: str, drafter: str, k: int | str) -> DraftLength:
+        """The controller of K for `drafter` (a mode's name, or "model" for the hybrid's own model) drafting in
+        mode `name`, kept across generations."""
+        key = (name, drafter, k)
+        if key not in self._lengths:
+            self._lengths[key] = FixedK(k) if k != "auto" else AdaptiveK(
+                self.costs(name), drafts_with_model=MODES[drafter].own_model, k_max=AUTO_K_MAX)
+        return self._lengths[key]
+
+    def hybrid_state(self, k: int | str) -> HybridState:
+        """What the hybrid drafting with K = `k` has learnt: a K controller for each of its drafters."""
+        if k not in self._hybrids:
+            self._hybrids[k] = HybridState({d: self.length("hybrid", d, k) for d in ("ngram", "model")})
+        return self._hybrids[k]

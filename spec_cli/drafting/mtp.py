@@ -1,0 +1,87 @@
+"""Drafting with the target's own multi-token-prediction (MTP, "nextn") head: no second model, no second
+vocabulary, a fraction of a draft model's memory.
+
+Qwen3.5/3.6, GLM-4.5 and later, DeepSeek V3 and others ship one such head (or several) inside their GGUF. It
+predicts the token after next from the token x_p and the target's hidden state h_{p-1} (its last layer's,
+after the output norm): at position p of its own small memory it holds the pair (x_p, h_{p-1}). The target
+hands over h for every position it decodes (`Context(hidden_states=True)`), so the verify pass that checks
+one round's drafts also gives the head what it needs for the next.
+
+A round from the sequence x_0..x_n: the head catches up on the pairs it lacks, all built on the target's
+hidden states, and the last one, (x_n, h_{n-1}), yields q_1 and d_1 with the head's own hidden state h'_n;
+then (d_1, h'_n) yields q_2 and d_2, and so on (Gloeckle et al. 2024; DeepSeek-V3's MTP used for speculative
+decoding). The pairs from d_1 on carry the head's h', not the target's, so they are taken back as soon as
+the round is drafted, whatever the target keeps: the next round pairs the kept tokens with the target's h.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Sequence
+
+import numpy as np
+
+from spec_cli.decoding.drafter import Draft
+from spec_cli.decoding.sampling import SamplingParams
+from spec_cli.drafting.base import CatchUpDrafter, draft_step_by_step, drafted_token
+from spec_cli.llama.context import Context, HeadContext, common_prefix
+
+
+class MtpDrafter(CatchUpDrafter):
+    """Drafts with the MTP head of the target whose context is `target` (which keeps its hidden states)."""
+
+    def __init__(self, target: Context, head: HeadContext, p_min: float = 0.0) -> None:
+        if target.hidden is None:
+            raise ValueError("the target context must keep its hidden states (hidden_states=True)")
+        self.target, self.head, self.p_min = target, head, p_min
+
+    @property
+    def busy_s(self) -> float:
+        return self.head.busy_s
+
+    def prefill(self, tokens: Sequence[int]) -> list[tuple[int, float]]:
+        """Pair the prompt's tokens (all but its last, which the target has decoded) with their hidden states,
+        keeping what the head already holds of them."""
+        self.head.trim(common_prefix(self.head.tokens, tokens))
+        started = time.perf_counter()
+        fed = len(tokens) - self.head.n_past
+        if fed:
+            self.head.decode(tokens[self.head.n_past:], self._pairs_from(self.head.n_past, len(tokens)), 0)
+        return [(fed, time.perf_counter() - started)] if fed else []
+
+    def pending(self, tokens: Sequence[int]) -> int:
+        """How many pairs the next proposal feeds before its first draft step (its catch-up)."""
+        return len(tokens) - self.head.n_past
+
+    def propose(self, tokens: Sequence[int], k: int, sampling: SamplingParams,
+                rng: np.random.Generator) -> Draft:
+        """Up to k tokens after `tokens`: catch up to the last token with the target's hidden states, then
+        feed back the head's own. Penalties count the drafted tokens, as the target's p will."""
+        n, start = len(tokens), self.head.n_past
+        hidden = self._pairs_from(start, n)
+
+        def step(_i: int, fed: list[int]) -> np.ndarray:
+            nonlocal hidden
+            logits, hidden = self.head.decode(fed, hidden, 1)  # the next step pairs its token with this h'
+            return logits[0]
+
+        draft = draft_step_by_step(step, list(tokens[start:]), k, sampling, sampling.recent(tokens),
+                                   drafted_token(sampling, rng, self.p_min))
+        self.head.trim(n)  # the pairs of drafted tokens hold the head's h', never the target's
+        return draft
+
+    def rewind(self, n_keep: int) -> None:
+        self.head.trim(n_keep)
+
+    def _pairs_from(self, start: int, end: int) -> np.ndarray:
+        """h_{p-1} for p in [start, end): the target's hidden states one position back, zeros before the first
+        token (as llama.cpp's own loop starts)."""
+        hidden = self.target.hidden
+        assert hidden is not None
+        rows = np.empty((end - start, hidden.shape[1]), dtype=np.float32)
+        if start == 0 and end > 0:
+            rows[0] = 0.0
+            rows[1:] = hidden[:end - 1]
+        else:
+            rows[:] = hidden[start - 1:end - 1]
+        return rows

@@ -1,0 +1,272 @@
+"""A sequence's memory over a model: batches decoded at increasing positions, logits only where asked,
+and `trim` back to n tokens (how, `memory` decides for each kind of memory). `HeadContext` feeds a target's
+MTP head with the target's hidden states.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import time
+from typing import Sequence
+
+import llama_cpp
+import numpy as np
+from llama_cpp import llama_cpp_ext
+
+from spec_cli.errors import SpecError
+from spec_cli.llama import memory
+from spec_cli.llama.model import Backend, Model
+
+
+def common_prefix(held: Sequence[int], tokens: Sequence[int]) -> int:
+    """How many tokens a memory holding `held` can keep of a new sequence `tokens`."""
+    keep = 0
+    for cached, token in zip(held, tokens):
+        if cached != token:
+            break
+        keep += 1
+    return keep
+
+
+def _new_context(model: Model, n_ctx: int, n_batch: int, n_threads: int, what: str,
+                 **settings: object) -> llama_cpp.llama_context_p:
+    """A llama.cpp context for one sequence over `model`, decoding batches of `n_batch` on `n_threads`;
+    `settings` are further llama_context_params fields, `what` names it in the error."""
+    params = llama_cpp.llama_context_default_params()
+    params.n_ctx = n_ctx
+    params.n_batch = params.n_ubatch = n_batch
+    params.n_seq_max = 1
+    params.n_threads = params.n_threads_batch = n_threads
+    params.no_perf = True
+    for name, value in settings.items():
+        setattr(params, name, value)
+    Backend.forget()
+    handle = llama_cpp.llama_init_from_model(model._handle, params)
+    if not handle:
+        raise SpecError(f"llama.cpp could not create {what} for {model.path.name}: "
+                        f"{Backend.message('out of memory?')}")
+    return handle
+
+
+class Context:
+    """One sequence's memory over a `Model`, fed token batches at increasing positions of sequence 0.
+
+    `tokens` is what the memory holds. Going back (`trim`) is left to the memory's strategy (`memory.py`):
+    a cut, an in-place rollback, or a snapshot restored and the kept tokens replayed; `rollback_s` is the
+    time that costs (saving snapshots included). Decoding and trimming count in `busy_s`; the prompt's
+    snapshot does not.
+    """
+
+    def __init__(self, model: Model, n_ctx: int, n_threads: int, n_batch: int = 512, max_rollback: int = 0,
+                 hidden_states: bool = False, n_ubatch: int | None = None) -> None:
+        """`max_rollback`: the most tokens one speculative round may discard (K); recurrent memories that
+        llama.cpp can roll back in place keep that many states per sequence. `hidden_states`: keep, in
+        `hidden`, the hidden state the model exports for its MTP head (llama.cpp's h_nextn; for qwen35 the
+        last layer's, after the output norm) at every position decoded, replays included. `n_ubatch`: the
+        tokens llama.cpp computes at once (default: the batch; 1 over a model with `one_token_batches`)."""
+        self.model = model
+        self.n_batch = min(n_batch, n_ctx)
+        # n_rs_seq: llama.cpp sets it to 0 for architectures it cannot roll back in place. swa_full off: a
+        # sliding-window cache of window + one batch, not of the whole context, a fraction of the memory on
+        # long contexts (Gemma 3 27B at 8k: ~0.8 instead of ~4 GB); memory.py handles the cuts it prunes.
+        self.n_ubatch = n_ubatch or (1 if model.one_token_batches else self.n_batch)
+        handle = _new_context(model, n_ctx, self.n_batch, n_threads, f"a {n_ctx}-token context",
+                              n_rs_seq=max_rollback, swa_full=False, n_ubatch=self.n_ubatch)
+        self._handle = handle
+        self.memory = memory.for_context(handle, model._handle, model.path.name)
+        self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
+        # llama.cpp rounds the size up (to 256s); the user's number is the limit we keep to.
+        self.n_ctx: int = min(n_ctx, llama_cpp.llama_n_ctx(handle))
+        self.tokens: list[int] = []
+        self.busy_s = 0.0
+        self._trim_s = 0.0
+        # Row p: h_p as last computed. Valid for every position of the sequence decoded with its current tokens,
+        # those a rollback took back included (their h does not change); rows of rejected drafts are stale.
+        self.hidden: np.ndarray | None = None
+        if hidden_states:
+            llama_cpp_ext.llama_set_embeddings_nextn(handle, True, False)  # every row, not only those with logits
+            self.hidden = np.zeros((self.n_ctx, model.n_embd), dtype=np.float32)
+
+    @property
+    def n_past(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def rollback_s(self) -> float:
+        """Seconds spent taking tokens back: cuts, restores, saving snapshots, and the target's replays
+        (a drafter's replays ride in its catch-up batch and count as drafting)."""
+        return self._trim_s + self.memory.saving_s
+
+    def decode(self, tokens: Sequence[int], n_logits: int, n_final: int | None = None) -> np.ndarray:
+        """Append `tokens` to the memory; return logits for the last `n_logits` of them, one row each.
+
+        Asking only for the rows that will be used keeps llama.cpp from computing the output layer for the
+        rest (prompt prefill asks for none). `n_final`: how many of `tokens` are sure to be kept (default
+        all); the rest are speculative, and a memory that cannot cut them away later prepares for it now.
+        """
+        if self.n_past + len(tokens) > self.n_ctx:
+            raise RuntimeError(f"decode past the context: {self.n_past} + {len(tokens)} > {self.n_ctx}")
+        if n_logits > min(len(tokens), self.n_batch):
+            raise ValueError(f"cannot return {n_logits} logit rows for a batch of {len(tokens)}")
+        n_final = len(tokens) if n_final is None else n_final
+        if 1 < n_final and n_logits <= len(tokens) - n_final + 1 and self.memory.saves_before(len(tokens), n_final):
+            # The sure tokens before the last one are what the last restore took back (the target's
+            # verify batch feeds them again). The snapshot belongs after them, or the next rollback would
+            # take them back once more: replay them on their own, as part of the rollback's cost.
+            started = time.perf_counter()
+            self.decode(tokens[:n_final - 1], 0)
+            self._trim_s += time.perf_counter() - started
+            tokens, n_final = tokens[n_final - 1:], 1
+        started = time.perf_counter()
+        self.memory.before_decode(self.n_past, len(tokens), n_final)
+        rows = self._decode(tokens, n_logits)
+        self.busy_s += time.perf_counter() - started
+        return rows
+
+    def _decode(self, tokens: Sequence[int], n_logits: int) -> np.ndarray:
+        first_output = len(tokens) - n_logits
+        for start in range(0, len(tokens), self.n_batch):
+            chunk = tokens[start:start + self.n_batch]
+            self._fill_batch(chunk, first_output - start)
+            Backend.forget()
+            status = llama_cpp.llama_decode(self._handle, self._batch)
+            if status != 0:
+                self._fail(status)
+            if self.hidden is not None:
+                rows = llama_cpp_ext.llama_get_embeddings_nextn(self._handle)
+                self.hidden[self.n_past:self.n_past + len(chunk)] = np.ctypeslib.as_array(
+                    rows, shape=(len(chunk), self.model.n_embd))
+            self.tokens.extend(chunk)
+        if n_logits == 0:
+            return np.empty((0, self.model.n_vocab), dtype=np.float32)
+        logits = llama_cpp.llama_get_logits(self._handle)
+        return np.ctypeslib.as_array(logits, shape=(n_logits, self.model.n_vocab)).copy()
+
+    def _fail(self, status: int) -> None:
+        """llama.cpp refused a batch: forget everything (the memory may hold part of it) and say why."""
+        self.memory.clear()
+        self.tokens.clear()
+        reason = "no room in the memory" if status == 1 else f"status {status}"
+        raise SpecError(f"llama.cpp could not decode with {self.model.path.name}: {Backend.message(reason)}")
+
+    def prefill(self, tokens: Sequence[int]) -> int:
+        """Make the memory hold exactly `tokens`, keeping the longest prefix it already holds; return how
+        many tokens were reused.
+
+        A new prompt that extends the last one (the next turn of a chat, the same system prompt) then
+        costs only its new tokens. A memory that cannot cut back that far restores its snapshot at the end
+        of an earlier prompt, or starts over.
+        """
+        self.trim(common_prefix(self.tokens, tokens))  # what a restore leaves out is decoded with the rest
+        reused = self.n_past
+        self.decode(tokens[reused:], 0)
+        if reused < len(tokens):
+            self.memory.after_prompt(self.n_past)
+        return reused
+
+    def _fill_batch(self, chunk: Sequence[int], first_output: int) -> None:
+        batch = self._batch
+        batch.n_tokens = len(chunk)
+        for i, token in enumerate(chunk):
+            batch.token[i] = token
+            batch.pos[i] = self.n_past + i
+            batch.n_seq_id[i] = 1
+            batch.seq_id[i][0] = 0
+            batch.logits[i] = i >= first_output
+
+    def trim(self, n_keep: int) -> None:
+        """Forget every position from `n_keep` on: keep at most `n_keep` tokens.
+
+        A memory that cannot cut there goes back further (to a snapshot, or to the start); every caller
+        feeds what it lacks with its next decode (a drafter's catch-up, the target's next verify batch).
+        The memory is asked even when nothing seems to be beyond `n_keep`: a Ctrl-C that lands between
+        `llama_decode` and the bookkeeping above leaves llama.cpp holding positions that `tokens` lacks.
+        """
+        n_keep = min(n_keep, self.n_past)
+        if n_keep >= max(self.n_past, self.memory.held()):
+            return
+        started = time.perf_counter()
+        del self.tokens[self.memory.rollback(n_keep):]
+        elapsed = time.perf_counter() - started
+        self._trim_s += elapsed
+        self.busy_s += elapsed
+
+    def close(self) -> None:
+        if self._handle:
+            llama_cpp.llama_batch_free(self._batch)
+            llama_cpp.llama_free(self._handle)
+            self._handle = None
+
+
+class HeadContext:
+    """The memory of a model's multi-token-prediction (MTP) head, over the weights of a `Model` loaded with
+    `load_mtp`: llama.cpp's MTP context, fed through its extended batch.
+
+    Position p holds the pair (x_p, h_{p-1}): a token and the hidden state that preceded it (the target's, or
+    the head's own while drafting). Decoding a pair yields the head's logits for x_{p+1} and its own hidden
+    state, which the next draft step pairs with the drafted token. The memory is a plain KV cache over the
+    MTP layer, so taking tokens back is a cut.
+    """
+
+    def __init__(self, model: Model, n_ctx: int, n_threads: int, n_batch: int = 512) -> None:
+        self.model = model
+        self.n_batch = min(n_batch, n_ctx)
+        handle = _new_context(model, n_ctx, self.n_batch, n_threads, "the MTP context",
+                              ctx_type=llama_cpp.LLAMA_CONTEXT_TYPE_MTP, n_rs_seq=0)
+        self._handle = handle
+        llama_cpp_ext.llama_set_embeddings_nextn(handle, True, True)  # the head's hidden state, output rows only
+        self._batch = llama_cpp.llama_batch_ext_init(handle)
+        self._position = (llama_cpp.llama_pos * 4)()  # M-RoPE models take 4; a token row reads the first
+        self.tokens: list[int] = []
+        self.busy_s = 0.0
+
+    @property
+    def n_past(self) -> int:
+        return len(self.tokens)
+
+    def decode(self, tokens: Sequence[int], hidden: np.ndarray, n_outputs: int) -> tuple[np.ndarray, np.ndarray]:
+        """Append the pairs (tokens[i], hidden[i]); return the logits and the head's hidden states of the last
+        `n_outputs` pairs, one row each."""
+        started = time.perf_counter()
+        hidden = np.ascontiguousarray(hidden, dtype=np.float32)
+        first_output = len(tokens) - n_outputs
+        for start in range(0, len(tokens), self.n_batch):
+            chunk = range(start, min(start + self.n_batch, len(tokens)))
+            llama_cpp.llama_batch_ext_clear(self._batch)
+            for i in chunk:
+                index = llama_cpp.llama_batch_ext_add_token(self._batch, 0, tokens[i])
+                self._position[0] = self.n_past + i - start
+                llama_cpp.llama_batch_ext_set_pos(self._batch, index, self._position)
+                row = hidden[i].ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+                llama_cpp.llama_batch_ext_set_embd_token(self._batch, index, llama_cpp.llama_embd(row, 1, hidden.shape[1]))
+                if i >= first_output:
+                    llama_cpp.llama_batch_ext_set_output_logits(self._batch, index, True)
+            Backend.forget()
+            status = llama_cpp.llama_process(self._handle, llama_cpp.LLAMA_PROCESS_TYPE_DECODE, self._batch)
+            if status != 0:
+                self.trim(0)
+                raise SpecError(f"llama.cpp could not run the MTP head of {self.model.path.name}: "
+                                f"{Backend.message(f'status {status}')}")
+            self.tokens.extend(tokens[i] for i in chunk)
+        self.busy_s += time.perf_counter() - started
+        if n_outputs == 0:
+            return np.empty((0, self.model.n_vocab), np.float32), np.empty((0, self.model.n_embd), np.float32)
+        logits = llama_cpp.llama_get_logits(self._handle)
+        states = llama_cpp_ext.llama_get_embeddings_nextn(self._handle)
+        return (np.ctypeslib.as_array(logits, shape=(n_outputs, self.model.n_vocab)).copy(),
+                np.ctypeslib.as_array(states, shape=(n_outputs, self.model.n_embd)).copy())
+
+    def trim(self, n_keep: int) -> None:
+        """Forget every position from `n_keep` on."""
+        if n_keep >= self.n_past:
+            return
+        started = time.perf_counter()
+        llama_cpp.llama_memory_seq_rm(llama_cpp.llama_get_memory(self._handle), 0, n_keep, -1)
+        del self.tokens[n_keep:]
+        self.busy_s += time.perf_counter() - started
+
+    def close(self) -> None:
+        if self._handle:
+            llama_cpp.llama_batch_ext_free(self._batch)
+            llama_cpp.llama_free(self._handle)
+            self._handle = None

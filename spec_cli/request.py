@@ -1,0 +1,80 @@
+"""One generation request: how to sample, the seed, K, the drafting mode and its confidence stop, the
+verification rule, the token limit and the stop strings. Every face builds one (the CLI from its flags,
+chat's `/set`, the server from a JSON body, the benchmark for each configuration) and it is checked once,
+here, with one set of messages; a face only turns its text or JSON into values first.
+
+A message names its field through the face that built the request (`--draft-max` on the command line, `k`
+after `/set`, `'draft_max'` in an HTTP answer): `InvalidRequest.named`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from spec_cli.decoding.sampling import SamplingParams
+from spec_cli.decoding.verification import DEFAULT_VERIFY, VERIFY_RULES
+from spec_cli.drafting.modes import MODES
+from spec_cli.errors import SpecError
+
+MAX_K = 64  # the largest fixed K a user may ask for
+AUTO = "auto"
+# How the library's own messages name each field (the Python API's keyword arguments in words).
+NAMES = {"draft_max": "draft-max", "draft_mode": "draft mode", "draft_p_min": "draft-p-min",
+         "verify": "verification", "max_tokens": "max-tokens"}
+
+
+class InvalidRequest(SpecError):
+    """A request field with a value it cannot take: `field` is the field, `template` the message with a
+    `{name}` for it, which each face fills with what its users call that field; `code` a machine-readable
+    reason where a client may act on it (OpenAI's "context_length_exceeded")."""
+
+    def __init__(self, field_name: str, template: str, code: str | None = None) -> None:
+        self.field, self.template, self.code = field_name, template, code
+        super().__init__(self.named(NAMES))
+
+    def named(self, names: Mapping[str, str]) -> str:
+        # The first `{name}` only: the value quoted after it may hold braces of its own.
+        return self.template.replace("{name}", names.get(self.field, self.field), 1)
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """What to generate with. `draft_max` is K, or "auto" to let the loop choose K each round; `draft_mode` is
+    a mode of `drafting.modes` (None: the pair's own drafting model, `Pair.mode_for`); `draft_p_min` the draft
+    model's confidence stop; `verify` the rule sampled rounds are verified with ("block", Sun et al. 2025, or
+    "token", Leviathan et al. 2023; greedy rounds need none); `stop` strings end the text where the server
+    cuts it; `seed` fixes the one random generator of a generation (None: a random one)."""
+
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    seed: int | None = None
+    draft_max: int | str = 4
+    draft_mode: str | None = None
+    draft_p_min: float = 0.0
+    verify: str = DEFAULT_VERIFY
+    max_tokens: int = 256
+    stop: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        k = self.draft_max
+        if k != AUTO and (not isinstance(k, int) or isinstance(k, bool) or not 0 <= k <= MAX_K):
+            raise InvalidRequest("draft_max", f"{{name}} must be a number from 0 to {MAX_K} or 'auto', got {k!r}")
+        if self.draft_mode is not None and self.draft_mode not in MODES:
+            raise InvalidRequest("draft_mode", f"unknown {{name}} {self.draft_mode!r}; choose one of: {', '.join(MODES)}")
+        if not 0 <= self.draft_p_min < 1:
+            raise InvalidRequest("draft_p_min", f"{{name}} must be in [0, 1), got {self.draft_p_min!r}")
+        if self.verify not in VERIFY_RULES:
+            raise InvalidRequest("verify", f"unknown {{name}} {self.verify!r}; choose one of: {', '.join(VERIFY_RULES)}")
+        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise InvalidRequest("max_tokens", f"{{name}} must be >= 1, got {self.max_tokens!r}")
+
+    @property
+    def adaptive(self) -> bool:
+        return self.draft_max == AUTO
+
+
+def draft_max_from_text(text: str) -> int | str:
+    """K as typed (a flag, a `/set`): "auto", a whole number, or the text itself for the request to refuse."""
+    if text.lower() == AUTO:
+        return AUTO
+    return int(text) if text.lstrip("-").isdigit() else text

@@ -1,0 +1,44 @@
+"""A generation's statistics in words: one line after a run, after each chat answer and in the server's log,
+written once here so that every face says the same thing the same way."""
+
+from __future__ import annotations
+
+from spec_cli.decoding.stats import Stats
+from spec_cli.drafting.modes import MODES
+
+
+def percent(rate: float, digits: int = 0) -> str:
+    """A rate as a percentage that never rounds a partial figure to 100% or 0%: 2498/2507 is 99.6%, not 100%.
+
+    More decimals are shown only when the rounding would claim all or nothing."""
+    text = f"{rate:.{digits}%}"
+    while 0 < rate < 1 and text in (f"{0:.{digits}%}", f"{1:.{digits}%}") and digits < 6:
+        digits += 1
+        text = f"{rate:.{digits}%}"
+    return text
+
+
+def summary_line(stats: Stats, finish_reason: str | None, brief: bool = False) -> str:
+    """The statistics in one line: after a run and in the server's log; `brief` after each chat answer (the
+    prompt's new tokens instead of the drafting details and where the models run)."""
+    s = stats
+    parts = [f"{s.generated_tokens} tokens", f"{s.tokens_per_second:.1f} tok/s"]
+    if s.drafted:
+        acceptance = f"acceptance {percent(s.acceptance_rate)}"
+        parts += [acceptance if brief else f"{acceptance} ({s.accepted}/{s.drafted})",
+                  f"mean accepted length {s.mean_accepted_length:.2f}"]
+    if brief:
+        return " · ".join([*parts, f"prompt {s.prompt_tokens - s.prompt_cached} new tokens"])
+    if s.drafted:
+        if s.adaptive:
+            parts.append(f"K auto, last {s.current_k}")
+        parts.append(f"drafting: {MODES[s.draft_mode].label if s.draft_mode in MODES else s.draft_mode}")
+        if s.convert_s:
+            parts.append(f"through text: conversion {percent(s.convert_share, 1)} of the rounds")
+    else:
+        parts.append("no draft")
+    cached = f" ({s.prompt_cached} cached)" if s.prompt_cached else ""
+    parts += [f"prompt {s.prompt_tokens} tokens{cached} in {s.prompt_s:.2f}s", f"finish: {finish_reason}"]
+    if any(where != "CPU" for where in s.placement.values()):
+        parts += [f"{name} on {where}" for name, where in s.placement.items()]
+    return " · ".join(parts)
