@@ -12,21 +12,8 @@ from typing import Annotated, Optional
 import typer
 
 from spec_cli import bench as benchmark
-from spec_cli.cli.common import ThreadsOpt, csv_list, user_errors
-from spec_cli.cli.options import (
-    CtxOpt,
-    DraftGpuLayersOpt,
-    DraftOpt,
-    DraftRpcOpt,
-    GpuLayersOpt,
-    LoadOptions,
-    PairOpt,
-    RpcOpt,
-    TargetOpt,
-    TensorSplitOpt,
-    largest_k,
-    open_pair,
-)
+from spec_cli.cli.common import csv_list, user_errors
+from spec_cli.cli.options import LoadOptions, largest_k, loads_pair, open_pair
 from spec_cli.decoding.verification import DEFAULT_VERIFY
 from spec_cli.drafting.modes import MODES, mode
 from spec_cli.errors import SpecError
@@ -52,10 +39,9 @@ Examples:
 """
 
 
+@loads_pair
 def bench(
-    target: TargetOpt = None,
-    draft: DraftOpt = None,
-    pair: PairOpt = None,
+    load: LoadOptions = LoadOptions(),
     prompts_file: Annotated[Optional[Path], typer.Option("--prompts", help="Your prompts: one per line, or JSON Lines with a \"prompt\" field.", show_default=False)] = None,
     task: Annotated[str, typer.Option("--task", help=f"Built-in prompts when --prompts is not given: {', '.join(benchmark.TASKS)}. Several, comma-separated, are measured in one run, each against the target alone on its own prompts.")] = "mixed",
     ks: Annotated[Optional[str], typer.Option("--k", "-k", help="Draft lengths to compare, comma-separated numbers or auto (default: the pair's recommended K, and auto).", show_default=False)] = None,
@@ -66,13 +52,6 @@ def bench(
     verify: Annotated[str, typer.Option("--verify", help="Verification rules to compare at temperatures above 0, comma-separated: block, token.")] = DEFAULT_VERIFY,
     json_file: Annotated[Optional[Path], typer.Option("--json", help="Also write every figure (and each run's statistics) to this JSON file.", show_default=False)] = None,
     plot_file: Annotated[Optional[Path], typer.Option("--plot", help="Write a PNG of tokens/s and acceptance against K (needs matplotlib: pip install 'spec-cli[plot]').", show_default=False)] = None,
-    ctx: CtxOpt = None,
-    threads: ThreadsOpt = None,
-    gpu_layers: GpuLayersOpt = None,
-    draft_gpu_layers: DraftGpuLayersOpt = None,
-    rpc_workers: RpcOpt = None,
-    draft_rpc: DraftRpcOpt = None,
-    tensor_split: TensorSplitOpt = None,
 ) -> None:
     """Measure speculative configurations against the target alone on the same pair, interleaved.
 
@@ -87,14 +66,12 @@ def bench(
         temperatures = csv_list(temps, parse=_temperature)
         rules = csv_list(verify, parse=lambda rule: GenerationRequest(verify=rule).verify)
         k_given = csv_list(ks, parse=lambda k: GenerationRequest(draft_max=draft_max_from_text(k)).draft_max) if ks else []
-        options = LoadOptions(target, draft, pair, False, False, ctx, threads, gpu_layers, draft_gpu_layers,
-                              needs_draft=not mode_list or any(MODES[mode].loads_draft for mode in mode_list),
-                              max_draft=largest_k(k_given), rpc=rpc_workers, draft_rpc=draft_rpc,
-                              tensor_split=tensor_split)
+        options = replace(load, needs_draft=not mode_list or any(MODES[mode].loads_draft for mode in mode_list),
+                          max_draft=largest_k(k_given))
         # With --rpc, the same files twice: local, and the target split over the workers, side by side.
-        places = ["local", "rpc"] if rpc_workers else [None]
-        with open_pair(replace(options, local_only=bool(rpc_workers))) as loaded, \
-                (open_pair(options) if rpc_workers else nullcontext()) as remote:
+        places = ["local", "rpc"] if load.rpc else [None]
+        with open_pair(replace(options, local_only=bool(load.rpc))) as loaded, \
+                (open_pair(options) if load.rpc else nullcontext()) as remote:
             k_list = k_given or list(dict.fromkeys([loaded.draft_max, "auto"]))
             configs = benchmark.configurations(mode_list or [loaded.pair.default_draft_mode], k_list, temperatures,
                                                rules, list(prompts), places)
@@ -104,11 +81,11 @@ def bench(
                 sides = benchmark.compare(loaded.pair, configs, prompts, max_tokens=max_tokens, repeat=repeat,
                                           raw=raw, progress=advance, rpc_pair=remote.pair if remote else None)
             settings = {"target": str(loaded.pair.target.path),
-                        "rpc": csv_list(rpc_workers, str) if rpc_workers else [],
+                        "rpc": csv_list(load.rpc, str) if load.rpc else [],
                         "draft": str(loaded.pair.draft.path) if loaded.pair.draft else None,
                         "prompts": sum(map(len, prompts.values())), "task": None if prompts_file else task,
                         "max_tokens": max_tokens, "repeat": repeat, "temperatures": temperatures,
-                        "threads": threads or os.cpu_count()}
+                        "threads": load.threads or os.cpu_count()}
             result = benchmark.report(sides, settings)
             show_comparison(result)
             if json_file is not None:

@@ -9,39 +9,10 @@ from typing import Annotated, Optional
 import typer
 
 from spec_cli import chat as conversation
-from spec_cli.cli.common import ThreadsOpt, user_errors
-from spec_cli.cli.options import (
-    ChatFormatOpt,
-    CtxOpt,
-    DraftGpuLayersOpt,
-    DraftMaxOpt,
-    DraftModeOpt,
-    DraftOpt,
-    DraftPMinOpt,
-    DraftRpcOpt,
-    FrequencyPenaltyOpt,
-    GpuLayersOpt,
-    LoadOptions,
-    MinPOpt,
-    NoDraftOpt,
-    PairOpt,
-    PresencePenaltyOpt,
-    QuietOpt,
-    RepeatLastNOpt,
-    RepeatPenaltyOpt,
-    RequestFlags,
-    RpcOpt,
-    Sampling,
-    SamplingPresetOpt,
-    SeedOpt,
-    TargetOpt,
-    TempOpt,
-    TensorSplitOpt,
-    TopKOpt,
-    TopPOpt,
-    VerifyOpt,
-    open_pair,
-)
+from spec_cli.cli.common import user_errors
+from spec_cli.cli.options import (ChatFormatOpt, DraftMaxOpt, DraftModeOpt, DraftPMinOpt, LoadOptions, NoDraftOpt,
+                                  QuietOpt, RequestFlags, Sampling, SeedOpt, VerifyOpt, loads_pair, open_pair,
+                                  samples)
 from spec_cli.decoding.verification import DEFAULT_VERIFY
 from spec_cli.terminal.chat_repl import chat_loop
 
@@ -60,36 +31,21 @@ Examples:
 """
 
 
+@loads_pair
+@samples
 def chat(
-    target: TargetOpt = None,
-    draft: DraftOpt = None,
-    pair: PairOpt = None,
+    load: LoadOptions = LoadOptions(),
     system: Annotated[Optional[str], typer.Option("--system", "-s", help="System message.", show_default=False)] = None,
     chat_format: ChatFormatOpt = None,
     draft_max: DraftMaxOpt = None,
     draft_mode: DraftModeOpt = None,
     draft_p_min: DraftPMinOpt = 0.0,
-    sampling_preset: SamplingPresetOpt = None,
-    temp: TempOpt = None,
-    top_k: TopKOpt = None,
-    top_p: TopPOpt = None,
-    min_p: MinPOpt = None,
-    repeat_penalty: RepeatPenaltyOpt = None,
-    repeat_last_n: RepeatLastNOpt = None,
-    presence_penalty: PresencePenaltyOpt = None,
-    frequency_penalty: FrequencyPenaltyOpt = None,
+    sampling: Sampling = Sampling(),
     verify: VerifyOpt = DEFAULT_VERIFY,
     seed: SeedOpt = None,
     max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", min=1, help="Longest answer, in tokens.")] = 512,
-    ctx: CtxOpt = None,
-    threads: ThreadsOpt = None,
-    gpu_layers: GpuLayersOpt = None,
-    draft_gpu_layers: DraftGpuLayersOpt = None,
-    rpc_workers: RpcOpt = None,
-    draft_rpc: DraftRpcOpt = None,
-    tensor_split: TensorSplitOpt = None,
     no_draft: NoDraftOpt = False,
-    quiet: QuietOpt = False,
+    quiet: QuietOpt = False
 ) -> None:
     """Talk with a model in the terminal, with speculative decoding and per-answer statistics.
 
@@ -98,16 +54,11 @@ def chat(
     Sampling uses the settings the target's GGUF recommends (--sampling model), else llama.cpp's defaults, in llama.cpp's order: penalties → top-k → top-p → min-p → temperature.
     """
     with user_errors():
-        sampling = Sampling.from_flags(sampling_preset, "model", temp, top_k, top_p, min_p, repeat_penalty,
-                                       repeat_last_n, presence_penalty, frequency_penalty)
         # --no-draft starts with drafting off and keeps the mode for /draft on.
-        flags = RequestFlags.from_flags(draft_max, draft_mode, False, sampling, seed=seed, verify=verify,
-                                        draft_p_min=draft_p_min, max_tokens=max_tokens)
+        flags = RequestFlags.from_flags(draft_max, draft_mode, False, sampling.checked("model"), seed=seed,
+                                        verify=verify, draft_p_min=draft_p_min, max_tokens=max_tokens)
         template = conversation.chat_template(chat_format)
-        options = LoadOptions(target, draft, pair, no_draft, quiet, ctx, threads, gpu_layers, draft_gpu_layers,
-                              needs_draft=flags.loads_draft, max_draft=flags.max_draft, rpc=rpc_workers,
-                              draft_rpc=draft_rpc, tensor_split=tensor_split)
-        with open_pair(options) as loaded:
+        with open_pair(load.for_request(flags, no_draft, quiet)) as loaded:
             # Fail now rather than at the first message when there is no template to use.
             loaded.pair.target.format_chat([{"role": "user", "content": "hi"}], template=template)
             request = flags.for_pair(loaded)

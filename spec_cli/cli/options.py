@@ -4,14 +4,16 @@ or files, with the registry's settings as defaults."""
 
 from __future__ import annotations
 
+import functools
+import inspect
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Annotated, Iterator, Optional
+from typing import Annotated, Any, Callable, Iterator, Optional, TypeVar
 
 import typer
 
-from spec_cli.cli.common import csv_list, or_default, resolve_files
+from spec_cli.cli.common import ThreadsOpt, csv_list, or_default, resolve_files
 from spec_cli.decoding.sampling import SAMPLING_ORDER, SAMPLING_PRESETS, SamplingParams, settle
 from spec_cli.drafting.modes import MODES, mode_help
 from spec_cli.errors import SpecError
@@ -22,6 +24,8 @@ from spec_cli.models import registry
 from spec_cli.pair import DEFAULT_CTX, Pair, load_pair
 from spec_cli.request import MAX_K, GenerationRequest, draft_max_from_text
 from spec_cli.terminal.output import note
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 TargetOpt = Annotated[Optional[Path], typer.Option("--target", "-t", help="Target GGUF file (the model you want output from).", show_default=False)]
 DraftOpt = Annotated[Optional[Path], typer.Option("--draft", "-d", help="Draft GGUF file (small; a different vocabulary drafts through text).", show_default=False)]
@@ -54,29 +58,23 @@ SeedOpt = Annotated[Optional[int], typer.Option("--seed", help="Random seed; the
 
 @dataclass(frozen=True)
 class Sampling:
-    """The sampling flags as given: a preset and the settings given by hand, by SamplingParams field."""
+    """The sampling flags as given: a preset (None: the command's default) and the settings given by hand, by
+    SamplingParams field."""
 
-    preset: str
+    preset: str | None = None
     given: dict[str, float | int] = field(default_factory=dict)
 
-    @classmethod
-    def from_flags(cls, preset: str | None, default: str, temp: float | None, top_k: int | None,
-                   top_p: float | None, min_p: float | None, repeat_penalty: float | None,
-                   repeat_last_n: int | None, presence_penalty: float | None,
-                   frequency_penalty: float | None) -> Sampling:
-        """Checked now, before any model loads."""
-        chosen = preset or default
-        if chosen not in SAMPLING_PRESETS:
-            raise SpecError(f"unknown --sampling {chosen!r}; choose one of: {', '.join(SAMPLING_PRESETS)}")
-        flags = {"temperature": temp, "top_k": top_k, "top_p": top_p, "min_p": min_p,
-                 "repeat_penalty": repeat_penalty, "repeat_last_n": repeat_last_n,
-                 "presence_penalty": presence_penalty, "frequency_penalty": frequency_penalty}
-        given = {name: value for name, value in flags.items() if value is not None}
-        SamplingParams(**given)
-        return cls(chosen, given)
+    def checked(self, default: str) -> Sampling:
+        """These flags, checked now, before any model loads, with `default` as the preset if none was given."""
+        preset = self.preset or default
+        if preset not in SAMPLING_PRESETS:
+            raise SpecError(f"unknown --sampling {preset!r}; choose one of: {', '.join(SAMPLING_PRESETS)}")
+        SamplingParams(**self.given)
+        return Sampling(preset, self.given)
 
     def for_pair(self, pair: Pair) -> SamplingParams:
         """The preset (with the target's recommended settings) under the flags given."""
+        assert self.preset is not None, "checked() first"
         return settle(self.preset, pair.recommended_sampling(), self.given)
 
 
@@ -133,6 +131,12 @@ class LoadOptions:
     draft_rpc: str | None = None
     tensor_split: str | None = None
     local_only: bool = False  # no workers, not even the pair's
+
+
+    def for_request(self, flags: RequestFlags, no_draft: bool = False, quiet: bool = False) -> LoadOptions:
+        """These options with what the command's request decides: whether the draft file loads, and the
+        largest fixed K asked for."""
+        return replace(self, no_draft=no_draft, quiet=quiet, needs_draft=flags.loads_draft, max_draft=flags.max_draft)
 
 
 @dataclass(frozen=True)
@@ -209,3 +213,37 @@ def _warn_cpu_only() -> None:
     if not supports_gpu_offload():
         note("warning: this llama-cpp-python build has no GPU support; running on the CPU "
              "(spec doctor says how to install a CUDA or Metal build)")
+
+
+def with_options(name: str, options: dict[str, object], gather: Callable[..., object]) -> Callable[[F], F]:
+    """A decorator for commands: `command`'s parameter `name` becomes the `options` (parameter name: its
+    Annotated option), in that place of its signature and so of its help, and the command receives
+    `gather(**their values)` for it. Options several commands share are declared once, here."""
+    def decorate(command: F) -> F:
+        signature = inspect.signature(command, eval_str=True)
+        added = [inspect.Parameter(option, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None, annotation=annotation)
+                 for option, annotation in options.items()]
+        params = [q for p in signature.parameters.values() for q in (added if p.name == name else [p])]
+
+        @functools.wraps(command)
+        def command_with_options(**values: Any) -> Any:
+            gathered = gather(**{option: values.pop(option) for option in options})
+            return command(**values, **{name: gathered})
+
+        command_with_options.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
+        command_with_options.__annotations__ = {p.name: p.annotation for p in params}
+        return command_with_options  # type: ignore[return-value]
+    return decorate
+
+
+# The options that choose the pair and where it runs, by LoadOptions field: `load: LoadOptions` in a command.
+loads_pair = with_options("load", {
+    "target": TargetOpt, "draft": DraftOpt, "pair": PairOpt, "ctx": CtxOpt, "threads": ThreadsOpt,
+    "gpu_layers": GpuLayersOpt, "draft_gpu_layers": DraftGpuLayersOpt, "rpc": RpcOpt, "draft_rpc": DraftRpcOpt,
+    "tensor_split": TensorSplitOpt}, LoadOptions)
+# The sampling options, by SamplingParams field (and the preset): `sampling: Sampling` in a command.
+samples = with_options("sampling", {
+    "preset": SamplingPresetOpt, "temperature": TempOpt, "top_k": TopKOpt, "top_p": TopPOpt, "min_p": MinPOpt,
+    "repeat_penalty": RepeatPenaltyOpt, "repeat_last_n": RepeatLastNOpt, "presence_penalty": PresencePenaltyOpt,
+    "frequency_penalty": FrequencyPenaltyOpt},
+    lambda preset, **given: Sampling(preset, {name: value for name, value in given.items() if value is not None}))

@@ -7,38 +7,9 @@ from typing import Annotated, Optional
 
 import typer
 
-from spec_cli.cli.common import EXIT_INTERRUPTED, ThreadsOpt, silence_stdout, user_errors
-from spec_cli.cli.options import (
-    CtxOpt,
-    DraftGpuLayersOpt,
-    DraftMaxOpt,
-    DraftModeOpt,
-    DraftOpt,
-    DraftPMinOpt,
-    DraftRpcOpt,
-    FrequencyPenaltyOpt,
-    GpuLayersOpt,
-    LoadOptions,
-    MinPOpt,
-    NoDraftOpt,
-    PairOpt,
-    PresencePenaltyOpt,
-    QuietOpt,
-    RepeatLastNOpt,
-    RepeatPenaltyOpt,
-    RequestFlags,
-    RpcOpt,
-    Sampling,
-    SamplingPresetOpt,
-    SeedOpt,
-    TargetOpt,
-    TempOpt,
-    TensorSplitOpt,
-    TopKOpt,
-    TopPOpt,
-    VerifyOpt,
-    open_pair,
-)
+from spec_cli.cli.common import EXIT_INTERRUPTED, silence_stdout, user_errors
+from spec_cli.cli.options import (DraftMaxOpt, DraftModeOpt, DraftPMinOpt, LoadOptions, NoDraftOpt, QuietOpt,
+                                  RequestFlags, Sampling, SeedOpt, VerifyOpt, loads_pair, open_pair, samples)
 from spec_cli.decoding.engine import Generation
 from spec_cli.decoding.verification import DEFAULT_VERIFY
 from spec_cli.errors import SpecError
@@ -70,37 +41,22 @@ Examples:
 """
 
 
+@loads_pair
+@samples
 def run(
     prompt: Annotated[Optional[str], typer.Argument(help="The prompt; '-' or nothing reads it from stdin.", show_default=False)] = None,
-    target: TargetOpt = None,
-    draft: DraftOpt = None,
-    pair: PairOpt = None,
+    load: LoadOptions = LoadOptions(),
     draft_max: DraftMaxOpt = None,
     draft_mode: DraftModeOpt = None,
     draft_p_min: DraftPMinOpt = 0.0,
-    sampling_preset: SamplingPresetOpt = None,
-    temp: TempOpt = None,
-    top_k: TopKOpt = None,
-    top_p: TopPOpt = None,
-    min_p: MinPOpt = None,
-    repeat_penalty: RepeatPenaltyOpt = None,
-    repeat_last_n: RepeatLastNOpt = None,
-    presence_penalty: PresencePenaltyOpt = None,
-    frequency_penalty: FrequencyPenaltyOpt = None,
+    sampling: Sampling = Sampling(),
     verify: VerifyOpt = DEFAULT_VERIFY,
     seed: SeedOpt = None,
     max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", min=1, help="Stop after this many generated tokens.")] = 256,
-    ctx: CtxOpt = None,
-    threads: ThreadsOpt = None,
-    gpu_layers: GpuLayersOpt = None,
-    draft_gpu_layers: DraftGpuLayersOpt = None,
-    rpc_workers: RpcOpt = None,
-    draft_rpc: DraftRpcOpt = None,
-    tensor_split: TensorSplitOpt = None,
     no_draft: NoDraftOpt = False,
     raw: Annotated[bool, typer.Option("--raw", help="Send the prompt verbatim instead of wrapping it in the model's chat template.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object: text, token ids, finish reason, statistics.")] = False,
-    quiet: QuietOpt = False,
+    quiet: QuietOpt = False
 ) -> None:
     """Generate from a prompt with speculative decoding, streaming tokens and acceptance statistics.
 
@@ -110,14 +66,9 @@ def run(
     """
     with user_errors():
         text = _read_prompt(prompt, quiet)
-        sampling = Sampling.from_flags(sampling_preset, "greedy", temp, top_k, top_p, min_p, repeat_penalty,
-                                       repeat_last_n, presence_penalty, frequency_penalty)
-        flags = RequestFlags.from_flags(draft_max, draft_mode, no_draft, sampling, seed=seed, verify=verify,
-                                        draft_p_min=draft_p_min, max_tokens=max_tokens)
-        options = LoadOptions(target, draft, pair, no_draft, quiet, ctx, threads, gpu_layers, draft_gpu_layers,
-                              needs_draft=flags.loads_draft, max_draft=flags.max_draft, rpc=rpc_workers,
-                              draft_rpc=draft_rpc, tensor_split=tensor_split)
-        with open_pair(options) as loaded:
+        flags = RequestFlags.from_flags(draft_max, draft_mode, no_draft, sampling.checked("greedy"), seed=seed,
+                                        verify=verify, draft_p_min=draft_p_min, max_tokens=max_tokens)
+        with open_pair(load.for_request(flags, no_draft, quiet)) as loaded:
             if not raw and not loaded.pair.has_chat_template:
                 if not quiet:
                     note(f"{loaded.pair.target.path.name} has no chat template; sending the prompt as raw text")

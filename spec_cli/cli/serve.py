@@ -2,32 +2,14 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
 from spec_cli import chat as conversation
-from spec_cli.cli.common import ThreadsOpt, reachable_from_outside, user_errors
-from spec_cli.cli.options import (
-    ChatFormatOpt,
-    CtxOpt,
-    DraftGpuLayersOpt,
-    DraftMaxOpt,
-    DraftModeOpt,
-    DraftOpt,
-    DraftRpcOpt,
-    GpuLayersOpt,
-    LoadOptions,
-    NoDraftOpt,
-    PairOpt,
-    RequestFlags,
-    RpcOpt,
-    TargetOpt,
-    TensorSplitOpt,
-    VerifyOpt,
-    open_pair,
-)
+from spec_cli.cli.common import reachable_from_outside, user_errors
+from spec_cli.cli.options import (ChatFormatOpt, DraftMaxOpt, DraftModeOpt, LoadOptions, NoDraftOpt, RequestFlags,
+                                  VerifyOpt, loads_pair, open_pair)
 from spec_cli.decoding.verification import DEFAULT_VERIFY
 from spec_cli.llama import rpc
 from spec_cli.models import registry
@@ -52,22 +34,14 @@ Examples:
 """
 
 
+@loads_pair
 def serve(
-    target: TargetOpt = None,
-    draft: DraftOpt = None,
-    pair: PairOpt = None,
+    load: LoadOptions = LoadOptions(),
     draft_max: DraftMaxOpt = None,
     draft_mode: DraftModeOpt = None,
     verify: VerifyOpt = DEFAULT_VERIFY,
     max_tokens: Annotated[Optional[int], typer.Option("--max-tokens", "-n", min=1, help="Longest answer for requests that set no max_tokens (default: until the context is full).", show_default=False)] = None,
     chat_format: ChatFormatOpt = None,
-    ctx: CtxOpt = None,
-    threads: ThreadsOpt = None,
-    gpu_layers: GpuLayersOpt = None,
-    draft_gpu_layers: DraftGpuLayersOpt = None,
-    rpc_workers: RpcOpt = None,
-    draft_rpc: DraftRpcOpt = None,
-    tensor_split: TensorSplitOpt = None,
     no_draft: NoDraftOpt = False,
     host: Annotated[str, typer.Option("--host", help="Address to listen on; anything but loopback needs --allow-remote.")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", min=0, max=65535, help="TCP port to listen on (0: any free port, printed at start).")] = server.DEFAULT_PORT,
@@ -88,14 +62,11 @@ def serve(
         # max_tokens is the server's own: a request that sets none runs until the context is full.
         flags = RequestFlags.from_flags(draft_max, draft_mode, no_draft, verify=verify)
         template = conversation.chat_template(chat_format)
-        options = LoadOptions(target, draft, pair, no_draft, quiet, ctx, threads, gpu_layers, draft_gpu_layers,
-                              needs_draft=flags.loads_draft, max_draft=flags.max_draft, rpc=rpc_workers,
-                              draft_rpc=draft_rpc, tensor_split=tensor_split)
         sock = server.listen(host, port)  # before the models load: a port in use is said at once
-        with sock, open_pair(options) as loaded:
+        with sock, open_pair(load.for_request(flags, no_draft, quiet)) as loaded:
             defaults = flags.for_pair(loaded)
             log = (lambda _line: None) if quiet else note
-            service = Service(loaded.pair, model_name or _default_name(target, pair), defaults, max_tokens, queue,
+            service = Service(loaded.pair, model_name or _default_name(load), defaults, max_tokens, queue,
                               template, log=log)
             address = sock.getsockname()
             serving(service.name, f"http://{_url_host(address[0])}:{address[1]}/v1", _drafting(loaded.pair, defaults))
@@ -112,10 +83,10 @@ def serve(
             note("server stopped")
 
 
-def _default_name(target: Path | None, pair: str | None) -> str:
-    if target is not None:
-        return target.stem
-    return pair or registry.load_registry().default
+def _default_name(load: LoadOptions) -> str:
+    if load.target is not None:
+        return load.target.stem
+    return load.pair or registry.load_registry().default
 
 
 def _drafting(pair: Pair, defaults: GenerationRequest) -> str:
