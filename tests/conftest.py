@@ -3,10 +3,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from tiny_models import CHAT_TEMPLATE, write_model
 
 from spec_cli.llama import kernels
-
-from tiny_models import CHAT_TEMPLATE, write_model
 
 
 @pytest.fixture(scope="session")

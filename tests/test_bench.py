@@ -8,24 +8,14 @@ import sys
 from pathlib import Path
 
 import pytest
+from tiny_models import write_model
 from typer.testing import CliRunner
 
 from spec_cli import SpecError, load_pair
-from spec_cli.bench import (
-    TARGET_ALONE,
-    Config,
-    Side,
-    builtin_prompts,
-    compare,
-    configurations,
-    load_prompts,
-    pooled_costs,
-    predicted_speedup,
-)
+from spec_cli.bench import (TARGET_ALONE, Config, Side, builtin_prompts, compare, configurations, load_prompts,
+                            pooled_costs, predicted_speedup)
 from spec_cli.cli.app import app
 from spec_cli.decoding.stats import Stats
-
-from tiny_models import write_model
 
 runner = CliRunner()
 

@@ -11,11 +11,10 @@ from typing import Iterator
 
 import pexpect
 import pytest
+from tiny_models import CHAT_TEMPLATE, write_model
 
 from spec_cli import Pair, SamplingParams, SpecError, load_pair
 from spec_cli.chat import ChatSession, Settings, run_command
-
-from tiny_models import CHAT_TEMPLATE, write_model
 
 
 def settings(**changes: object) -> Settings:

@@ -12,12 +12,11 @@ import time
 from pathlib import Path
 
 import pytest
+from tiny_models import write_model
 from typer.testing import CliRunner
 
 from spec_cli import SpecError
 from spec_cli.cli.app import app
-
-from tiny_models import write_model
 
 runner = CliRunner()
 

@@ -11,22 +11,13 @@ from typing import Iterator
 
 import numpy as np
 import pytest
+from exactness import (N_SAMPLES, REPETITIVE, REST, SAMPLED, SIGNIFICANCE, chi_square_p_value,
+                       exact_pair_distribution, sampled_pairs)
+from tiny_models import write_model
 
 from spec_cli import Generation, Pair, SamplingParams, SpecError, load_pair
 from spec_cli.decoding.stats import Stats
 from spec_cli.llama.context import Context
-
-from exactness import (
-    N_SAMPLES,
-    REPETITIVE,
-    REST,
-    SAMPLED,
-    SIGNIFICANCE,
-    chi_square_p_value,
-    exact_pair_distribution,
-    sampled_pairs,
-)
-from tiny_models import write_model
 
 PROMPT = "the cat and the dog"
 

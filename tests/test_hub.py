@@ -8,12 +8,11 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
+from fake_hub import FakeHub, serve
 from typer.testing import CliRunner
 
 from spec_cli.cli.app import app
 from spec_cli.models import hub
-
-from fake_hub import FakeHub, serve
 
 runner = CliRunner()
 

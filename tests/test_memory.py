@@ -14,14 +14,13 @@ from typing import Iterator
 
 import numpy as np
 import pytest
+from exactness import SAMPLED, SIGNIFICANCE, chi_square_p_value, exact_pair_distribution
+from tiny_models import CHAT_TEMPLATE, write_model
 
 from spec_cli import Generation, Pair, SamplingParams, SpecError, load_pair
 from spec_cli.chat import ChatSession, Settings
 from spec_cli.llama.context import Context
 from spec_cli.llama.model import Model
-
-from exactness import SAMPLED, SIGNIFICANCE, chi_square_p_value, exact_pair_distribution
-from tiny_models import CHAT_TEMPLATE, write_model
 
 ARCHS = ("mamba", "lfm2", "jamba", "gemma3")
 KIND = {"mamba": "recurrent", "lfm2": "hybrid", "jamba": "hybrid", "gemma3": "sliding window"}

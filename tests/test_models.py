@@ -5,14 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from tiny_models import write_model
 from typer.testing import CliRunner
 
 from spec_cli.cli.app import app
 from spec_cli.llama.model import Model, supports_gpu_offload
 from spec_cli.models import reports as models
 from spec_cli.models.reports import backends
-
-from tiny_models import write_model
 
 runner = CliRunner()
 

@@ -11,6 +11,8 @@ from typing import Iterator
 import numpy as np
 import pytest
 from click.testing import Result
+from exactness import SAMPLED, SIGNIFICANCE, chi_square_p_value, exact_pair_distribution
+from tiny_models import CHAT_TEMPLATE, write_qwen35_mtp
 from typer.testing import CliRunner
 
 from spec_cli import Generation, Pair, SamplingParams, SpecError, load_pair
@@ -19,9 +21,6 @@ from spec_cli.cli.app import app
 from spec_cli.drafting.mtp import MtpDrafter
 from spec_cli.llama.context import Context, HeadContext
 from spec_cli.models.registry import parse_registry
-
-from exactness import SAMPLED, SIGNIFICANCE, chi_square_p_value, exact_pair_distribution
-from tiny_models import CHAT_TEMPLATE, write_qwen35_mtp
 
 PROMPTS = ("the cat", "and the dog ran far away from the big red barn")
 

@@ -17,6 +17,8 @@ from typing import Iterator
 
 import llama_cpp
 import pytest
+from exactness import REPETITIVE, SAMPLED, SIGNIFICANCE, chi_square_p_value, exact_pair_distribution
+from tiny_models import write_model
 from typer.testing import CliRunner
 
 from spec_cli import Pair, load_pair
@@ -26,9 +28,6 @@ from spec_cli.decoding.engine import Generation
 from spec_cli.errors import SpecError
 from spec_cli.llama import rpc
 from spec_cli.models.registry import parse_registry
-
-from exactness import REPETITIVE, SAMPLED, SIGNIFICANCE, chi_square_p_value, exact_pair_distribution
-from tiny_models import write_model
 
 N_LAYER = 4  # so that the local CPU and both workers each hold layers: 1 here, 3 + the output over there
 SPLIT_LAYERS = 3

@@ -6,11 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from tiny_models import Tokenizer, byte_level_bpe, default_tokenizer, sentencepiece_merged_otherwise, write_model
 
 from spec_cli.drafting.spelling import Speller, incomplete_tail, utf8_runs
 from spec_cli.llama.model import Model
-
-from tiny_models import Tokenizer, byte_level_bpe, default_tokenizer, sentencepiece_merged_otherwise, write_model
 
 TOKENIZERS = {"sentencepiece": default_tokenizer, "sentencepiece-other": sentencepiece_merged_otherwise,
               "byte-level-bpe": byte_level_bpe}

@@ -17,6 +17,9 @@ from typing import Iterator
 
 import numpy as np
 import pytest
+from exactness import N_SAMPLES, SAMPLED, SIGNIFICANCE, chi_square_p_value, exact_pair_distribution, sampled_pairs
+from tiny_models import (CHAT_TEMPLATE, CONTROL, NORMAL, Tokenizer, byte_level_bpe, sentencepiece_merged_otherwise,
+                         write_model)
 from typer.testing import CliRunner
 
 from spec_cli import Generation, Pair, SpecError, load_pair
@@ -29,17 +32,6 @@ from spec_cli.drafting.translation import Translation
 from spec_cli.llama.context import Context
 from spec_cli.llama.model import Model
 from spec_cli.models.vocab import translation
-
-from exactness import N_SAMPLES, SAMPLED, SIGNIFICANCE, chi_square_p_value, exact_pair_distribution, sampled_pairs
-from tiny_models import (
-    CHAT_TEMPLATE,
-    CONTROL,
-    NORMAL,
-    Tokenizer,
-    byte_level_bpe,
-    sentencepiece_merged_otherwise,
-    write_model,
-)
 
 PROMPTS = ("the cat sat on the mat", "café crème 🙂 and the")
 SAMPLED_PROMPT = "a cat and the dog"  # the draft's likeliest next tokens are shared ones ("at", BPE's own, is not)

@@ -10,15 +10,8 @@ import numpy as np
 import pytest
 
 from spec_cli.decoding import sampling
-from spec_cli.decoding.verification import (
-    RULES,
-    THRESHOLDS,
-    Rule,
-    Verdict,
-    block_verification,
-    token_thresholds,
-    token_verification,
-)
+from spec_cli.decoding.verification import (RULES, THRESHOLDS, Rule, Verdict, block_verification, token_thresholds,
+                                            token_verification)
 
 Prefix = tuple[int, ...]
 Law = Callable[[Prefix], np.ndarray]

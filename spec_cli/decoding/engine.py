@@ -23,15 +23,8 @@ import numpy as np
 from spec_cli.decoding.costs import LoopCosts
 from spec_cli.decoding.draft_length import DraftLength, FixedK
 from spec_cli.decoding.drafter import Draft, Drafter
-from spec_cli.decoding.sampling import (
-    Law,
-    SamplingParams,
-    greedy_token,
-    probabilities,
-    row_laws,
-    sample,
-    shares_candidates,
-)
+from spec_cli.decoding.sampling import (Law, SamplingParams, greedy_token, probabilities, row_laws, sample,
+                                        shares_candidates)
 from spec_cli.decoding.stats import Stats
 from spec_cli.decoding.timing import RoundTimer
 from spec_cli.decoding.verification import DEFAULT_VERIFY, RULES, Distributions

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import huggingface_hub
-from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError
+from huggingface_hub.errors import (EntryNotFoundError, HfHubHTTPError, LocalEntryNotFoundError,
+                                    RepositoryNotFoundError)
 
 from spec_cli.errors import SpecError
 
