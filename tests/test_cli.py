@@ -21,8 +21,8 @@ from spec_cli.cli.app import app
 runner = CliRunner()
 
 
-def spec(*args: str, input: str | None = None):
-    return runner.invoke(app, list(args), input=input)
+def spec(*args: str, input: str | None = None, env: dict[str, str] | None = None):
+    return runner.invoke(app, list(args), input=input, env=env)
 
 
 @pytest.fixture()
@@ -186,6 +186,20 @@ def test_help_shows_examples() -> None:
     result = spec("run", "--help")
     assert result.exit_code == 0
     assert "Examples" in result.stdout and "spec run --temp 0.7" in result.stdout
+
+
+def test_help_lists_commands_in_the_order_a_user_meets_them() -> None:
+    lines = spec("--help", env={"COLUMNS": "120"}).stdout.splitlines()
+    listed = [line.split()[1] for line in lines if line.startswith("│ ") and line[2].isalpha()]  # not wrapped text
+    assert listed == ["run", "chat", "serve", "bench", "models", "doctor", "worker"]
+
+
+@pytest.mark.parametrize("command", [[], ["run"], ["chat"], ["serve"], ["bench"], ["models", "list"], ["doctor"],
+                                     ["worker"]])
+def test_flags_show_no_type(command: list[str]) -> None:
+    """A flag takes no value: its help line names none (Typer would print <bool>)."""
+    result = spec(*command, "--help")
+    assert result.exit_code == 0 and "--help" in result.stdout and "<bool>" not in result.stdout
 
 
 def test_bench_prints_every_configuration_against_the_target_alone(target_path: Path) -> None:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from spec_cli.summary import percent
+from spec_cli.decoding.stats import Stats
+from spec_cli.summary import percent, summary_line
 
 
 @pytest.mark.parametrize("rate, digits, text", [
@@ -19,3 +20,29 @@ from spec_cli.summary import percent
 ])
 def test_percentages_never_round_a_partial_figure_to_all_or_nothing(rate: float, digits: int, text: str) -> None:
     assert percent(rate, digits) == text
+
+
+def drafted_stats() -> Stats:
+    stats = Stats(draft_max=4, draft_mode="ngram", prompt_tokens=30, prompt_cached=20, generated_tokens=12,
+                  decode_s=0.5, prompt_s=0.25)
+    for drafted, accepted in ((4, 4), (4, 1), (4, 3)):
+        stats.record_round(drafted, accepted)
+    return stats
+
+
+def test_one_line_after_a_run_and_in_the_servers_log() -> None:
+    assert summary_line(drafted_stats(), "length") == (
+        "12 tokens · 24.0 tok/s · acceptance 67% (8/12) · mean accepted length 3.67 · drafting: n-gram lookup · "
+        "prompt 30 tokens (20 cached) in 0.25s · finish: length")
+
+
+def test_the_brief_line_after_a_chat_answer_counts_the_prompts_new_tokens() -> None:
+    assert summary_line(drafted_stats(), "stop", brief=True) == (
+        "12 tokens · 24.0 tok/s · acceptance 67% · mean accepted length 3.67 · prompt 10 new tokens")
+
+
+def test_without_drafts_the_line_says_so_and_where_the_models_run() -> None:
+    stats = Stats(draft_max=0, prompt_tokens=5, generated_tokens=3, decode_s=1.0, prompt_s=0.5,
+                  placement={"target": "CUDA0 (every layer that fits; the rest on the CPU)"})
+    assert summary_line(stats, "stop") == ("3 tokens · 3.0 tok/s · no draft · prompt 5 tokens in 0.50s · finish: stop · "
+                                           "target on CUDA0 (every layer that fits; the rest on the CPU)")

@@ -1,0 +1,76 @@
+"""The registry of drafting modes: what each pair can draft with, its default, which costs each mode books, and
+that a new mode is one entry (the pair, the request and the loop never name a mode)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import numpy as np
+import pytest
+
+from spec_cli import Pair, SpecError, load_pair
+from spec_cli.decoding.draft_length import FixedK
+from spec_cli.decoding.drafter import Draft, Drafter
+from spec_cli.decoding.sampling import SamplingParams
+from spec_cli.drafting import modes
+from spec_cli.drafting.hybrid import HybridDrafter
+from spec_cli.drafting.model import ModelDrafter
+from spec_cli.drafting.modes import MODES, Mode
+from spec_cli.drafting.ngram import NgramDrafter
+
+PROMPT = "the cat and the dog"
+
+
+@pytest.fixture(scope="module")
+def alone(target_path: Path) -> Iterator[Pair]:
+    with load_pair(target_path, None) as pair:
+        yield pair
+
+
+@pytest.fixture(scope="module")
+def other(target_path: Path, other_draft_path: Path) -> Iterator[Pair]:
+    with load_pair(target_path, other_draft_path) as pair:
+        yield pair
+
+
+def test_what_a_pair_can_draft_with_and_its_default(alone: Pair, other: Pair) -> None:
+    assert alone.drafting_modes == ("ngram",) and alone.default_draft_mode == "none"
+    assert other.drafting_modes == ("model", "ngram", "hybrid") and other.default_draft_mode == "model"
+    with pytest.raises(SpecError, match="^draft mode 'model' needs a draft model; give one, or use --draft-mode ngram$"):
+        alone.drafting.check("model")
+    with pytest.raises(SpecError, match="target.gguf has no MTP layers to draft with"):
+        other.drafting.check("mtp")
+
+
+def test_each_mode_builds_its_drafter(other: Pair) -> None:
+    built = {name: other.drafting.build(name, 0.0, 4) for name in other.drafting.modes}
+    assert isinstance(built["model"][0], ModelDrafter) and isinstance(built["ngram"][0], NgramDrafter)
+    hybrid, cap = built["hybrid"]
+    assert isinstance(hybrid, HybridDrafter) and isinstance(hybrid.model, ModelDrafter) and cap.next_k() == 4
+    assert other.drafting.build("none", 0.0, 4)[0] is None
+    # K controllers are kept across generations: what they learnt carries over.
+    assert other.drafting.build("model", 0.0, "auto")[1] is other.drafting.build("model", 0.0, "auto")[1]
+
+
+def test_ngram_rounds_share_the_draft_models_cost_book(other: Pair) -> None:
+    assert other.drafting.costs("ngram") is other.drafting.costs("model") is other.drafting.costs("hybrid")
+
+
+class RepeatLast(Drafter):
+    """Proposes the sequence's last token K times: often wrong, which exercises rejections."""
+
+    def propose(self, tokens: Sequence[int], k: int, sampling: SamplingParams, rng: np.random.Generator) -> Draft:
+        return Draft(tokens=[tokens[-1]] * k)
+
+
+def test_a_new_mode_is_one_registry_entry(monkeypatch: pytest.MonkeyPatch, alone: Pair) -> None:
+    entry = Mode("repeat", "repeat the last token", "the last token again", loads_draft=False,
+                 available=lambda _s: True, missing=lambda _s: "", book=lambda _s: "model",
+                 build=lambda drafting, _p_min, k: (RepeatLast(), FixedK(k)))
+    monkeypatch.setitem(MODES, "repeat", entry)
+    plain = list(alone.generate(PROMPT, raw=True, max_tokens=32, draft_mode="none"))
+    generation = alone.generate(PROMPT, raw=True, max_tokens=32, draft_mode="repeat", draft_max=3)
+    assert [e.token for e in generation] == [e.token for e in plain]
+    assert generation.stats.draft_mode == "repeat" and generation.stats.drafted > 0
+    assert "repeat" in alone.drafting_modes and modes.mode("repeat") is entry

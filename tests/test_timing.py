@@ -1,0 +1,47 @@
+"""The loop's clock: each step's wall time and llama.cpp's share land in the right statistics, rollback counts
+from the generation's start, and each round is booked in every cost book."""
+
+from __future__ import annotations
+
+import time
+
+from spec_cli.decoding.costs import LoopCosts
+from spec_cli.decoding.stats import Stats
+from spec_cli.decoding.timing import RoundTimer
+
+
+class Part:
+    """Something that decodes: its counters move only when the test says it spent time in llama.cpp."""
+
+    def __init__(self, busy_s: float = 0.0, rollback_s: float = 0.0) -> None:
+        self.busy_s, self.rollback_s = busy_s, rollback_s
+
+    def spend(self, busy_s: float, rollback_s: float = 0.0) -> None:
+        self.busy_s += busy_s + rollback_s
+        self.rollback_s += rollback_s
+
+
+def test_steps_land_in_their_shares_and_rollback_counts_from_this_generation() -> None:
+    stats = Stats(draft_max=2)
+    target, drafter = Part(busy_s=7.0, rollback_s=3.0), Part()  # a context used by earlier generations
+    books = [stats.costs, LoopCosts()]
+    timer = RoundTimer(stats, [target, drafter], books)
+    with timer.prompt():
+        target.spend(0.5, rollback_s=0.25)  # the prompt's snapshot: not a round's rollback
+        time.sleep(0.01)
+    assert stats.prompt_s >= 0.01 and stats.llama_s == 0.0
+    timer.start_round()
+    with timer.step("draft_s"):
+        drafter.spend(0.125)
+    with timer.step("verify_s"):
+        target.spend(0.25)
+        time.sleep(0.01)
+    with timer.step():
+        target.spend(0.0, rollback_s=0.0625)
+    assert stats.llama_s == 0.125 + 0.25 + 0.0625 and stats.rollback_s == 0.0625
+    assert stats.verify_s >= 0.01 and 0 < stats.draft_s < stats.verify_s
+    timer.end_round([(1, 0.002), (1, 0.002)], drafted=2, emitted=3)
+    for book in books:
+        assert book.verify.mean(2) == stats.verify_s
+        assert book.draft.mean(1) == 0.002
+    assert stats.decode_s >= stats.verify_s
