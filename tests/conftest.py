@@ -1,10 +1,12 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 from tiny_models import CHAT_TEMPLATE, write_model
 
+from spec_cli import Pair, load_pair
 from spec_cli.llama import kernels
 
 
@@ -53,3 +55,23 @@ def other_draft_path(models_dir: Path) -> Path:
 @pytest.fixture(scope="session")
 def chat_target_path(models_dir: Path) -> Path:
     return write_model(models_dir / "chat.gguf", seed=1, chat_template=CHAT_TEMPLATE)
+
+
+# Pairs over the tiny target, one per test module: alone, drafting for itself, drafted by unrelated weights.
+@pytest.fixture(scope="module")
+def alone(target_path: Path) -> Iterator[Pair]:
+    with load_pair(target_path, None) as pair:
+        yield pair
+
+
+@pytest.fixture(scope="module")
+def same(target_path: Path) -> Iterator[Pair]:
+    """The target drafting for itself: every draft must be accepted."""
+    with load_pair(target_path, target_path) as pair:
+        yield pair
+
+
+@pytest.fixture(scope="module")
+def other(target_path: Path, other_draft_path: Path) -> Iterator[Pair]:
+    with load_pair(target_path, other_draft_path) as pair:
+        yield pair

@@ -29,25 +29,6 @@ def finish(generation: Generation) -> Generation:
 
 
 @pytest.fixture(scope="module")
-def alone(target_path: Path) -> Iterator[Pair]:
-    with load_pair(target_path, None) as pair:
-        yield pair
-
-
-@pytest.fixture(scope="module")
-def same(target_path: Path) -> Iterator[Pair]:
-    """The target drafting for itself: every draft must be accepted."""
-    with load_pair(target_path, target_path) as pair:
-        yield pair
-
-
-@pytest.fixture(scope="module")
-def other(target_path: Path, other_draft_path: Path) -> Iterator[Pair]:
-    with load_pair(target_path, other_draft_path) as pair:
-        yield pair
-
-
-@pytest.fixture(scope="module")
 def reference(alone: Pair) -> Generation:
     return finish(alone.generate(PROMPT, raw=True, max_tokens=48, draft_mode="none"))
 

@@ -3,13 +3,12 @@ that a new mode is one entry (the pair, the request and the loop never name a mo
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Sequence
 
 import numpy as np
 import pytest
 
-from spec_cli import Pair, SpecError, load_pair
+from spec_cli import Pair, SpecError
 from spec_cli.decoding.draft_length import FixedK
 from spec_cli.decoding.drafter import Draft, Drafter
 from spec_cli.decoding.sampling import SamplingParams
@@ -20,18 +19,6 @@ from spec_cli.drafting.modes import MODES, Mode
 from spec_cli.drafting.ngram import NgramDrafter
 
 PROMPT = "the cat and the dog"
-
-
-@pytest.fixture(scope="module")
-def alone(target_path: Path) -> Iterator[Pair]:
-    with load_pair(target_path, None) as pair:
-        yield pair
-
-
-@pytest.fixture(scope="module")
-def other(target_path: Path, other_draft_path: Path) -> Iterator[Pair]:
-    with load_pair(target_path, other_draft_path) as pair:
-        yield pair
 
 
 def test_what_a_pair_can_draft_with_and_its_default(alone: Pair, other: Pair) -> None:
