@@ -121,7 +121,8 @@ class Service:
         request = job.request
         try:
             text, tokens = self._prompt(request)
-            generation = self.pair.generate(tokens, self._request(request))
+            settings = self._request(request)
+            generation = self.pair.generate(tokens, settings)
         except RequestError as exc:
             job.post(Failed(exc))
             return
@@ -133,7 +134,7 @@ class Service:
             job.post(Failed(RequestError(str(exc))))
             return
         job.post(Started(generation))
-        stops = StopStrings(request.stop)
+        stops = StopStrings(settings.stop)
         try:
             self._hand_over(job, generation, stops)
         except SpecError as exc:
