@@ -91,8 +91,8 @@ class RequestFlags:
     def from_flags(cls, draft_max: str | None, draft_mode: str | None, no_draft: bool = False,
                    sampling: Sampling | None = None, **fields: object) -> RequestFlags:
         """`fields`: the other request fields the command takes (seed, draft_p_min, verify, max_tokens)."""
-        request = GenerationRequest(draft_max=4 if draft_max is None else draft_max_from_text(draft_max),
-                                    draft_mode="none" if no_draft else draft_mode, **fields)
+        k = {} if draft_max is None else {"draft_max": draft_max_from_text(draft_max)}
+        request = GenerationRequest(draft_mode="none" if no_draft else draft_mode, **k, **fields)
         return cls(request, draft_max is not None, sampling)
 
     @property
@@ -131,7 +131,6 @@ class LoadOptions:
     draft_rpc: str | None = None
     tensor_split: str | None = None
     local_only: bool = False  # no workers, not even the pair's
-
 
     def for_request(self, flags: RequestFlags, no_draft: bool = False, quiet: bool = False) -> LoadOptions:
         """These options with what the command's request decides: whether the draft file loads, and the
