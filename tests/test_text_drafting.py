@@ -28,7 +28,6 @@ from spec_cli.cli.app import app
 from spec_cli.decoding.sampling import probabilities
 from spec_cli.decoding.stats import Stats
 from spec_cli.drafting.text import TextDrafter
-from spec_cli.drafting.translation import Translation
 from spec_cli.llama.context import Context
 from spec_cli.llama.model import Model
 from spec_cli.models.vocab import translation

@@ -5,10 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
 from tiny_models import write_model
 
-from spec_cli.errors import SpecError
 from spec_cli.llama.model import Model
 from spec_cli.models.vocab import compare, shares_ids, translation
 
