@@ -51,7 +51,7 @@ def _new_context(model: Model, n_ctx: int, n_batch: int, n_threads: int, what: s
 class Context:
     """One sequence's memory over a `Model`, fed token batches at increasing positions of sequence 0.
 
-    `tokens` is what the memory holds. Going back (`trim`) is left to the memory's strategy (`memory.py`):
+    `tokens` is what the memory holds. Going back (`trim`) is left to the memory's strategy (`memory`):
     a cut, an in-place rollback, or a snapshot restored and the kept tokens replayed; `rollback_s` is the
     time that costs (saving snapshots included). Decoding and trimming count in `busy_s`; the prompt's
     snapshot does not.
@@ -68,7 +68,7 @@ class Context:
         self.n_batch = min(n_batch, n_ctx)
         # n_rs_seq: llama.cpp sets it to 0 for architectures it cannot roll back in place. swa_full off: a
         # sliding-window cache of window + one batch, not of the whole context, a fraction of the memory on
-        # long contexts (Gemma 3 27B at 8k: ~0.8 instead of ~4 GB); memory.py handles the cuts it prunes.
+        # long contexts (Gemma 3 27B at 8k: ~0.8 instead of ~4 GB); `memory` handles the cuts it prunes.
         self.n_ubatch = n_ubatch or (1 if model.one_token_batches else self.n_batch)
         handle = _new_context(model, n_ctx, self.n_batch, n_threads, f"a {n_ctx}-token context",
                               n_rs_seq=max_rollback, swa_full=False, n_ubatch=self.n_ubatch)

@@ -1,6 +1,6 @@
 """How a context's memory goes back to an earlier position: one strategy per context, chosen when it is made.
 
-With `llama.py` this is the adapter over llama.cpp (the two modules alone import `llama_cpp`). Speculative
+Part of the `llama` wing, the adapter over llama.cpp (the only wing that imports `llama_cpp`). Speculative
 decoding keeps the first n tokens of a sequence and forgets the rest after every round; chat turns and
 prompt reuse cut back further. What that takes depends on what llama.cpp keeps per sequence:
 

@@ -3,7 +3,7 @@
 The rules for sharing ids are llama.cpp's own (common/speculative.cpp): same vocabulary type, same BOS/EOS
 ids and add-BOS/EOS flags, sizes within 128 of each other, and identical token text from id 5 up to the
 smaller vocabulary (the first few ids are special tokens that fine-tunes often rename). A pair that breaks
-one drafts through text (`text_drafting`), as long as both can spell plain text.
+one drafts through text (`drafting.text`), as long as both can spell plain text.
 """
 
 from __future__ import annotations
