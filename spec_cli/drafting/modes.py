@@ -89,12 +89,13 @@ def _mtp_drafter(sources: Sources, p_min: float) -> CatchUpDrafter:
     return MtpDrafter(sources.target, sources.head, p_min)
 
 
-def _model(drafting: Drafting, p_min: float, k: int | str) -> tuple[Drafter | None, DraftLength]:
-    return _model_drafter(drafting.sources, p_min), drafting.length("model", "model", k)
-
-
-def _mtp(drafting: Drafting, p_min: float, k: int | str) -> tuple[Drafter | None, DraftLength]:
-    return _mtp_drafter(drafting.sources, p_min), drafting.length("mtp", "mtp", k)
+def _alone(name: str) -> Build:
+    """The build of a mode that drafts with a model of the pair's own (its `own_drafter`), with its own K."""
+    def build(drafting: Drafting, p_min: float, k: int | str) -> tuple[Drafter | None, DraftLength]:
+        own_drafter = MODES[name].own_drafter
+        assert own_drafter is not None
+        return own_drafter(drafting.sources, p_min), drafting.length(name, name, k)
+    return build
 
 
 def _hybrid(drafting: Drafting, p_min: float, k: int | str) -> tuple[Drafter | None, DraftLength]:
@@ -117,12 +118,13 @@ def _no_draft_model(mode: str) -> Callable[[Sources], str]:
 
 MODES: dict[str, Mode] = {mode.name: mode for mode in (
     Mode("model", "draft model", "the draft model", loads_draft=True, available=lambda s: s.draft is not None,
-         missing=_no_draft_model("model"), book=lambda _s: "model", build=_model, own_drafter=_model_drafter),
+         missing=_no_draft_model("model"), book=lambda _s: "model", build=_alone("model"),
+         own_drafter=_model_drafter),
     Mode("mtp", "MTP head", "the target's own MTP head, no draft file", loads_draft=False,
          available=lambda s: s.head is not None,
          missing=lambda s: f"{s.target.model.path.name} has no MTP layers to draft with (nextn_predict_layers is "
                            "0, or a conversion stripped them); give a draft model, or use --draft-mode ngram",
-         book=lambda _s: "mtp", build=_mtp, own_drafter=_mtp_drafter),
+         book=lambda _s: "mtp", build=_alone("mtp"), own_drafter=_mtp_drafter),
     # n-gram rounds take no draft steps: they share the draft model's book.
     Mode("ngram", "n-gram lookup", "prompt lookup, no draft model needed", loads_draft=False,
          available=lambda _s: True, missing=lambda _s: "", book=lambda _s: "model", build=_ngram),
