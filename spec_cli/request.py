@@ -19,6 +19,7 @@ from spec_cli.errors import SpecError
 
 MAX_K = 64  # the largest fixed K a user may ask for
 AUTO = "auto"
+RANDOM_SEED = -1  # llama.cpp's LLAMA_DEFAULT_SEED as a request gives it: draw a random seed
 # How the library's own messages name each field (the Python API's keyword arguments in words).
 NAMES = {"draft_max": "draft-max", "draft_mode": "draft mode", "draft_p_min": "draft-p-min",
          "verify": "verification", "max_tokens": "max-tokens"}
@@ -38,13 +39,26 @@ class InvalidRequest(SpecError):
         return self.template.replace("{name}", names.get(self.field, self.field), 1)
 
 
+SHOWN_AT_MOST = 40  # characters of a client's value quoted back in an error message
+
+
+def shown(value: object) -> str:
+    """A client's value as an error message quotes it: short, so that no message echoes a long text (a prompt)
+    back, and never failing (a huge integer has no decimal text past 4300 digits)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 128:
+        return "an integer too large"
+    text = repr(value)
+    return text if len(text) <= SHOWN_AT_MOST else f"{text[:SHOWN_AT_MOST - 1]}…"
+
+
 @dataclass(frozen=True)
 class GenerationRequest:
     """What to generate with. `draft_max` is K, or "auto" to let the loop choose K each round; `draft_mode` is
     a mode of `drafting.modes` (None: the pair's own drafting model, `Pair.mode_for`); `draft_p_min` the draft
     model's confidence stop; `verify` the rule sampled rounds are verified with ("block", Sun et al. 2025, or
     "token", Leviathan et al. 2023; greedy rounds need none); `stop` strings end the text where the server
-    cuts it; `seed` fixes the one random generator of a generation (None: a random one)."""
+    cuts it; `seed` fixes the one random generator of a generation (None, or -1 as in llama.cpp: a random
+    one)."""
 
     sampling: SamplingParams = field(default_factory=SamplingParams)
     seed: int | None = None
@@ -56,17 +70,21 @@ class GenerationRequest:
     stop: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        if self.seed == RANDOM_SEED:
+            object.__setattr__(self, "seed", None)
+        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0):
+            raise InvalidRequest("seed", f"{{name}} must be a whole number >= 0, or -1 for a random seed, got {shown(self.seed)}")
         k = self.draft_max
         if k != AUTO and (not isinstance(k, int) or isinstance(k, bool) or not 0 <= k <= MAX_K):
-            raise InvalidRequest("draft_max", f"{{name}} must be a number from 0 to {MAX_K} or 'auto', got {k!r}")
-        if self.draft_mode is not None and self.draft_mode not in MODES:
-            raise InvalidRequest("draft_mode", f"unknown {{name}} {self.draft_mode!r}; choose one of: {', '.join(MODES)}")
-        if not 0 <= self.draft_p_min < 1:
-            raise InvalidRequest("draft_p_min", f"{{name}} must be in [0, 1), got {self.draft_p_min!r}")
-        if self.verify not in VERIFY_RULES:
-            raise InvalidRequest("verify", f"unknown {{name}} {self.verify!r}; choose one of: {', '.join(VERIFY_RULES)}")
+            raise InvalidRequest("draft_max", f"{{name}} must be a number from 0 to {MAX_K} or 'auto', got {shown(k)}")
+        if self.draft_mode is not None and (not isinstance(self.draft_mode, str) or self.draft_mode not in MODES):
+            raise InvalidRequest("draft_mode", f"unknown {{name}} {shown(self.draft_mode)}; choose one of: {', '.join(MODES)}")
+        if not isinstance(self.draft_p_min, (int, float)) or not 0 <= self.draft_p_min < 1:
+            raise InvalidRequest("draft_p_min", f"{{name}} must be in [0, 1), got {shown(self.draft_p_min)}")
+        if not isinstance(self.verify, str) or self.verify not in VERIFY_RULES:
+            raise InvalidRequest("verify", f"unknown {{name}} {shown(self.verify)}; choose one of: {', '.join(VERIFY_RULES)}")
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            raise InvalidRequest("max_tokens", f"{{name}} must be >= 1, got {self.max_tokens!r}")
+            raise InvalidRequest("max_tokens", f"{{name}} must be >= 1, got {shown(self.max_tokens)}")
 
     @property
     def adaptive(self) -> bool:

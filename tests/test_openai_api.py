@@ -110,3 +110,28 @@ def test_answers_carry_usage_and_speculation() -> None:
     assert text["object"] == "text_completion" and text["choices"][0]["text"] == "x"
     opening = Answer("chatcmpl-1", 0, "m", "chat").chunk(None, None)
     assert opening["choices"][0]["delta"] == {"role": "assistant", "content": ""} and "speculation" not in opening
+
+
+@pytest.mark.parametrize("body, param, message", [
+    ({"messages": [{"role": "user", "content": "\ud800"}]}, "messages[0].content",
+     "messages[0].content is not valid Unicode: it holds a lone surrogate, \\ud800"),
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": "a\udfffb"}]}]}, "messages[0].content",
+     "messages[0].content is not valid Unicode: it holds a lone surrogate, \\udfff"),
+    ({"messages": HELLO, "stop": ["\ud83d"]}, "stop", "stop is not valid Unicode: it holds a lone surrogate, \\ud83d"),
+    ({"messages": HELLO, "temperature": 10**400}, "temperature",
+     "'temperature' must be a finite number, got an integer too large"),
+    ({"messages": HELLO, "min_p": float("nan")}, "min_p", "'min_p' must be a finite number, got nan"),
+    ({"messages": HELLO, "max_tokens": 2**63}, "max_tokens",
+     "'max_tokens' is out of range: at most 9223372036854775807 in size"),
+    ({"messages": HELLO, "seed": -7}, "seed", "'seed' must be a whole number >= 0, or -1 for a random seed, got -7"),
+    ({"messages": HELLO, "temperature": "x" * 1000}, "temperature", f"'temperature' must be a number, got '{'x' * 38}…"),
+])
+def test_numbers_and_texts_no_model_could_take_are_refused_without_echoing_them(body: dict, param: str,
+                                                                                 message: str) -> None:
+    error = refused(body)
+    assert (error.param, error.message) == (param, message)
+
+
+def test_a_seed_of_minus_one_is_passed_on_for_a_random_seed() -> None:
+    assert parse_chat({"messages": HELLO, "seed": -1}).fields["seed"] == -1
+    assert parse_completion({"prompt": "\U0001f600 a real pair is fine"}).prompt.startswith("\U0001f600")

@@ -3,11 +3,14 @@ as its users know it."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from typer.testing import CliRunner
 
 from spec_cli import GenerationRequest, Pair, load_pair
 from spec_cli.chat import ChatSession, Settings, run_command
+from spec_cli.decoding.sampling import SamplingParams
 from spec_cli.cli.app import app
 from spec_cli.errors import SpecError
 from spec_cli.request import MAX_K, InvalidRequest, draft_max_from_text
@@ -27,11 +30,19 @@ HELLO = [{"role": "user", "content": "hello"}]
     ({"draft_p_min": 1.0}, "draft_p_min", "draft-p-min must be in [0, 1), got 1.0"),
     ({"verify": "trust"}, "verify", "unknown verification 'trust'; choose one of: block, token"),
     ({"max_tokens": 0}, "max_tokens", "max-tokens must be >= 1, got 0"),
+    ({"seed": -2}, "seed", "seed must be a whole number >= 0, or -1 for a random seed, got -2"),
+    ({"seed": 1.5}, "seed", "seed must be a whole number >= 0, or -1 for a random seed, got 1.5"),
+    ({"verify": "x" * 100}, "verify", f"unknown verification '{'x' * 38}…; choose one of: block, token"),
+    ({"draft_max": 10**500}, "draft_max", "draft-max must be a number from 0 to 64 or 'auto', got an integer too large"),
 ])
 def test_each_field_is_checked_with_one_message(fields: dict[str, object], field: str, message: str) -> None:
     with pytest.raises(InvalidRequest) as caught:
         GenerationRequest(**fields)
     assert caught.value.field == field and str(caught.value) == message
+
+
+def test_a_seed_of_minus_one_asks_for_a_random_seed_as_in_llama_cpp() -> None:
+    assert GenerationRequest(seed=-1).seed is None and GenerationRequest(seed=0).seed == 0
 
 
 @pytest.mark.parametrize("k", [0, 1, MAX_K, "auto"])
@@ -80,3 +91,25 @@ def test_generate_takes_a_request_and_keywords_set_its_fields(pair: Pair) -> Non
     assert [e.token for e in by_request] == [e.token for e in by_keywords] and len(by_request) == 6
     overridden = pair.generate("the cat", request, raw=True, max_tokens=2)
     assert len(list(overridden)) == 2 and request.max_tokens == 6
+
+
+def test_a_temperature_too_small_for_float32_is_greedy_on_every_face(pair: Pair, target_path) -> None:
+    """`--temp 1e-300` once gave garbage: 1/T overflowed float32. It is greedy now, in run, chat and the API."""
+    def run(*flags: str) -> str:
+        result = CliRunner().invoke(app, ["run", "--target", str(target_path), "--no-draft", "--raw", "-n", "16",
+                                          "--json", *flags, "the cat"])
+        assert result.exit_code == 0, result.output
+        return json.loads(result.stdout)["text"]
+
+    assert run("--temp", "1e-300", "--top-k", "0", "--top-p", "1", "--min-p", "0") == run("--temp", "0")
+    session = ChatSession(pair, Settings(draft_mode="model", max_tokens=4))
+    run_command(session, "/set temp 1e-300")
+    assert session.settings.sampling.greedy
+    tiny = pair.generate("the cat", raw=True, max_tokens=16, sampling=SamplingParams(temperature=1e-300, top_k=0))
+    assert list(tiny) and tiny.text == run("--temp", "0")
+
+
+@pytest.mark.parametrize("flag, value", [("--temp", "inf"), ("--presence-penalty", "-inf")])
+def test_numbers_that_are_not_finite_are_refused_in_one_line(target_path, flag: str, value: str) -> None:
+    result = CliRunner().invoke(app, ["run", "--target", str(target_path), "--no-draft", flag, value, "hi"])
+    assert result.exit_code == 1 and result.stderr.strip().endswith(f"must be a finite number, got {value}")

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from spec_cli.decoding.sampling import (SAMPLE_SIZE, Law, SamplingParams, excess_mass, greedy_token, penalized,
-                                        probabilities, recommended, residual, row_laws, sample, settle,
-                                        shares_candidates)
+from spec_cli.decoding.sampling import (MIN_TEMPERATURE, PENALTY_LIMIT, SAMPLE_SIZE, Law, SamplingParams, excess_mass,
+                                        greedy_token, penalized, probabilities, recommended, residual, row_laws, sample,
+                                        settle, shares_candidates)
 from spec_cli.errors import SpecError
 
 PLAIN = dict(top_k=0, top_p=1.0, min_p=0.0)  # no filters: only the temperature
@@ -208,10 +208,53 @@ def test_describe_names_what_changes_the_distribution() -> None:
     ({"min_p": 1.0}, "min-p"),
     ({"repeat_penalty": 0.0}, "repeat-penalty"),
     ({"repeat_last_n": -1}, "repeat-last-n"),
+    ({"temperature": float("nan")}, "temperature must be a finite number, got nan"),
+    ({"temperature": float("inf")}, "temperature must be a finite number, got inf"),
+    ({"top_p": float("nan")}, "top-p must be a finite number"),
+    ({"presence_penalty": float("-inf")}, "presence-penalty must be a finite number"),
 ])
 def test_invalid_settings_are_user_errors(kwargs: dict, message: str) -> None:
     with pytest.raises(SpecError, match=message):
         SamplingParams(**kwargs)
+
+
+EXTREMES = [
+    {"presence_penalty": -1e308}, {"frequency_penalty": -1e308}, {"repeat_penalty": 1e-300},
+    {"repeat_penalty": 1e300, "frequency_penalty": 1e300, "presence_penalty": 1e300},
+    {"repeat_penalty": 1e-300, "frequency_penalty": 1e300},
+]
+
+
+@pytest.mark.parametrize("extreme", EXTREMES)
+@pytest.mark.parametrize("filters", [{}, PLAIN, {"top_k": 0}], ids=["top-k", "none", "top-p-min-p"])
+@pytest.mark.parametrize("temperature", [1.0, 1e-30, 1e30])
+def test_any_finite_penalty_gives_a_finite_law_that_sums_to_one(extreme: dict, filters: dict,
+                                                                  temperature: float) -> None:
+    """Penalties are clamped to ±10³⁰ (a factor in [10⁻³⁰, 10³⁰]): a penalized logit stays finite in float32, so
+    no row turns into inf − inf = NaN, whatever the temperature."""
+    z = np.random.default_rng(0).normal(0, 4, 5000).astype(np.float32)
+    recent = [int(z.argmax()), int(z.argmin()), 7, 7, 7]
+    law = np.asarray(probabilities(z, SamplingParams(temperature=temperature, **filters, **extreme), recent),
+                     dtype=np.float64)
+    assert np.isfinite(law).all() and law.min() >= 0 and law.sum() == pytest.approx(1.0)
+
+
+def test_penalties_past_the_limit_are_clamped_to_it() -> None:
+    clamped = SamplingParams(presence_penalty=-1e308, frequency_penalty=1e308, repeat_penalty=1e-300)
+    assert (clamped.presence_penalty, clamped.frequency_penalty, clamped.repeat_penalty) == \
+        (-PENALTY_LIMIT, PENALTY_LIMIT, 1 / PENALTY_LIMIT)
+    assert SamplingParams(presence_penalty=1.5).presence_penalty == 1.5
+
+
+def test_a_temperature_below_float32s_range_is_greedy_the_laws_limit() -> None:
+    """softmax(z / T) tends to all mass on the largest logit as T → 0: below MIN_TEMPERATURE, where 1/T has no
+    float32, that limit is the law; just above it, the computed law is that limit already."""
+    z = np.random.default_rng(1).normal(0, 4, 5000).astype(np.float32)
+    assert SamplingParams(temperature=1e-300).greedy and SamplingParams(temperature=MIN_TEMPERATURE / 2).greedy
+    assert not SamplingParams(temperature=MIN_TEMPERATURE).greedy
+    for temperature in (1e-300, MIN_TEMPERATURE, 1e-30):
+        law = np.asarray(probabilities(z, SamplingParams(temperature=temperature, **PLAIN)), dtype=np.float64)
+        assert law[z.argmax()] == pytest.approx(1.0) and law.sum() == pytest.approx(1.0)
 
 
 def test_settle_layers_defaults_preset_and_flags() -> None:

@@ -24,7 +24,7 @@ EXIT_USER_ERROR = 1
 EXIT_INTERRUPTED = 130
 # Request fields by the flags that set them, for messages.
 FLAGS = {"draft_max": "--draft-max", "draft_mode": "--draft-mode", "draft_p_min": "--draft-p-min",
-         "verify": "--verify", "max_tokens": "--max-tokens"}
+         "verify": "--verify", "max_tokens": "--max-tokens", "seed": "--seed"}
 
 ThreadsOpt = Annotated[Optional[int], typer.Option("--threads", min=1, help="CPU threads per model (default: all cores).", show_default=False)]
 

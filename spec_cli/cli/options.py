@@ -53,7 +53,7 @@ RepeatLastNOpt = Annotated[Optional[int], typer.Option("--repeat-last-n", min=0,
 PresencePenaltyOpt = Annotated[Optional[float], typer.Option("--presence-penalty", help="Subtract from the logit of every token seen in the last --repeat-last-n (default: 0).", show_default=False)]
 FrequencyPenaltyOpt = Annotated[Optional[float], typer.Option("--frequency-penalty", help="Subtract this times the number of times a token was seen in the last --repeat-last-n (default: 0).", show_default=False)]
 SamplingPresetOpt = Annotated[Optional[str], typer.Option("--sampling", help="greedy (temperature 0 unless --temp is given) or model (what the target's GGUF recommends, else llama.cpp's temp 0.8, top-k 40, top-p 0.95, min-p 0.05); flags given always win (default: greedy for run, model for chat).", show_default=False)]
-SeedOpt = Annotated[Optional[int], typer.Option("--seed", help="Random seed; the same seed gives the same text (default: random).", show_default=False)]
+SeedOpt = Annotated[Optional[int], typer.Option("--seed", help="Random seed; the same seed gives the same text (default, or -1: random, as in llama.cpp).", show_default=False)]
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ they kept.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -24,6 +25,9 @@ import numpy as np
 from spec_cli.errors import SpecError
 
 SAMPLING_ORDER = "penalties → top-k → top-p → min-p → temperature"
+# The smallest temperature that is not greedy: below float32's smallest normal number, 1/T does not fit a float32.
+MIN_TEMPERATURE = float(np.finfo(np.float32).tiny)
+PENALTY_LIMIT = 1e30  # |presence|, |frequency| and repeat_penalty's factor are held within it (see SamplingParams)
 
 
 @dataclass(frozen=True)
@@ -31,9 +35,17 @@ class SamplingParams:
     """How a token is chosen from logits, with llama.cpp's defaults.
 
     temperature 0 means greedy: the most likely token after the penalties (the other filters never remove
-    it). Penalties look at the last `repeat_last_n` tokens of the sequence, prompt included, as llama.cpp's
-    server and CLI do: repeat_penalty divides a positive logit (multiplies a negative one) of every token
-    seen there; frequency_penalty is subtracted once per occurrence, presence_penalty once.
+    it). So does a temperature below MIN_TEMPERATURE (about 1.2·10⁻³⁸), where 1/T overflows float32: as T → 0,
+    softmax(z / T) puts all its mass on the largest logit, so greedy *is* the law's limit there, and the one
+    value a float32 computation can give. Penalties look at the last `repeat_last_n` tokens of the sequence,
+    prompt included, as llama.cpp's server and CLI do: repeat_penalty divides a positive logit (multiplies a
+    negative one) of every token seen there; frequency_penalty is subtracted once per occurrence,
+    presence_penalty once.
+
+    Every number must be finite. Penalties beyond PENALTY_LIMIT (|presence|, |frequency| > 10³⁰, a
+    repeat_penalty outside [10⁻³⁰, 10³⁰]) are clamped to it: a penalized logit then stays finite in float32
+    whatever the window, so every law is finite and sums to 1, and the clamp changes no law a float32 could
+    tell apart (a token 10³⁰ below the others has probability 0 either way).
     """
 
     temperature: float = 0.0
@@ -46,6 +58,9 @@ class SamplingParams:
     frequency_penalty: float = 0.0
 
     def __post_init__(self) -> None:
+        for name in ("temperature", "top_p", "min_p", "repeat_penalty", "presence_penalty", "frequency_penalty"):
+            if not math.isfinite(getattr(self, name)):
+                raise SpecError(f"{name.replace('_', '-')} must be a finite number, got {getattr(self, name)}")
         if self.temperature < 0:
             raise SpecError(f"temperature must be >= 0, got {self.temperature}")
         if self.top_k < 0:
@@ -58,10 +73,14 @@ class SamplingParams:
             raise SpecError(f"repeat-penalty must be > 0 (1 turns it off), got {self.repeat_penalty}")
         if self.repeat_last_n < 0:
             raise SpecError(f"repeat-last-n must be >= 0 (0 turns penalties off), got {self.repeat_last_n}")
+        limits = {"repeat_penalty": (1 / PENALTY_LIMIT, PENALTY_LIMIT), "presence_penalty": (-PENALTY_LIMIT, PENALTY_LIMIT),
+                  "frequency_penalty": (-PENALTY_LIMIT, PENALTY_LIMIT)}
+        for name, (low, high) in limits.items():
+            object.__setattr__(self, name, min(max(getattr(self, name), low), high))
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        return self.temperature < MIN_TEMPERATURE
 
     @property
     def penalizes(self) -> bool:
@@ -376,16 +395,20 @@ def _softmax(z: np.ndarray, temperature: float) -> Law:
 
     The usual shift by the maximum m only guards exp against overflow. Where 0 ≤ m/T ≤ EXP_SAFE no exp can
     overflow, and exp(z/T) ≥ exp(z/T − m/T) loses no small probability to underflow that the shift would keep,
-    so that pass over the row is skipped.
+    so that pass over the row is skipped. Elsewhere z − m comes first: (z − m)/T can underflow (to −∞, whose
+    exp is 0) but never overflow, however small T is, so no ∞ − ∞ turns the row into NaN.
     """
-    top = float(z.max()) / temperature
-    shift = not 0.0 <= top <= EXP_SAFE
+    m = float(z.max())
+    shift = not 0.0 <= m / temperature <= EXP_SAFE
     if temperature == 1.0 and not shift:
         e = np.exp(z, dtype=np.float32)
     else:
-        e = np.multiply(z, 1.0 / temperature, dtype=np.float32)
         if shift:
-            e -= np.float32(top)
+            e = np.subtract(z, np.float32(m), dtype=np.float32)
+            with np.errstate(over="ignore"):  # to −∞: probability 0, as it should be
+                e *= np.float32(1.0 / temperature)
+        else:
+            e = np.multiply(z, 1.0 / temperature, dtype=np.float32)
         np.exp(e, out=e)
     e /= e.sum()
     return Law(e)

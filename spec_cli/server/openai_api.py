@@ -14,11 +14,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from spec_cli.decoding.stats import Stats
-from spec_cli.request import GenerationRequest, InvalidRequest
+from spec_cli.request import GenerationRequest, InvalidRequest, shown
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 # Request fields as a client names them, for messages; extensions spec-cli adds to OpenAI's API.
-PARAMS = {name: f"'{name}'" for name in ("draft_max", "draft_mode", "draft_p_min", "verify", "max_tokens")}
+PARAMS = {name: f"'{name}'" for name in ("draft_max", "draft_mode", "draft_p_min", "verify", "max_tokens", "seed")}
 REQUEST_FIELDS = ("seed", "draft_max", "draft_mode", "verify")  # set on the GenerationRequest when given
 
 # Request fields that choose sampling, by SamplingParams field; each is checked for its type here and for
@@ -109,7 +109,7 @@ def _common(fields: dict[str, Any]) -> dict[str, Any]:
                            code="unsupported_parameter")
     options = _object_field(fields, "stream_options")
     max_tokens = _integer(fields, "max_completion_tokens", minimum=1)
-    given = {name: fields.get(name) for name in REQUEST_FIELDS if name != "seed"}
+    given = {name: fields.get(name) for name in REQUEST_FIELDS if name != "seed"} | {"seed": _integer(fields, "seed")}
     _check_request({name: value for name, value in given.items() if value is not None})
     return {
         "model": _string(fields, "model"),
@@ -117,7 +117,6 @@ def _common(fields: dict[str, Any]) -> dict[str, Any]:
         "include_usage": _boolean(options, "include_usage", "stream_options.include_usage"),
         "max_tokens": max_tokens if max_tokens is not None else _integer(fields, "max_tokens", minimum=1),
         "sampling": _sampling(fields),
-        "seed": _integer(fields, "seed"),
         "stop": _stop(fields.get("stop")),
         **given,
     }
@@ -136,7 +135,8 @@ def _message(message: object, where: str) -> dict[str, str]:
         raise RequestError(f"{where} must be an object with 'role' and 'content'", param=where)
     role = message.get("role")
     if role not in ROLES:
-        raise RequestError(f"{where}.role must be one of {', '.join(ROLES)}, got {role!r}", param=f"{where}.role")
+        raise RequestError(f"{where}.role must be one of {', '.join(ROLES)}, got {shown(role)}",
+                           param=f"{where}.role")
     if message.get("tool_calls"):
         raise RequestError(f"{where}: tool calls are not supported by this server", param=f"{where}.tool_calls",
                            code="unsupported_parameter")
@@ -149,13 +149,13 @@ def _content(content: object, where: str) -> str:
     if content is None:
         return ""
     if isinstance(content, str):
-        return content
+        return _unicode(content, f"{where}.content")
     if isinstance(content, list):
         texts = []
         for part in content:
             if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
                 raise RequestError(f"{where}.content: only text parts are supported", param=f"{where}.content")
-            texts.append(part["text"])
+            texts.append(_unicode(part["text"], f"{where}.content"))
         return "".join(texts)
     raise RequestError(f"{where}.content must be a string or a list of text parts", param=f"{where}.content")
 
@@ -165,7 +165,7 @@ def _prompt(value: object) -> str | list[int]:
     if isinstance(value, list) and len(value) == 1 and isinstance(value[0], str):
         value = value[0]
     if isinstance(value, str) and value:
-        return value
+        return _unicode(value, "prompt")
     if isinstance(value, list) and value and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0
                                                   for t in value):
         return value
@@ -188,10 +188,21 @@ def _stop(value: object) -> tuple[str, ...]:
     if value is None:
         return ()
     if isinstance(value, str):
-        return (value,)
+        return (_unicode(value, "stop"),)
     if isinstance(value, list) and all(isinstance(s, str) for s in value):
-        return tuple(value)
+        return tuple(_unicode(s, "stop") for s in value)
     raise RequestError("'stop' must be a string or a list of strings", param="stop")
+
+
+def _unicode(text: str, param: str) -> str:
+    """`text`, which JSON's \\u escapes may have given a lone surrogate (half of a UTF-16 pair): no UTF-8 text
+    can hold one, so no tokenizer can take it."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise RequestError(f"{param} is not valid Unicode: it holds a lone surrogate, \\u{ord(text[exc.start]):04x}",
+                           param=param) from None
+    return text
 
 
 def _check_request(given: dict[str, Any]) -> None:
@@ -227,6 +238,9 @@ def _object_field(fields: dict[str, Any], name: str) -> dict[str, Any]:
     return value
 
 
+INT64_MAX = 2**63 - 1  # the largest integer any field takes: the C side's widest
+
+
 def _integer(fields: dict[str, Any], name: str, minimum: int | None = None) -> int | None:
     value = fields.get(name)
     if value is None:
@@ -234,9 +248,11 @@ def _integer(fields: dict[str, Any], name: str, minimum: int | None = None) -> i
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     if not isinstance(value, int) or isinstance(value, bool):
-        raise RequestError(f"'{name}' must be an integer, got {value!r}", param=name)
+        raise RequestError(f"'{name}' must be an integer, got {shown(value)}", param=name)
     if minimum is not None and value < minimum:
-        raise RequestError(f"'{name}' must be >= {minimum}, got {value}", param=name)
+        raise RequestError(f"'{name}' must be >= {minimum}, got {shown(value)}", param=name)
+    if not -INT64_MAX <= value <= INT64_MAX:
+        raise RequestError(f"'{name}' is out of range: at most {INT64_MAX} in size", param=name)
     return value
 
 
@@ -244,9 +260,15 @@ def _number(fields: dict[str, Any], name: str) -> float | None:
     value = fields.get(name)
     if value is None:
         return None
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
-        raise RequestError(f"'{name}' must be a number, got {value!r}", param=name)
-    return float(value)
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise RequestError(f"'{name}' must be a number, got {shown(value)}", param=name)
+    try:
+        number = float(value)  # an integer of 309 digits or more has no float: OverflowError
+    except OverflowError:
+        number = math.inf
+    if not math.isfinite(number):
+        raise RequestError(f"'{name}' must be a finite number, got {shown(value)}", param=name)
+    return number
 
 
 def finish_reason(engine_reason: str | None, stopped_by_string: bool) -> str:
