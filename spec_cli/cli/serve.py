@@ -2,23 +2,27 @@
 
 from __future__ import annotations
 
+import os
 from typing import Annotated, Optional
 
 import typer
 
 from spec_cli import chat as conversation
-from spec_cli.cli.common import reachable_from_outside, user_errors
+from spec_cli.cli.common import csv_list, reachable_from_outside, user_errors
 from spec_cli.cli.options import (ChatFormatOpt, DraftMaxOpt, DraftModeOpt, LoadOptions, NoDraftOpt, RequestFlags,
                                   VerifyOpt, loads_pair, open_pair)
 from spec_cli.decoding.verification import DEFAULT_VERIFY
+from spec_cli.errors import SpecError
 from spec_cli.llama import rpc
 from spec_cli.models import registry
 from spec_cli.pair import Pair
 from spec_cli.request import GenerationRequest
 from spec_cli.server import app as server
+from spec_cli.server.connections import MIB, Limits
 from spec_cli.server.service import DEFAULT_QUEUE, Service
 from spec_cli.terminal.output import error, note, serving
 
+API_KEY_ENV = "SPEC_API_KEY"
 SERVE_EXAMPLES = f"""\
 Examples:
 
@@ -29,6 +33,8 @@ Examples:
   spec serve --pair qwen2.5-7b --port 9000 --model-name qwen
 
   spec serve --host 0.0.0.0 --allow-remote --api-key "$(cat ~/.spec-key)"   # other machines, with a key
+
+  spec serve --cors http://localhost:3000      # a browser app on that origin may call it
 
   curl http://127.0.0.1:{server.DEFAULT_PORT}/v1/chat/completions -d '{{"messages": [{{"role": "user", "content": "Hi"}}]}}'
 """
@@ -46,8 +52,13 @@ def serve(
     host: Annotated[str, typer.Option("--host", help="Address to listen on; anything but loopback needs --allow-remote.")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", min=0, max=65535, help="TCP port to listen on (0: any free port, printed at start).")] = server.DEFAULT_PORT,
     allow_remote: Annotated[bool, typer.Option("--allow-remote", help="Allow a --host other machines can reach.")] = False,
-    api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="SPEC_API_KEY", help="Require 'Authorization: Bearer KEY' on every request but /health (or set SPEC_API_KEY, which keeps the key out of the process list).", show_default=False)] = None,
+    api_key: Annotated[Optional[str], typer.Option("--api-key", envvar=API_KEY_ENV, help="Require 'Authorization: Bearer KEY' on every request but /health (or set SPEC_API_KEY, which keeps the key out of the process list).", show_default=False)] = None,
     queue: Annotated[int, typer.Option("--queue", min=0, help="Requests that may wait while one generates; more are answered 503 at once.")] = DEFAULT_QUEUE,
+    cors: Annotated[Optional[str], typer.Option("--cors", metavar="ORIGIN[,ORIGIN]", help="Let web pages from these origins call the server from a browser (e.g. http://localhost:3000; * for any page).", show_default=False)] = None,
+    max_body: Annotated[float, typer.Option("--max-body", min=0.001, metavar="MIB", help="Largest request body in MiB; larger ones are answered 413.")] = Limits.body_bytes / MIB,
+    header_timeout: Annotated[float, typer.Option("--header-timeout", min=0.1, metavar="S", help="Seconds a request's headers may take to arrive; a connection that stalls longer is closed.")] = Limits.header_timeout_s,
+    body_timeout: Annotated[float, typer.Option("--body-timeout", min=0.1, metavar="S", help="Seconds a request's body may take to arrive after its headers; then 408.")] = Limits.body_timeout_s,
+    max_connections: Annotated[int, typer.Option("--max-connections", min=1, help="Connections open at once; one more is answered 503 and closed.")] = Limits.connections,
     model_name: Annotated[Optional[str], typer.Option("--model-name", help="The model id clients send and /v1/models lists (default: the pair's name, or the target file's).", show_default=False)] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No line per answer on stderr (the line that says where it listens stays).")] = False,
 ) -> None:
@@ -55,10 +66,17 @@ def serve(
 
     Point any OpenAI-compatible client at http://HOST:PORT/v1. Requests may set temperature, top_p, top_k, min_p, penalties, seed, stop and max_tokens, and spec-cli's draft_max, draft_mode and verify; sampling they leave out follows what the target's GGUF recommends, as in spec chat. Every answer carries a speculation object (drafted, accepted, acceptance, tokens per target pass, tokens/s).
 
-    One generation runs at a time, in arrival order; a chat that resends its history costs only its new tokens. A client that disconnects stops its generation. One line per answer goes to stderr.
+    One generation runs at a time, in arrival order; a chat that resends its history costs only its new tokens. A client that disconnects stops its generation, waiting or running. Text in messages is always text: typed control tokens (<|im_end|>) are not parsed. One line per answer goes to stderr.
     """
     with user_errors():
         remote = reachable_from_outside(host, allow_remote, "use this server", " (and --api-key to require a key)")
+        if api_key is None:  # Click reads an empty SPEC_API_KEY as unset: an empty key must not pass unseen
+            api_key = os.environ.get(API_KEY_ENV)
+        if api_key is not None and not api_key.strip():
+            raise SpecError("the API key is empty (--api-key or SPEC_API_KEY): give a key, or set neither to "
+                            "serve without one")
+        origins = csv_list(cors, str) if cors is not None else []
+        limits = Limits(round(max_body * MIB), header_timeout, body_timeout, max_connections)
         # max_tokens is the server's own: a request that sets none runs until the context is full.
         flags = RequestFlags.from_flags(draft_max, draft_mode, no_draft, verify=verify)
         template = conversation.chat_template(chat_format)
@@ -75,7 +93,8 @@ def serve(
                      + ("" if api_key else "; anyone who can reach it can use it (--api-key requires a key)"))
             try:
                 with rpc.on_worker_lost(error):
-                    server.http_server(server.create_app(service, api_key)).run(sockets=[sock])
+                    app = server.create_app(service, api_key, origins, limits)
+                    server.http_server(app, limits).run(sockets=[sock])
             except KeyboardInterrupt:
                 pass
             finally:

@@ -13,46 +13,92 @@ import json
 import socket
 import time
 import uuid
-from typing import Any, AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any, AsyncIterator, Sequence
 
 import uvicorn
 from starlette.applications import Starlette
+from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.middleware.cors import CORSMiddleware
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from spec_cli.errors import SpecError
 from spec_cli.server import openai_api
+from spec_cli.server.connections import MIB, GuardedH11Protocol, Limits
 from spec_cli.server.openai_api import Answer, ApiRequest, RequestError
-from spec_cli.server.service import Failed, Finished, Job, Service, Started
+from spec_cli.server.service import Failed, Finished, Job, Left, Service, Started
 
 DEFAULT_PORT = 8080
-DISCONNECT_POLL_S = 0.25  # how often a request waiting for its turn checks that its client is still there
 
 
 class ClientGone(Exception):
     """The client closed its connection before its answer began."""
 
 
-async def _next(job: Job, request: Request) -> Started | str | Finished | Failed:
-    """The job's next item; while waiting (for its turn, or for a whole answer), a client that goes away
-    cancels the job."""
-    while True:
-        try:
-            return await asyncio.wait_for(job.items.get(), DISCONNECT_POLL_S)
-        except asyncio.TimeoutError:
-            if await request.is_disconnected():
-                job.cancel()
-                raise ClientGone from None
+@asynccontextmanager
+async def _watching(request: Request, job: Job) -> AsyncIterator[None]:
+    """While a job waits for its turn or makes a whole answer, a client that closes its connection cancels it at
+    once: the worker stops at its next token, and the request's task at the job's next item (`Left`). A stream
+    needs no watch of its own: Starlette cancels it when the client goes away."""
+
+    async def watch() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        job.leave()
+
+    watcher = asyncio.create_task(watch())
+    try:
+        yield
+    finally:
+        watcher.cancel()
+
+
+async def _next(job: Job) -> Started | str | Finished | Failed:
+    item = await job.items.get()
+    if isinstance(item, Left):
+        raise ClientGone
+    return item
 
 
 async def _json_body(request: Request) -> object:
+    """The body as JSON, read within the server's limits: 413 past its size (at once when Content-Length says
+    so), 408 when it does not arrive in time; a client that leaves halfway is gone, not wrong."""
+    limits: Limits = request.app.state.limits
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limits.body_bytes:
+        raise _too_large(limits)
     try:
-        return json.loads(await request.body())
+        body = await asyncio.wait_for(_read(request, limits), limits.body_timeout_s)
+    except asyncio.TimeoutError:
+        raise RequestError(f"the request body did not arrive within {limits.body_timeout_s:g} s",
+                           code="request_timeout", status=408) from None
+    except ClientDisconnect:
+        raise ClientGone from None
+    try:
+        return json.loads(body)
     except (ValueError, UnicodeDecodeError):
         raise RequestError("the request body is not valid JSON") from None
+    except RecursionError:
+        raise RequestError("the request body nests its JSON too deeply") from None
+
+
+async def _read(request: Request, limits: Limits) -> bytes:
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limits.body_bytes:
+            raise _too_large(limits)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _too_large(limits: Limits) -> RequestError:
+    return RequestError(f"the request body is larger than this server takes ({limits.body_bytes / MIB:g} MiB)",
+                        code="request_too_large", status=413)
 
 
 async def chat_completions(request: Request) -> Response:
@@ -68,19 +114,20 @@ async def _answer(request: Request, api_request: ApiRequest, id_prefix: str) -> 
     service.check_model(api_request.model)
     job = service.submit(api_request)
     try:
-        first = await _next(job, request)
-        if isinstance(first, Failed):
-            raise first.error
-        assert isinstance(first, Started)
-        answer = Answer(f"{id_prefix}-{uuid.uuid4().hex}", int(time.time()), service.name, api_request.endpoint)
-        if api_request.stream:
-            return StreamingResponse(_stream(job, answer, first), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        pieces = []
-        while not isinstance(item := await _next(job, request), Finished):
-            if isinstance(item, Failed):
-                raise item.error
-            pieces.append(item)
+        async with _watching(request, job):
+            first = await _next(job)
+            if isinstance(first, Failed):
+                raise first.error
+            assert isinstance(first, Started)
+            answer = Answer(f"{id_prefix}-{uuid.uuid4().hex}", int(time.time()), service.name, api_request.endpoint)
+            if api_request.stream:
+                return StreamingResponse(_stream(job, answer, first), media_type="text/event-stream",
+                                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+            pieces = []
+            while not isinstance(item := await _next(job), Finished):
+                if isinstance(item, Failed):
+                    raise item.error
+                pieces.append(item)
         stats = first.generation.stats
         return JSONResponse(answer.whole("".join(pieces), item.reason, stats))
     except BaseException:
@@ -107,6 +154,8 @@ async def _stream(job: Job, answer: Answer, started: Started) -> AsyncIterator[s
                 if job.request.include_usage:
                     yield _event(answer.usage_chunk(stats))
                 break
+            elif isinstance(item, Left):
+                return
         yield "data: [DONE]\n\n"
     finally:
         job.cancel()
@@ -117,12 +166,20 @@ def _event(payload: dict[str, Any]) -> str:
 
 
 async def list_models(request: Request) -> Response:
+    return JSONResponse({"object": "list", "data": [_model_entry(request.app.state.service)]})
+
+
+async def one_model(request: Request) -> Response:
     service: Service = request.app.state.service
+    service.check_model(request.path_params["model"], status=404)
+    return JSONResponse(_model_entry(service))
+
+
+def _model_entry(service: Service) -> dict[str, Any]:
     pair = service.pair
-    entry = {"id": service.name, "object": "model", "created": int(pair.target.path.stat().st_mtime),
-             "owned_by": "spec-cli", "target": pair.target.path.name,
-             "draft": pair.draft.path.name if pair.draft else None, "context_length": pair.n_ctx}
-    return JSONResponse({"object": "list", "data": [entry]})
+    return {"id": service.name, "object": "model", "created": int(pair.target.path.stat().st_mtime),
+            "owned_by": "spec-cli", "target": pair.target.path.name,
+            "draft": pair.draft.path.name if pair.draft else None, "context_length": pair.n_ctx}
 
 
 async def health(request: Request) -> Response:
@@ -134,7 +191,9 @@ async def health(request: Request) -> Response:
 
 async def _request_error(_request: Request, exc: Exception) -> Response:
     assert isinstance(exc, RequestError)
-    headers = {"Retry-After": "1"} if exc.status == 503 else None
+    headers = {"Retry-After": "1"} if exc.status == 503 else {}
+    if exc.status in (408, 413):  # a body left unread: the connection cannot carry another request
+        headers["Connection"] = "close"
     return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
 
 
@@ -148,33 +207,56 @@ async def _client_gone(_request: Request, _exc: Exception) -> Response:
     return Response(status_code=499)  # nobody reads it: nginx's "client closed request", for the record
 
 
-def create_app(service: Service, api_key: str | None = None) -> ASGIApp:
-    """The ASGI app: OpenAI's endpoints, errors in OpenAI's shape, and the API key checked when one is set."""
+def create_app(service: Service, api_key: str | None = None, cors: Sequence[str] = (),
+               limits: Limits = Limits()) -> ASGIApp:
+    """The ASGI app: OpenAI's endpoints, errors in OpenAI's shape, the body read within `limits`, the API key
+    checked when one is set, and CORS answers for the browser origins `cors` names ("*": any)."""
     app = Starlette(routes=[
         Route("/health", health, methods=["GET"]),
         Route("/v1/models", list_models, methods=["GET"]),
+        Route("/v1/models/{model:path}", one_model, methods=["GET"]),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
     ], exception_handlers={RequestError: _request_error, HTTPException: _http_error, ClientGone: _client_gone})
-    app.state.service = service
-    return _RequireKey(app, api_key) if api_key else app
+    app.state.service, app.state.limits = service, limits
+    guarded: ASGIApp = app if api_key is None else _RequireKey(app, api_key)
+    if not cors:
+        return guarded
+    # Outside the key check: a browser's preflight carries no key, and a 401 needs CORS headers to be read.
+    return _Cors(guarded, allow_origins=list(cors), allow_methods=["GET", "POST"],
+                 allow_headers=["Authorization", "Content-Type"], max_age=600)
+
+
+class _Cors(CORSMiddleware):
+    """Starlette's CORS answers, with a refused preflight in OpenAI's error shape like every other error."""
+
+    def preflight_response(self, request_headers: Headers) -> Response:
+        response = super().preflight_response(request_headers)
+        if response.status_code == 200:
+            return response
+        body = openai_api.error_body(bytes(response.body).decode(), "invalid_request_error")
+        return JSONResponse(body, status_code=response.status_code, headers={"Vary": "Origin"})
 
 
 class _RequireKey:
-    """Every request but /health must carry `Authorization: Bearer KEY`."""
+    """Every request but /health must carry `Authorization: Bearer KEY` (the scheme in any case, RFC 7235)."""
 
     def __init__(self, app: ASGIApp, key: str) -> None:
-        self.app, self._expected = app, f"Bearer {key}".encode()
+        if not key:
+            raise ValueError("an empty API key would let anyone in")
+        self.app, self._expected = app, key.encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"] != "/health":
-            given = dict(scope["headers"]).get(b"authorization", b"")
-            if not hmac.compare_digest(given, self._expected):
-                body = openai_api.error_body("a valid API key is required: send 'Authorization: Bearer KEY'",
-                                             "invalid_request_error", code="invalid_api_key")
-                await JSONResponse(body, status_code=401)(scope, receive, send)
-                return
+        if scope["type"] == "http" and scope["path"] != "/health" and not self._allows(scope):
+            body = openai_api.error_body("a valid API key is required: send 'Authorization: Bearer KEY'",
+                                         "invalid_request_error", code="invalid_api_key")
+            await JSONResponse(body, status_code=401)(scope, receive, send)
+            return
         await self.app(scope, receive, send)
+
+    def _allows(self, scope: Scope) -> bool:
+        scheme, _, given = dict(scope["headers"]).get(b"authorization", b"").strip().partition(b" ")
+        return scheme.lower() == b"bearer" and hmac.compare_digest(given.strip(), self._expected)
 
 
 def listen(host: str, port: int) -> socket.socket:
@@ -194,9 +276,9 @@ def listen(host: str, port: int) -> socket.socket:
     return sock
 
 
-def http_server(app: ASGIApp) -> uvicorn.Server:
-    """uvicorn without its own logging (the service logs a line per answer); a Ctrl-C waits 2 s for answers
-    in progress, then cancels them."""
-    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
-                            timeout_graceful_shutdown=2)
+def http_server(app: ASGIApp, limits: Limits = Limits()) -> uvicorn.Server:
+    """uvicorn without its own logging (the service logs a line per answer), on the HTTP/1.1 protocol that keeps
+    `limits`; a Ctrl-C waits 2 s for answers in progress, then cancels them."""
+    config = uvicorn.Config(app, http=GuardedH11Protocol.with_limits(limits), log_level="warning",
+                            access_log=False, lifespan="off", timeout_graceful_shutdown=2)
     return uvicorn.Server(config)

@@ -19,7 +19,7 @@ from spec_cli.decoding.prompt_cache import PromptCache
 from spec_cli.decoding.sampling import settle
 from spec_cli.errors import SpecError
 from spec_cli.pair import Pair
-from spec_cli.request import GenerationRequest, InvalidRequest
+from spec_cli.request import GenerationRequest, InvalidRequest, shown
 from spec_cli.server import openai_api
 from spec_cli.server.openai_api import PARAMS, ApiRequest, RequestError
 from spec_cli.server.stop_strings import StopStrings
@@ -43,12 +43,17 @@ class Failed:
     error: RequestError
 
 
+@dataclass(frozen=True)
+class Left:
+    """The client closed its connection: posted by the face that saw it go, for the request's task to stop."""
+
+
 class Job:
     """One request's generation: the worker thread posts text and its outcome; the request's task reads them."""
 
     def __init__(self, request: ApiRequest, loop: asyncio.AbstractEventLoop) -> None:
         self.request = request
-        self.items: asyncio.Queue[Started | str | Finished | Failed] = asyncio.Queue()
+        self.items: asyncio.Queue[Started | str | Finished | Failed | Left] = asyncio.Queue()
         self.cancelled = threading.Event()
         self._loop = loop
 
@@ -60,6 +65,11 @@ class Job:
 
     def cancel(self) -> None:
         self.cancelled.set()
+
+    def leave(self) -> None:
+        """The client has gone (called on the event loop): stop the generation and the request's task."""
+        self.cancel()
+        self.items.put_nowait(Left())
 
 
 class Service:
@@ -80,21 +90,24 @@ class Service:
 
     @property
     def jobs(self) -> int:
-        """Requests admitted and not yet done: the one generating and those waiting."""
-        return len(self._jobs)
+        """Requests admitted and not yet done: the one generating and those waiting. A cancelled one (its client
+        left) no longer counts: it costs the worker a token at most, and its place in the line is free."""
+        with self._lock:
+            return sum(not job.cancelled.is_set() for job in self._jobs)
 
-    def check_model(self, model: str | None) -> None:
+    def check_model(self, model: str | None, status: int = 400) -> None:
         if model is not None and model != self.name:
-            raise RequestError(f"model {model!r} is not served here; this server serves {self.name!r}",
-                               param="model", code="model_not_found")
+            raise RequestError(f"model {shown(model)} is not served here; this server serves {self.name!r}",
+                               param="model", code="model_not_found", status=status,
+                               kind="not_found_error" if status == 404 else "invalid_request_error")
 
     def submit(self, request: ApiRequest) -> Job:
         """Queue a request, or refuse it at once when `queue_size` are already waiting."""
         job = Job(request, asyncio.get_running_loop())
+        if self.jobs > self.queue_size:
+            raise RequestError(f"the server is busy: one generation runs and {self.queue_size} wait; "
+                               "try again shortly", code="server_busy", status=503, kind="server_error")
         with self._lock:
-            if len(self._jobs) > self.queue_size:
-                raise RequestError(f"the server is busy: one generation runs and {self.queue_size} wait; "
-                                   "try again shortly", code="server_busy", status=503, kind="server_error")
             self._jobs.add(job)
         self._worker.submit(self._serve, job)
         return job
@@ -111,7 +124,8 @@ class Service:
             if not job.cancelled.is_set():  # a client that left while waiting costs nothing
                 self._generate(job)
         except Exception as exc:  # a bug: the client gets a 500, the server's log the traceback
-            job.post(Failed(RequestError(f"internal error: {exc!r}", status=500, kind="server_error")))
+            job.post(Failed(RequestError(f"internal error ({type(exc).__name__}); the server's log has the details",
+                                         status=500, kind="server_error")))
             self.log(f"internal error:\n{traceback.format_exc()}")
         finally:
             with self._lock:

@@ -1,0 +1,96 @@
+"""What one client may hold of the server: how long its request's headers and body may take to arrive, how large
+the body may be, and how many connections may be open at once.
+
+uvicorn closes an idle keep-alive connection, but a connection that sends nothing, or half a header, and then
+stalls, it keeps open for ever; and its own cap (`limit_concurrency`) answers in plain text. `GuardedH11Protocol`
+is its HTTP/1.1 protocol with a deadline for every request's headers and a cap on open connections that answers
+in OpenAI's error shape. The body's limits are the app's to apply (`server.app`), as it reads the body.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import h11
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from spec_cli.server.openai_api import error_body
+
+MIB = 1 << 20
+
+
+@dataclass(frozen=True)
+class Limits:
+    """`body_bytes`: the largest request body (larger: 413); `header_timeout_s`: how long a request's headers may
+    take to arrive once its connection is open or its previous answer sent (then the connection is closed);
+    `body_timeout_s`: how long its body may take after them (then 408); `connections`: the most connections
+    open at once (one more is answered 503 and closed)."""
+
+    body_bytes: int = 4 * MIB
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 30.0
+    connections: int = 64
+
+
+class GuardedH11Protocol(H11Protocol):
+    """uvicorn's HTTP/1.1 protocol, with a deadline for each request's headers and a cap on open connections."""
+
+    def __init__(self, *args: Any, limits: Limits, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._limits = limits
+        self._header_deadline: asyncio.TimerHandle | None = None
+
+    @classmethod
+    def with_limits(cls, limits: Limits) -> partial[GuardedH11Protocol]:
+        """The protocol factory uvicorn's `http` setting takes."""
+        return partial(cls, limits=limits)
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        if len(self.connections) > self._limits.connections:
+            self.app = _busy(self._limits.connections)  # its request is read, answered 503, and the connection closed
+        self._await_headers()
+
+    def handle_events(self) -> None:
+        super().handle_events()
+        if self.conn.their_state is not h11.IDLE:  # a request's headers are in
+            self._stop_waiting()
+
+    def on_response_complete(self) -> None:
+        self._await_headers()  # before the next request's events, which a pipelining client has already sent
+        super().on_response_complete()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._stop_waiting()
+        super().connection_lost(exc)
+
+    def _await_headers(self) -> None:
+        self._stop_waiting()
+        self._header_deadline = self.loop.call_later(self._limits.header_timeout_s, self._headers_late)
+
+    def _stop_waiting(self) -> None:
+        if self._header_deadline is not None:
+            self._header_deadline.cancel()
+            self._header_deadline = None
+
+    def _headers_late(self) -> None:
+        self._header_deadline = None
+        if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+            self.transport.close()
+
+
+def _busy(connections: int) -> ASGIApp:
+    """The app a connection past the cap gets: 503 in OpenAI's error shape, then close."""
+    body = error_body(f"the server has {connections} connections open, its most; try again shortly",
+                      "server_error", code="server_busy")
+
+    async def refuse(scope: Scope, receive: Receive, send: Send) -> None:
+        await JSONResponse(body, status_code=503, headers={"Retry-After": "1", "Connection": "close"})(
+            scope, receive, send)
+
+    return refuse
