@@ -19,6 +19,7 @@ from spec_cli.decoding.engine import Generation, TokenEvent
 from spec_cli.decoding.prompt_cache import PromptCache
 from spec_cli.decoding.stats import Stats
 from spec_cli.errors import SpecError
+from spec_cli.llama.prompt_text import PromptText
 from spec_cli.pair import Pair
 from spec_cli.request import GenerationRequest, InvalidRequest, draft_max_from_text
 
@@ -76,7 +77,7 @@ class ChatSession:
     last: Generation | None = None
     notices: list[str] = field(default_factory=list)
     _cache: PromptCache = field(default_factory=PromptCache)
-    _rendered: str = ""
+    _rendered: PromptText = PromptText("")
 
     def messages(self, turns: list[Turn] | None = None) -> list[dict[str, str]]:
         system = [{"role": "system", "content": self.system}] if self.system else []
@@ -99,7 +100,7 @@ class ChatSession:
             yield from generation
         finally:
             self.turns.append(Turn("assistant", generation.text, interrupted=generation.finish_reason == "interrupted"))
-            self._cache.remember(self._rendered + generation.text, prompt + generation.token_ids)
+            self._cache.remember(self._rendered.text + generation.text, prompt + generation.token_ids)
             self.totals.merge(generation.stats)
 
     def _drafting(self) -> str:

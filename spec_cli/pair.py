@@ -103,11 +103,13 @@ class Pair:
         return self.target.chat_template() is not None
 
     def prompt_tokens(self, prompt: str, raw: bool = False) -> list[int]:
-        """Tokens of `prompt`: verbatim when `raw`, else wrapped as a user message by the chat template."""
+        """Tokens of `prompt`: verbatim when `raw` (control tokens spelt in it are parsed), else wrapped as a user
+        message by the chat template (its text stays text: only the template's markers are control tokens)."""
         if not prompt.strip():
             raise SpecError("the prompt is empty")
-        text = prompt if raw else self.target.format_chat([{"role": "user", "content": prompt}])
-        return self.target.tokenize(text)
+        if raw:
+            return self.target.tokenize(prompt)
+        return self.target.tokenize_prompt(self.target.format_chat([{"role": "user", "content": prompt}]))
 
     def check_prompt(self, tokens: Sequence[int]) -> None:
         """Refuse a prompt the target cannot take: empty, with ids outside its vocabulary, or not leaving room

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from spec_cli.llama.model import Model
+from spec_cli.llama.prompt_text import PromptText
 
 
 class PromptCache:
@@ -21,12 +22,12 @@ class PromptCache:
         self.text = ""
         self.tokens: list[int] = []
 
-    def tokens_for(self, model: Model, text: str) -> list[int]:
-        """`text` as tokens: the remembered tokens and the new part tokenized on its own where `text` extends
-        the remembered text, else all of `text` tokenized."""
-        if self.text and text.startswith(self.text):
-            return self.tokens + model.tokenize(text[len(self.text):], add_special=False)
-        return model.tokenize(text)
+    def tokens_for(self, model: Model, prompt: PromptText) -> list[int]:
+        """`prompt` as tokens: the remembered tokens and the new part tokenized on its own where `prompt` extends
+        the remembered text, else all of `prompt` tokenized."""
+        if self.text and prompt.text.startswith(self.text):
+            return self.tokens + model.tokenize_prompt(prompt.after(len(self.text)), add_special=False)
+        return model.tokenize_prompt(prompt)
 
     def remember(self, text: str, tokens: Sequence[int]) -> None:
         self.text, self.tokens = text, list(tokens)

@@ -8,6 +8,7 @@ to drive two models in lock-step, and turns on kernels that crash on some CPUs (
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +19,7 @@ from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
 from spec_cli.errors import SpecError
 from spec_cli.llama import kernels, rpc
+from spec_cli.llama.prompt_text import ControlToken, ControlTokens, PromptText, render_chat
 
 GGUF_MAGIC = b"GGUF"
 _GGML_LOG_LEVEL_WARN = 3
@@ -176,6 +178,32 @@ class Model:
         `add_special` is False (text that continues a conversation already under way)."""
         return self.tokenize_bytes(text.encode("utf-8"), add_special, parse_special=True)
 
+    def tokenize_prompt(self, prompt: PromptText, add_special: bool = True) -> list[int]:
+        """Tokens for `prompt`: as `tokenize` where it marks no message text; else split at the control tokens
+        outside its message text, as llama.cpp splits text, and each fragment tokenized as plain text."""
+        if not prompt.plain:
+            return self.tokenize(prompt.text, add_special)
+        info = self.vocab_info()
+        tokens = [info.bos] if add_special and info.add_bos else []
+        for piece in self.control_tokens.partition(prompt):
+            if isinstance(piece, int):
+                tokens.append(piece)
+            else:
+                tokens += self.tokenize_bytes(prompt.text[piece[0]:piece[1]].encode("utf-8"), False, False)
+        return tokens + ([info.eos] if add_special and info.add_eos else [])
+
+    @functools.cached_property
+    def control_tokens(self) -> ControlTokens:
+        """The tokens llama.cpp parses out of text with `parse_special` (control and unknown ones)."""
+        found = []
+        for token in range(self.n_vocab):
+            attr = llama_cpp.llama_vocab_get_attr(self._vocab, token)
+            text = self.token_text(token).decode("utf-8", errors="replace")
+            if attr & (llama_cpp.LLAMA_TOKEN_ATTR_CONTROL | llama_cpp.LLAMA_TOKEN_ATTR_UNKNOWN) and text:
+                found.append(ControlToken(token, text, bool(attr & llama_cpp.LLAMA_TOKEN_ATTR_LSTRIP),
+                                          bool(attr & llama_cpp.LLAMA_TOKEN_ATTR_RSTRIP)))
+        return ControlTokens(found)
+
     def tokenize_bytes(self, data: bytes, add_special: bool, parse_special: bool) -> list[int]:
         """Tokens for UTF-8 `data`; with `parse_special`, the text of special tokens becomes those tokens."""
         capacity = len(data) + 8
@@ -248,9 +276,10 @@ class Model:
         return raw.decode("utf-8") if raw else None
 
     def format_chat(self, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True,
-                    template: str | None = None) -> str:
-        """Render `messages` with `template` (a Jinja chat template), by default the model's own, ready
-        for `tokenize`.
+                    template: str | None = None) -> PromptText:
+        """Render `messages` with `template` (a Jinja chat template), by default the model's own, ready for
+        `tokenize_prompt`: the template's markers are control tokens, the messages' text is text
+        (`prompt_text.render_chat`).
 
         Templates usually write the BOS text themselves; it is removed here when the tokenizer adds BOS
         anyway, so the prompt never starts with two.
@@ -264,12 +293,15 @@ class Model:
         eos_text = self.token_text(info.eos).decode("utf-8", errors="replace") if info.eos >= 0 else ""
         formatter = Jinja2ChatFormatter(template=template, eos_token=eos_text, bos_token=bos_text,
                                         add_generation_prompt=add_generation_prompt)
-        try:
-            prompt = formatter(messages=list(messages)).prompt
-        except Exception as exc:  # a broken template is the model file's fault, not ours
-            raise SpecError(f"the chat template of {self.path.name} failed: {exc}") from exc
-        if info.add_bos and bos_text and prompt.startswith(bos_text):
-            prompt = prompt[len(bos_text):]
+        def render(listed: list[dict[str, str]]) -> str:
+            try:
+                return formatter(messages=listed).prompt
+            except Exception as exc:  # a broken template is the model file's fault, not ours
+                raise SpecError(f"the chat template of {self.path.name} failed: {exc}") from exc
+
+        prompt = render_chat(render, messages, self.control_tokens)
+        if info.add_bos and bos_text and prompt.text.startswith(bos_text):
+            prompt = prompt.after(len(bos_text))
         return prompt
 
     def close(self) -> None:

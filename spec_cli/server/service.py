@@ -18,6 +18,7 @@ from spec_cli.decoding.engine import Generation
 from spec_cli.decoding.prompt_cache import PromptCache
 from spec_cli.decoding.sampling import settle
 from spec_cli.errors import SpecError
+from spec_cli.llama.prompt_text import PromptText
 from spec_cli.pair import Pair
 from spec_cli.request import GenerationRequest, InvalidRequest, shown
 from spec_cli.server import openai_api
@@ -195,11 +196,14 @@ class Service:
             job.post(ready)
 
     def _prompt(self, request: ApiRequest) -> tuple[str | None, list[int]]:
-        """The prompt's text (None for token ids) and tokens, extending the last answer's where they can."""
+        """The prompt's text (None for token ids) and tokens, extending the last answer's where they can. A chat's
+        messages are text: only the template's markers become control tokens. A completion's prompt is raw, as
+        in llama-server: control tokens spelt in it are parsed."""
         model = self.pair.target
         if request.endpoint == "chat":
-            text: str | None = model.format_chat(request.messages, template=self.template)
+            prompt: PromptText | None = model.format_chat(request.messages, template=self.template)
         else:
-            text = request.prompt if isinstance(request.prompt, str) else None
-        tokens = self._cache.tokens_for(model, text) if text is not None else list(request.prompt)
-        return text, tokens
+            prompt = PromptText(request.prompt) if isinstance(request.prompt, str) else None
+        if prompt is None:
+            return None, list(request.prompt)
+        return prompt.text, self._cache.tokens_for(model, prompt)
