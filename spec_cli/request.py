@@ -73,16 +73,19 @@ class GenerationRequest:
         if self.seed == RANDOM_SEED:
             object.__setattr__(self, "seed", None)
         if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0):
-            raise InvalidRequest("seed", f"{{name}} must be a whole number >= 0, or -1 for a random seed, got {shown(self.seed)}")
+            raise InvalidRequest("seed", "{name} must be a whole number >= 0, or -1 for a random seed, "
+                                         f"got {shown(self.seed)}")
         k = self.draft_max
         if k != AUTO and (not isinstance(k, int) or isinstance(k, bool) or not 0 <= k <= MAX_K):
             raise InvalidRequest("draft_max", f"{{name}} must be a number from 0 to {MAX_K} or 'auto', got {shown(k)}")
         if self.draft_mode is not None and (not isinstance(self.draft_mode, str) or self.draft_mode not in MODES):
-            raise InvalidRequest("draft_mode", f"unknown {{name}} {shown(self.draft_mode)}; choose one of: {', '.join(MODES)}")
+            raise InvalidRequest("draft_mode",
+                                 f"unknown {{name}} {shown(self.draft_mode)}; choose one of: {', '.join(MODES)}")
         if not isinstance(self.draft_p_min, (int, float)) or not 0 <= self.draft_p_min < 1:
             raise InvalidRequest("draft_p_min", f"{{name}} must be in [0, 1), got {shown(self.draft_p_min)}")
         if not isinstance(self.verify, str) or self.verify not in VERIFY_RULES:
-            raise InvalidRequest("verify", f"unknown {{name}} {shown(self.verify)}; choose one of: {', '.join(VERIFY_RULES)}")
+            raise InvalidRequest("verify",
+                                 f"unknown {{name}} {shown(self.verify)}; choose one of: {', '.join(VERIFY_RULES)}")
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
             raise InvalidRequest("max_tokens", f"{{name}} must be >= 1, got {shown(self.max_tokens)}")
 

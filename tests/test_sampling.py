@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from spec_cli.decoding.sampling import (MIN_TEMPERATURE, PENALTY_LIMIT, SAMPLE_SIZE, Law, SamplingParams, excess_mass,
-                                        greedy_token, penalized, probabilities, recommended, residual, row_laws, sample,
-                                        settle, shares_candidates)
+from spec_cli.decoding.sampling import (MIN_TEMPERATURE, PENALTY_LIMIT, SAMPLE_SIZE, Law, SamplingParams,
+                                        excess_mass, greedy_token, penalized, probabilities, recommended, residual,
+                                        row_laws, sample, settle, shares_candidates)
 from spec_cli.errors import SpecError
 
 PLAIN = dict(top_k=0, top_p=1.0, min_p=0.0)  # no filters: only the temperature

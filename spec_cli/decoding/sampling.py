@@ -73,10 +73,11 @@ class SamplingParams:
             raise SpecError(f"repeat-penalty must be > 0 (1 turns it off), got {self.repeat_penalty}")
         if self.repeat_last_n < 0:
             raise SpecError(f"repeat-last-n must be >= 0 (0 turns penalties off), got {self.repeat_last_n}")
-        limits = {"repeat_penalty": (1 / PENALTY_LIMIT, PENALTY_LIMIT), "presence_penalty": (-PENALTY_LIMIT, PENALTY_LIMIT),
+        limits = {"repeat_penalty": (1 / PENALTY_LIMIT, PENALTY_LIMIT),
+                  "presence_penalty": (-PENALTY_LIMIT, PENALTY_LIMIT),
                   "frequency_penalty": (-PENALTY_LIMIT, PENALTY_LIMIT)}
         for name, (low, high) in limits.items():
-            object.__setattr__(self, name, min(max(getattr(self, name), low), high))
+            object.__setattr__(self, name, min(max(getattr(self, name), low), high))  # frozen: set once, here
 
     @property
     def greedy(self) -> bool:
