@@ -293,6 +293,7 @@ class Model:
         eos_text = self.token_text(info.eos).decode("utf-8", errors="replace") if info.eos >= 0 else ""
         formatter = Jinja2ChatFormatter(template=template, eos_token=eos_text, bos_token=bos_text,
                                         add_generation_prompt=add_generation_prompt)
+
         def render(listed: list[dict[str, str]]) -> str:
             try:
                 return formatter(messages=listed).prompt

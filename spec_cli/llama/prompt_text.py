@@ -37,7 +37,6 @@ class PromptText:
         return PromptText(self.text[start:], spans)
 
 
-
 @dataclass(frozen=True)
 class ControlToken:
     id: int
@@ -83,8 +82,9 @@ def _split(text: str, fragment: Span, token: ControlToken, plain: tuple[Span, ..
     at = start
     while (found := text.find(token.text, at, end)) >= 0:
         stop = found + len(token.text)
-        if any(a < stop and found < b for a, b in plain):
-            at = found + 1
+        inside = next((b for a, b in plain if a < stop and found < b), None)
+        if inside is not None:  # in message text: the next match that may count starts where that text ends
+            at = inside
             continue
         left = found
         while token.lstrip and left > start and text[left - 1] in WHITESPACE:

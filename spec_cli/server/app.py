@@ -36,7 +36,7 @@ DEFAULT_PORT = 8080
 
 
 class ClientGone(Exception):
-    """The client closed its connection before its answer began."""
+    """The client closed its connection before its answer was sent."""
 
 
 @asynccontextmanager
