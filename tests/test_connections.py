@@ -108,3 +108,12 @@ def test_one_connection_past_the_cap_is_answered_503_and_closed(quick: Running) 
     with connect(quick) as sock:
         sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
         assert answer_to(sock)[1].startswith(b"HTTP/1.1 200")
+
+
+@pytest.mark.parametrize("sent", [b"GARBAGE\r\n\r\n", b"GET / HTTP/1.1\r\nX: " + b"a" * 20_000 + b"\r\n\r\n"])
+def test_bytes_that_are_not_http_get_a_400_in_openais_shape(quick: Running, sent: bytes) -> None:
+    with connect(quick) as sock:
+        sock.sendall(sent)
+        _waited, answer = answer_to(sock)
+    status, error = status_and_error(answer)
+    assert status == 400 and error["type"] == "invalid_request_error" and not quick.uvicorn.tracebacks

@@ -2,14 +2,16 @@
 the body may be, and how many connections may be open at once.
 
 uvicorn closes an idle keep-alive connection, but a connection that sends nothing, or half a header, and then
-stalls, it keeps open for ever; and its own cap (`limit_concurrency`) answers in plain text. `GuardedH11Protocol`
-is its HTTP/1.1 protocol with a deadline for every request's headers and a cap on open connections that answers
-in OpenAI's error shape. The body's limits are the app's to apply (`server.app`), as it reads the body.
+stalls, it keeps open for ever; and its own cap (`limit_concurrency`) and its answer to bytes that are not HTTP
+are plain text. `GuardedH11Protocol` is its HTTP/1.1 protocol with a deadline for every request's headers, a
+cap on open connections, and both answers in OpenAI's error shape. The body's limits are the app's to apply
+(`server.app`), as it reads the body.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -68,6 +70,15 @@ class GuardedH11Protocol(H11Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop_waiting()
         super().connection_lost(exc)
+
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn's answer to bytes that are not HTTP/1.1 (or headers past h11's size limit), in OpenAI's shape."""
+        body = json.dumps(error_body(msg, "invalid_request_error")).encode()
+        headers = [(b"content-type", b"application/json"), (b"connection", b"close")]
+        for event in (h11.Response(status_code=400, headers=headers, reason=b"Bad Request"), h11.Data(data=body),
+                      h11.EndOfMessage()):
+            self.transport.write(self.conn.send(event))
+        self.transport.close()
 
     def _await_headers(self) -> None:
         self._stop_waiting()
