@@ -40,7 +40,8 @@ class Limits:
 
 
 class GuardedH11Protocol(H11Protocol):
-    """uvicorn's HTTP/1.1 protocol, with a deadline for each request's headers and a cap on open connections."""
+    """uvicorn's HTTP/1.1 protocol, with a deadline for each request's headers, a cap on open connections, and its
+    400 for bytes that are not HTTP in OpenAI's shape."""
 
     def __init__(self, *args: Any, limits: Limits, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
