@@ -286,6 +286,18 @@ def test_allow_remote_warns_before_serving(no_server: None, chat_target_path: Pa
                          "can use it (--api-key requires a key)")
 
 
+@pytest.mark.parametrize("flags, warned", [(["--cors", "*"], True), (["--cors", "*", "--api-key", "k"], False),
+                                           (["--cors", "http://localhost:3000"], False)])
+def test_any_origin_without_a_key_is_warned_about(no_server: None, chat_target_path: Path, flags: list[str],
+                                                  warned: bool) -> None:
+    result = CliRunner().invoke(app, ["serve", "--target", str(chat_target_path), "--no-draft", *flags])
+    lines = result.stderr.strip().splitlines()
+    assert result.exit_code == 1 and lines[-1] == "spec: error: server not started in tests"
+    warning = ("spec: warning: --cors * lets any web page open in a browser here use this server (--api-key "
+               "requires a key)")
+    assert (warning in lines) == warned
+
+
 def test_a_port_in_use_is_one_line_before_any_model_loads() -> None:
     with server.socket.create_server(("127.0.0.1", 0)) as busy:
         port = busy.getsockname()[1]

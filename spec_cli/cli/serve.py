@@ -91,6 +91,9 @@ def serve(
             if remote:
                 note(f"warning: other machines can reach this server on {host}"
                      + ("" if api_key else "; anyone who can reach it can use it (--api-key requires a key)"))
+            if "*" in origins and not api_key:
+                note("warning: --cors * lets any web page open in a browser here use this server "
+                     "(--api-key requires a key)")
             try:
                 with rpc.on_worker_lost(error):
                     app = server.create_app(service, api_key, origins, limits)
