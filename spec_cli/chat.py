@@ -22,6 +22,7 @@ from spec_cli.errors import SpecError
 from spec_cli.llama.prompt_text import PromptText
 from spec_cli.pair import Pair
 from spec_cli.request import GenerationRequest, InvalidRequest, draft_max_from_text
+from spec_cli.structured import Constraint
 
 CHAT_FORMATS = {
     "chatml": ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -56,7 +57,8 @@ class Settings(GenerationRequest):
         """One line for the banner and a bare `/set`."""
         drafting = f"{self.draft_mode} K={self.draft_max}" if self.use_draft else "off"
         line = f"{self.sampling.describe()} · drafting {drafting}"
-        return line if self.sampling.greedy else f"{line} · verify {self.verify}"
+        line = line if self.sampling.greedy else f"{line} · verify {self.verify}"
+        return line if self.grammar is None else f"{line} · output constrained by a grammar"
 
 
 @dataclass
@@ -164,8 +166,13 @@ REQUEST_FIELDS: dict[str, tuple[str, Callable[[str], object]]] = {
     "k": ("draft_max", draft_max_from_text), "verify": ("verify", str), "max-tokens": ("max_tokens", int),
     "mode": ("draft_mode", str), "p-min": ("draft_p_min", float),
 }
+# /set names of the structured-output settings, by `Constraint` field; "off" clears the constraint.
+CONSTRAINT_FIELDS = {"grammar": "grammar", "grammar-file": "grammar_file", "json-schema": "json_schema",
+                     "json-schema-file": "json_schema_file"}
+CLEAR = "off"
 SET_NAMES = {field_name: key for key, (field_name, _parse) in REQUEST_FIELDS.items()}  # for messages
-SETTING_NAMES = ("k", *SAMPLING_FIELDS, "verify", "max-tokens", "mode", "p-min")
+SET_NAMES |= {field_name: key for key, field_name in CONSTRAINT_FIELDS.items()}
+SETTING_NAMES = ("k", *SAMPLING_FIELDS, "verify", "max-tokens", "mode", "p-min", *CONSTRAINT_FIELDS)
 
 COMMANDS = {
     "/help": "this list",
@@ -228,6 +235,13 @@ def _set(settings: Settings, argument: str) -> tuple[Settings, str]:
         if key in SAMPLING_FIELDS:
             field_name, kind = SAMPLING_FIELDS[key]
             changed = replace(settings, sampling=replace(settings.sampling, **{field_name: kind(value)}))
+        elif key in CONSTRAINT_FIELDS:
+            if value == CLEAR:
+                return replace(settings, grammar=None), "output no longer constrained"
+            kind = CONSTRAINT_FIELDS[key]
+            given = Path(value).expanduser() if kind.endswith("_file") else value
+            changed = replace(settings, grammar=Constraint(**{kind: given}).gbnf())
+            return changed, f"output constrained by the {'JSON schema' if 'json' in key else 'grammar'} ({CLEAR} clears it)"
         else:
             field_name, parse = REQUEST_FIELDS[key]
             changed = replace(settings, **{field_name: parse(value)})

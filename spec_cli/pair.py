@@ -23,10 +23,11 @@ from spec_cli.drafting.modes import MODES, Drafting, Sources
 from spec_cli.drafting.translation import Translation
 from spec_cli.errors import SpecError
 from spec_cli.llama.context import Context, HeadContext
+from spec_cli.llama.grammar import Grammar, GrammarError
 from spec_cli.llama.model import Model
 from spec_cli.llama.placement import load_model
 from spec_cli.models import vocab
-from spec_cli.request import GenerationRequest, InvalidRequest
+from spec_cli.request import GenerationRequest, InvalidConstraint, InvalidRequest
 
 DEFAULT_CTX = 2048
 
@@ -129,24 +130,32 @@ class Pair:
 
         `prompt` is text (see `prompt_tokens`) or token ids. `request` says how to generate (`GenerationRequest`;
         the defaults when None), and keyword arguments set its fields (sampling=, seed=, draft_max=,
-        draft_mode=, draft_p_min=, verify=, max_tokens=): `pair.generate("Hi", seed=1, draft_max="auto")`.
+        draft_mode=, draft_p_min=, verify=, max_tokens=, grammar=): `pair.generate("Hi", seed=1, draft_max="auto")`.
         The seed fixes the one random generator used for drafting, acceptance and correction, so the same seed
         gives the same text; without one a random seed is drawn and kept on the returned `Generation`.
         """
         request = replace(request or GenerationRequest(), **fields)
         tokens = self.prompt_tokens(prompt, raw) if isinstance(prompt, str) else list(prompt)
         self.check_prompt(tokens)
+        grammar = self.grammar(request.grammar) if request.grammar is not None else None
         mode = MODES[self.mode_for(request)]
         drafter, draft_length = self.drafting.build(mode.name, request.draft_p_min, request.draft_max)
         seed = secrets.randbits(32) if request.seed is None else request.seed
         generation = Generation(self.target_context, drafter, tokens, request.sampling, seed, draft_length,
-                                request.max_tokens, request.verify, self.drafting.costs(mode.name))
+                                request.max_tokens, request.verify, self.drafting.costs(mode.name), grammar)
         generation.stats.adaptive = request.adaptive and drafter is not None
         generation.stats.draft_mode = mode.name
         in_use = ("target", "draft") if mode.loads_draft and self.draft_context else ("target",)
         generation.stats.memory = {name: facts for name, facts in self.memory().items() if name in in_use}
         generation.stats.placement = {name: where for name, where in self.placement().items() if name in in_use}
         return generation
+
+    def grammar(self, gbnf: str) -> Grammar:
+        """The start state of GBNF `gbnf` over the target's vocabulary; InvalidRequest when it does not parse."""
+        try:
+            return Grammar.compile(self.target, gbnf)
+        except GrammarError as exc:
+            raise InvalidConstraint("grammar", f"{{name}} {exc.reason}") from None
 
     def close(self) -> None:
         for context in self._contexts:

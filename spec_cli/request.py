@@ -1,5 +1,5 @@
 """One generation request: how to sample, the seed, K, the drafting mode and its confidence stop, the
-verification rule, the token limit and the stop strings. Every face builds one (the CLI from its flags,
+verification rule, the token limit, the stop strings and the grammar. Every face builds one (the CLI from its flags,
 chat's `/set`, the server from a JSON body, the benchmark for each configuration) and it is checked once,
 here, with one set of messages; a face only turns its text or JSON into values first.
 
@@ -22,7 +22,7 @@ AUTO = "auto"
 RANDOM_SEED = -1  # llama.cpp's LLAMA_DEFAULT_SEED as a request gives it: draw a random seed
 # How the library's own messages name each field (the Python API's keyword arguments in words).
 NAMES = {"draft_max": "draft-max", "draft_mode": "draft mode", "draft_p_min": "draft-p-min",
-         "verify": "verification", "max_tokens": "max-tokens"}
+         "verify": "verification", "max_tokens": "max-tokens", "grammar": "the grammar"}
 
 
 class InvalidRequest(SpecError):
@@ -37,6 +37,11 @@ class InvalidRequest(SpecError):
     def named(self, names: Mapping[str, str]) -> str:
         # The first `{name}` only: the value quoted after it may hold braces of its own.
         return self.template.replace("{name}", names.get(self.field, self.field), 1)
+
+
+class InvalidConstraint(InvalidRequest):
+    """A grammar or JSON schema that cannot constrain anything: it does not parse, or the converter cannot take
+    it. The command line treats it as a bad option value (exit 2, as Click's usage errors)."""
 
 
 SHOWN_AT_MOST = 40  # characters of a client's value quoted back in an error message
@@ -58,7 +63,8 @@ class GenerationRequest:
     model's confidence stop; `verify` the rule sampled rounds are verified with ("block", Sun et al. 2025, or
     "token", Leviathan et al. 2023; greedy rounds need none); `stop` strings end the text where the server
     cuts it; `seed` fixes the one random generator of a generation (None, or -1 as in llama.cpp: a random
-    one)."""
+    one); `grammar` is GBNF the output must follow (`structured` makes it from a JSON schema), parsed against
+    the target's vocabulary when the generation starts."""
 
     sampling: SamplingParams = field(default_factory=SamplingParams)
     seed: int | None = None
@@ -68,6 +74,7 @@ class GenerationRequest:
     verify: str = DEFAULT_VERIFY
     max_tokens: int = 256
     stop: tuple[str, ...] = ()
+    grammar: str | None = None
 
     def __post_init__(self) -> None:
         if self.seed == RANDOM_SEED:
@@ -86,6 +93,8 @@ class GenerationRequest:
         if not isinstance(self.verify, str) or self.verify not in VERIFY_RULES:
             raise InvalidRequest("verify",
                                  f"unknown {{name}} {shown(self.verify)}; choose one of: {', '.join(VERIFY_RULES)}")
+        if self.grammar is not None and (not isinstance(self.grammar, str) or not self.grammar.strip()):
+            raise InvalidRequest("grammar", f"{{name}} must be GBNF text, got {shown(self.grammar)}")
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
             raise InvalidRequest("max_tokens", f"{{name}} must be >= 1, got {shown(self.max_tokens)}")
 

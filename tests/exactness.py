@@ -21,14 +21,15 @@ N_SAMPLES = 3000
 
 
 def sampled_pairs(pair: Pair, prompt: list[int], sampling: SamplingParams, k: int | str, mode: str,
-                  verify: str = "block", p_min: float = 0.0, n: int = N_SAMPLES) -> tuple[Counter, Stats]:
-    """The first two tokens of `n` seeded generations, and their summed statistics."""
+                  verify: str = "block", p_min: float = 0.0, n: int = N_SAMPLES,
+                 grammar: str | None = None) -> tuple[Counter, Stats]:
+    """The first two tokens of `n` seeded generations (under `grammar` if given), and their summed statistics."""
     observed: Counter = Counter()
     totals = Stats(draft_max=0)
     room = max(k + 1, 2) if isinstance(k, int) else 6  # room for the first round's whole draft (auto: K ≤ 5)
     for seed in range(n):
         generation = pair.generate(prompt, sampling=sampling, seed=seed, max_tokens=room, draft_max=k,
-                                   draft_mode=mode, verify=verify, draft_p_min=p_min)
+                                   draft_mode=mode, verify=verify, draft_p_min=p_min, grammar=grammar)
         for _ in generation:
             pass
         observed[tuple(generation.token_ids[:2])] += 1

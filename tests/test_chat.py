@@ -116,11 +116,29 @@ def test_slash_commands_change_settings(pair: Pair) -> None:
     assert session.turns == [] and session.system == "pirate"
 
 
+def test_set_constrains_the_next_answers_and_off_frees_them(pair: Pair, tmp_path: Path) -> None:
+    session = ChatSession(pair, settings(max_tokens=20))
+    assert run_command(session, '/set grammar root ::= [a-e ]+ "."') == ("output constrained by the grammar "
+                                                                         "(off clears it)")
+    assert run_command(session, "/set").endswith("· output constrained by a grammar")
+    answer = say(session, "hi")
+    assert answer and set(answer) <= set("abcde .")
+    (tmp_path / "s.json").write_text('{"enum": ["yes", "no"]}', encoding="utf-8")
+    run_command(session, f"/set json-schema-file {tmp_path / 's.json'}")
+    assert say(session, "hi") in ('"yes"', '"no"')
+    assert run_command(session, "/set json-schema off") == "output no longer constrained"
+    assert session.settings.grammar is None
+
+
 @pytest.mark.parametrize("line, message", [
     ("/set temp hot", "bad value for temp: 'hot'"),
     ("/set k -3", "k must be a number from 0 to 64 or 'auto', got -3"),
     ("/set colour red", "usage: /set k|temp|top-k|top-p|min-p|repeat-penalty|repeat-last-n|presence-penalty|"
-                        "frequency-penalty|verify|max-tokens|mode|p-min VALUE"),
+                        "frequency-penalty|verify|max-tokens|mode|p-min|grammar|grammar-file|json-schema|"
+                        "json-schema-file VALUE"),
+    ('/set grammar root ::= "a', 'grammar does not parse: unexpected end of input'),
+    ("/set json-schema {", "json-schema is not valid JSON"),
+    ("/set grammar-file /nonexistent/g.gbnf", "grammar file not found: /nonexistent/g.gbnf"),
     ("/set verify joint", "unknown verify 'joint'; choose one of: block, token"),
     ("/set repeat-penalty 0", "repeat-penalty must be > 0"),
     ("/set repeat-last-n 1.5", "bad value for repeat-last-n"),

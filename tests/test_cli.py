@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import jsonschema
 import pytest
 from tiny_models import write_model
 from typer.testing import CliRunner
@@ -148,6 +149,34 @@ def test_a_target_without_mtp_layers_needs_a_draft(target_path: Path) -> None:
 ])
 def test_sampling_mistakes(pair_args: list[str], args: list[str], message: str) -> None:
     user_error(spec("run", *pair_args, *args, "hi"), message)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--grammar", 'root ::= "a'], "--grammar does not parse: unexpected end of input"),
+    (["--json-schema", "{"], "--json-schema is not valid JSON: Expecting property name enclosed in double quotes"),
+    (["-j", '{"type": "strng"}'], "--json-schema is not a JSON Schema this converter supports: Unrecognized schema"),
+    (["--grammar", 'root ::= "a"', "-j", "{}"], "--json-schema cannot be given with another constraint: give one"),
+])
+def test_a_constraint_that_cannot_be_used_is_a_usage_error(pair_args: list[str], args: list[str],
+                                                           message: str) -> None:
+    result = spec("run", *pair_args, *args, "hi")
+    assert result.exit_code == 2, result.output
+    assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert "Traceback" not in result.output
+
+
+def test_json_schema_output_validates_and_equals_the_target_alone(pair_args: list[str], tmp_path: Path) -> None:
+    schema = {"type": "object", "properties": {"animal": {"enum": ["cat", "dog"]}, "pet": {"type": "boolean"}},
+              "required": ["animal", "pet"], "additionalProperties": False}
+    (tmp_path / "animal.json").write_text(json.dumps(schema), encoding="utf-8")
+    args = ["-n", "40", "--json", "--json-schema-file", str(tmp_path / "animal.json"), "the cat"]
+    fast, plain = spec("run", *pair_args, "-k", "3", *args), spec("run", *pair_args, "--no-draft", *args)
+    assert fast.exit_code == 0, fast.output
+    fast_data, plain_data = json.loads(fast.stdout), json.loads(plain.stdout)
+    assert fast_data["token_ids"] == plain_data["token_ids"]
+    assert fast_data["finish_reason"] == "stop"
+    jsonschema.validate(json.loads(fast_data["text"]), schema)
+    assert fast_data["stats"]["drafted"] > 0
 
 
 def sampling_used(*args: str) -> dict:

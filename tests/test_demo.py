@@ -8,6 +8,7 @@ import json
 import json.decoder
 from pathlib import Path
 
+import jsonschema
 import pytest
 from typer.testing import CliRunner
 
@@ -32,6 +33,27 @@ def test_demo_pair_greedy_speculative_text_equals_target_alone() -> None:
     assert fast_data["text"] == plain_data["text"] and fast_data["text"].strip()
     assert fast_data["token_ids"] == plain_data["token_ids"]
     assert fast_data["stats"]["acceptance_rate"] > 0.5
+
+
+AUTHOR_SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "born": {"type": "integer"},
+                                                  "country": {"type": "string"}, "famous_play": {"type": "string"}},
+                 "required": ["name", "born", "country", "famous_play"]}
+
+
+def test_demo_pair_json_schema_output_validates_and_equals_target_alone() -> None:
+    """The issue's own command: JSON that validates, token for token the target alone's, drafts rejected on
+    the way (the grammar rewinds with the memories)."""
+    runner = CliRunner()
+    args = ["run", "-n", "96", "--json", "--json-schema", json.dumps(AUTHOR_SCHEMA),
+            "Who wrote Hamlet? Reply with the author's name, birth year, country and most famous play."]
+    fast = runner.invoke(app, [*args, "-k", "6"])
+    assert fast.exit_code == 0, fast.output
+    plain = runner.invoke(app, [*args, "--no-draft"])
+    fast_data, plain_data = json.loads(fast.stdout), json.loads(plain.stdout)
+    assert fast_data["token_ids"] == plain_data["token_ids"]
+    assert fast_data["finish_reason"] == "stop"
+    jsonschema.validate(json.loads(fast_data["text"]), AUTHOR_SCHEMA)
+    assert 0 < fast_data["stats"]["accepted"] < fast_data["stats"]["drafted"]
 
 
 @pytest.fixture(scope="module")

@@ -12,6 +12,7 @@ from spec_cli.decoding.drafter import Draft
 from spec_cli.decoding.sampling import SamplingParams
 from spec_cli.drafting.hybrid import HybridDrafter, HybridState
 from spec_cli.drafting.ngram import NgramDrafter
+from spec_cli.llama.grammar import Grammar
 
 GREEDY = SamplingParams()
 
@@ -84,7 +85,8 @@ class FakeModel:
     def pending(self, _tokens: list[int]) -> int:
         return self.backlog
 
-    def propose(self, _tokens: list[int], k: int, _sampling: SamplingParams, _rng: np.random.Generator) -> Draft:
+    def propose(self, _tokens: list[int], k: int, _sampling: SamplingParams, _rng: np.random.Generator,
+                _grammar: Grammar | None = None) -> Draft:
         self.proposed += 1
         return Draft(tokens=[9] * k)
 

@@ -17,6 +17,7 @@ from spec_cli.drafting.hybrid import HybridDrafter
 from spec_cli.drafting.model import ModelDrafter
 from spec_cli.drafting.modes import MODES, Mode
 from spec_cli.drafting.ngram import NgramDrafter
+from spec_cli.llama.grammar import Grammar
 
 PROMPT = "the cat and the dog"
 
@@ -47,7 +48,8 @@ def test_ngram_rounds_share_the_draft_models_cost_book(other: Pair) -> None:
 class RepeatLast(Drafter):
     """Proposes the sequence's last token K times: often wrong, which exercises rejections."""
 
-    def propose(self, tokens: Sequence[int], k: int, sampling: SamplingParams, rng: np.random.Generator) -> Draft:
+    def propose(self, tokens: Sequence[int], k: int, sampling: SamplingParams, rng: np.random.Generator,
+                grammar: Grammar | None = None) -> Draft:
         return Draft(tokens=[tokens[-1]] * k)
 
 

@@ -238,3 +238,12 @@ def test_with_a_draft_model_too_each_drafter_is_priced_with_its_own_steps(mtp_pa
         greedy(both, "the cat", draft_mode="model", draft_max=3)
         assert both.drafting.costs("model").draft.seconds(1) is not None
         assert both.drafting.costs("ngram") is both.drafting.costs("model")  # no steps of its own
+
+
+def test_under_a_grammar_the_head_drafts_from_its_masked_law(pair: Pair) -> None:
+    letters = r'root ::= [a-e ]+ "."'
+    alone = greedy(pair, PROMPTS[0], draft_mode="none", grammar=letters)
+    drafted = greedy(pair, PROMPTS[0], draft_mode="mtp", draft_max=3, grammar=letters)
+    assert drafted.token_ids == alone.token_ids
+    assert set(drafted.text) <= set("abcde .")
+    assert drafted.stats.accepted > 0

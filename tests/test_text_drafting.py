@@ -248,3 +248,12 @@ def test_bench_shows_the_conversion_share_beside_n_gram_drafting(files: dict[str
     assert "conversion" in result.stdout
     shares = {c["label"]: c["time_share"]["convert"] for c in json.loads(out.read_text())["configs"]}
     assert shares["model K=3"] > 0 and shares["ngram K=3"] == 0
+
+
+def test_under_a_grammar_drafts_through_text_are_cut_where_it_forbids(bpe_pair: Pair, alone: Pair) -> None:
+    letters = r'root ::= [a-t ]+ "."'
+    for prompt in PROMPTS:
+        reference = finish(alone.generate(prompt, raw=True, max_tokens=40, draft_mode="none", grammar=letters))
+        generation = finish(bpe_pair.generate(prompt, raw=True, max_tokens=40, draft_max=3, grammar=letters))
+        assert generation.token_ids == reference.token_ids
+        assert generation.stats.accepted > 0

@@ -11,9 +11,10 @@ import typer
 from spec_cli import chat as conversation
 from spec_cli.cli.common import user_errors
 from spec_cli.cli.options import (ChatFormatOpt, DraftMaxOpt, DraftModeOpt, DraftPMinOpt, LoadOptions, NoDraftOpt,
-                                  QuietOpt, RequestFlags, Sampling, SeedOpt, VerifyOpt, loads_pair, open_pair,
-                                  samples)
+                                  QuietOpt, RequestFlags, Sampling, SeedOpt, VerifyOpt, constrains, loads_pair,
+                                  open_pair, samples)
 from spec_cli.decoding.verification import DEFAULT_VERIFY
+from spec_cli.structured import Constraint
 from spec_cli.terminal.chat_repl import chat_loop
 
 CHAT_EXAMPLES = """\
@@ -25,6 +26,8 @@ Examples:
 
   spec chat --pair qwen2.5-7b -k auto
 
+  spec chat --json-schema '{"type": "object"}'   # every answer a JSON object; /set json-schema off frees it
+
   printf 'Hi!\\nWhat is 2+2?\\n' | spec chat > answers.txt
 
   spec chat --pair big --rpc 192.168.1.7:50052 --gpu-layers 60   # 60 layers on the worker, the rest here
@@ -33,6 +36,7 @@ Examples:
 
 @loads_pair
 @samples
+@constrains
 def chat(
     load: LoadOptions = LoadOptions(),
     system: Annotated[Optional[str], typer.Option("--system", "-s", help="System message.", show_default=False)] = None,
@@ -41,6 +45,7 @@ def chat(
     draft_mode: DraftModeOpt = None,
     draft_p_min: DraftPMinOpt = 0.0,
     sampling: Sampling = Sampling(),
+    constraint: Constraint = Constraint(),
     verify: VerifyOpt = DEFAULT_VERIFY,
     seed: SeedOpt = None,
     max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", min=1, help="Longest answer, in tokens.")] = 512,
@@ -56,7 +61,8 @@ def chat(
     with user_errors():
         # --no-draft starts with drafting off and keeps the mode for /draft on.
         flags = RequestFlags.from_flags(draft_max, draft_mode, False, sampling.checked("model"), seed=seed,
-                                        verify=verify, draft_p_min=draft_p_min, max_tokens=max_tokens)
+                                        verify=verify, draft_p_min=draft_p_min, max_tokens=max_tokens,
+                                        grammar=constraint.gbnf())
         template = conversation.chat_template(chat_format)
         with open_pair(load.for_request(flags, no_draft, quiet)) as loaded:
             # Fail now rather than at the first message when there is no template to use.

@@ -15,16 +15,18 @@ import typer
 
 from spec_cli.errors import SpecError
 from spec_cli.models import registry
-from spec_cli.request import InvalidRequest
+from spec_cli.request import InvalidConstraint, InvalidRequest
 from spec_cli.terminal.output import error, note
 from spec_cli.terminal.progress import download_progress
 
 T = TypeVar("T")
 EXIT_USER_ERROR = 1
+EXIT_USAGE = 2  # Click's status for a bad option value; a grammar or schema that cannot be used is one
 EXIT_INTERRUPTED = 130
 # Request fields by the flags that set them, for messages.
 FLAGS = {"draft_max": "--draft-max", "draft_mode": "--draft-mode", "draft_p_min": "--draft-p-min",
-         "verify": "--verify", "max_tokens": "--max-tokens", "seed": "--seed"}
+         "verify": "--verify", "max_tokens": "--max-tokens", "seed": "--seed", "grammar": "--grammar",
+         "grammar_file": "--grammar-file", "json_schema": "--json-schema", "json_schema_file": "--json-schema-file"}
 
 ThreadsOpt = Annotated[Optional[int], typer.Option("--threads", min=1, help="CPU threads per model (default: all cores).", show_default=False)]
 
@@ -36,7 +38,7 @@ def user_errors() -> Iterator[None]:
         yield
     except InvalidRequest as exc:
         error(exc.named(FLAGS))
-        raise typer.Exit(EXIT_USER_ERROR) from None
+        raise typer.Exit(EXIT_USAGE if isinstance(exc, InvalidConstraint) else EXIT_USER_ERROR) from None
     except SpecError as exc:
         error(str(exc))
         raise typer.Exit(EXIT_USER_ERROR) from None

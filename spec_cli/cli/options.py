@@ -23,6 +23,7 @@ from spec_cli.llama.model import supports_gpu_offload
 from spec_cli.models import registry
 from spec_cli.pair import DEFAULT_CTX, Pair, load_pair
 from spec_cli.request import MAX_K, GenerationRequest, draft_max_from_text
+from spec_cli.structured import Constraint
 from spec_cli.terminal.output import note
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -53,6 +54,11 @@ RepeatLastNOpt = Annotated[Optional[int], typer.Option("--repeat-last-n", min=0,
 PresencePenaltyOpt = Annotated[Optional[float], typer.Option("--presence-penalty", help="Subtract from the logit of every token seen in the last --repeat-last-n (default: 0).", show_default=False)]
 FrequencyPenaltyOpt = Annotated[Optional[float], typer.Option("--frequency-penalty", help="Subtract this times the number of times a token was seen in the last --repeat-last-n (default: 0).", show_default=False)]
 SamplingPresetOpt = Annotated[Optional[str], typer.Option("--sampling", help="greedy (temperature 0 unless --temp is given) or model (what the target's GGUF recommends, else llama.cpp's temp 0.8, top-k 40, top-p 0.95, min-p 0.05); flags given always win (default: greedy for run, model for chat).", show_default=False)]
+# Structured output, with llama.cpp's flag names.
+GrammarOpt = Annotated[Optional[str], typer.Option("--grammar", help="GBNF grammar the output must follow, as in llama.cpp (exact under speculation).", show_default=False)]
+GrammarFileOpt = Annotated[Optional[Path], typer.Option("--grammar-file", help="File holding a GBNF grammar.", show_default=False)]
+JsonSchemaOpt = Annotated[Optional[str], typer.Option("--json-schema", "-j", help="JSON Schema the output must follow (made into a grammar by llama.cpp's converter), e.g. '{\"type\": \"object\"}'.", show_default=False)]
+JsonSchemaFileOpt = Annotated[Optional[Path], typer.Option("--json-schema-file", help="File holding a JSON Schema.", show_default=False)]
 SeedOpt = Annotated[Optional[int], typer.Option("--seed", help="Random seed; the same seed gives the same text (default, or -1: random, as in llama.cpp).", show_default=False)]
 
 
@@ -246,3 +252,7 @@ samples = with_options("sampling", {
     "repeat_penalty": RepeatPenaltyOpt, "repeat_last_n": RepeatLastNOpt, "presence_penalty": PresencePenaltyOpt,
     "frequency_penalty": FrequencyPenaltyOpt},
     lambda preset, **given: Sampling(preset, {name: value for name, value in given.items() if value is not None}))
+# The structured-output options: `constraint: Constraint` in a command.
+constrains = with_options("constraint", {"grammar": GrammarOpt, "grammar_file": GrammarFileOpt,
+                                         "json_schema": JsonSchemaOpt, "json_schema_file": JsonSchemaFileOpt},
+                          Constraint)

@@ -9,11 +9,13 @@ import typer
 
 from spec_cli.cli.common import EXIT_INTERRUPTED, silence_stdout, user_errors
 from spec_cli.cli.options import (DraftMaxOpt, DraftModeOpt, DraftPMinOpt, LoadOptions, NoDraftOpt, QuietOpt,
-                                  RequestFlags, Sampling, SeedOpt, VerifyOpt, loads_pair, open_pair, samples)
+                                  RequestFlags, Sampling, SeedOpt, VerifyOpt, constrains, loads_pair, open_pair,
+                                  samples)
 from spec_cli.decoding.engine import Generation
 from spec_cli.decoding.verification import DEFAULT_VERIFY
 from spec_cli.errors import SpecError
 from spec_cli.llama import rpc
+from spec_cli.structured import Constraint
 from spec_cli.terminal.output import error, note
 from spec_cli.terminal.views import View, make_view
 from spec_cli.text import NOT_UTF8_NOTE, decode_user_text
@@ -37,12 +39,19 @@ Examples:
 
   spec run --no-draft --json "Hello" | jq .stats.tokens_per_second
 
+  (echo "Extract the invoice as JSON:"; cat invoice.txt) | spec run --json-schema-file invoice.schema.json - > invoice.json
+
+  spec run -j '{"type":"object","properties":{"name":{"type":"string"}},"required":["name"]}' "Who wrote Hamlet?"
+
+  spec run --grammar 'root ::= "yes" | "no"' "Is the sky blue? Answer yes or no."
+
   spec run --target 70b.gguf --draft 1b.gguf --rpc 192.168.1.7:50052,192.168.1.8:50052 "Hello"   # spec worker on each
 """
 
 
 @loads_pair
 @samples
+@constrains
 def run(
     prompt: Annotated[Optional[str], typer.Argument(help="The prompt; '-' or nothing reads it from stdin.", show_default=False)] = None,
     load: LoadOptions = LoadOptions(),
@@ -50,6 +59,7 @@ def run(
     draft_mode: DraftModeOpt = None,
     draft_p_min: DraftPMinOpt = 0.0,
     sampling: Sampling = Sampling(),
+    constraint: Constraint = Constraint(),
     verify: VerifyOpt = DEFAULT_VERIFY,
     seed: SeedOpt = None,
     max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", min=1, help="Stop after this many generated tokens.")] = 256,
@@ -62,12 +72,13 @@ def run(
 
     Greedy output (the default, --temp 0) is token for token what the target alone would write; sampled output follows the target's distribution exactly. On a terminal, draft tokens the target accepted are shown in cyan.
 
-    Sampling means what it means in llama.cpp, with its defaults: penalties → top-k → top-p → min-p → temperature.
+    Sampling means what it means in llama.cpp, with its defaults: penalties → top-k → top-p → min-p → temperature. A grammar or JSON schema applies first, as llama.cpp's grammar sampler does: the chain runs on the tokens it allows.
     """
     with user_errors():
         text = _read_prompt(prompt, quiet)
         flags = RequestFlags.from_flags(draft_max, draft_mode, no_draft, sampling.checked("greedy"), seed=seed,
-                                        verify=verify, draft_p_min=draft_p_min, max_tokens=max_tokens)
+                                        verify=verify, draft_p_min=draft_p_min, max_tokens=max_tokens,
+                                        grammar=constraint.gbnf())
         with open_pair(load.for_request(flags, no_draft, quiet)) as loaded:
             if not raw and not loaded.pair.has_chat_template:
                 if not quiet:

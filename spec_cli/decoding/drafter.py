@@ -5,6 +5,10 @@ the distribution q it was drawn from (none when drafting greedily), so the loop 
 min(1, p/q). A deterministic proposal (n-gram lookup) has q = 1 at its token, which keeps sampling exact:
 the token is kept with probability p(x), and a rejection draws from norm(max(0, p − q)), that is p without
 x. After verification the loop tells the drafter how much of the sequence is still valid.
+
+Under a grammar the loop hands `propose` a clone of the grammar's state, the drafter's to advance: a drafter
+that draws from a law masks it (`decoding.constrained`), so its q is the law it drew from; one that does not
+(n-gram lookup) ignores it, and the loop cuts its draft at the first token the grammar forbids.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from typing import Sequence
 import numpy as np
 
 from spec_cli.decoding.sampling import Law, SamplingParams
+from spec_cli.llama.grammar import Grammar
 
 
 @dataclass
@@ -44,9 +49,9 @@ class Drafter:
         the draft model's decode, (tokens fed, seconds), for the cost model: the size of a large catch-up."""
         return []
 
-    def propose(self, tokens: Sequence[int], k: int, sampling: SamplingParams,
-                rng: np.random.Generator) -> Draft:
-        """Propose up to `k` tokens to follow `tokens`."""
+    def propose(self, tokens: Sequence[int], k: int, sampling: SamplingParams, rng: np.random.Generator,
+                grammar: Grammar | None = None) -> Draft:
+        """Propose up to `k` tokens to follow `tokens`, under `grammar` (its state after `tokens`) if any."""
         raise NotImplementedError
 
     def update(self, drafted: int, accepted: int) -> None:

@@ -7,6 +7,11 @@ let a rule from `verification` (block by default, or token by token) decide n an
 With K = 0 (no drafter) the same loop is plain target-only decoding, which is what `--no-draft` measures
 against.
 
+Under a grammar every law is the constrained one (`constrained`): the drafter drafts from its own law masked
+by a clone of the grammar's state, a draft is cut at its first token the grammar forbids (a drafter that
+does not mask, n-gram lookup), and the target's p_i is masked by the state after x_1..x_{i-1}; after the
+round the state is the one after the kept tokens and the target's.
+
 Invariant between rounds: the target's memory holds a prefix of the sequence without its last token
 (all of it, unless a recurrent memory went back to a snapshot); the next round's batch feeds the rest, the
 last token included, and asks for logits from the last token on.
@@ -20,6 +25,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
+from spec_cli.decoding.constrained import constrained_greedy, constrained_probabilities
 from spec_cli.decoding.costs import LoopCosts
 from spec_cli.decoding.draft_length import DraftLength, FixedK
 from spec_cli.decoding.drafter import Draft, Drafter
@@ -29,6 +35,7 @@ from spec_cli.decoding.stats import Stats
 from spec_cli.decoding.timing import RoundTimer
 from spec_cli.decoding.verification import DEFAULT_VERIFY, RULES, Distributions
 from spec_cli.llama.context import Context
+from spec_cli.llama.grammar import Grammar
 
 
 @dataclass(frozen=True)
@@ -51,9 +58,11 @@ class Generation:
 
     def __init__(self, target: Context, drafter: Drafter | None, prompt: Sequence[int],
                  sampling: SamplingParams, seed: int, draft_length: DraftLength, max_tokens: int,
-                 verify: str = DEFAULT_VERIFY, costs: LoopCosts | None = None) -> None:
+                 verify: str = DEFAULT_VERIFY, costs: LoopCosts | None = None,
+                 grammar: Grammar | None = None) -> None:
         """`costs`: running estimates that outlive this generation (the pair's), fed with each round's
-        timings; the generation's own timings are in `stats.costs`."""
+        timings; the generation's own timings are in `stats.costs`. `grammar`: the start state of a grammar
+        the output must follow (this generation's own: it advances it)."""
         self.target = target
         self.drafter = drafter
         self.prompt = list(prompt)
@@ -69,6 +78,8 @@ class Generation:
         self.finish_reason: str | None = None
         self._started = False
         self._seq = list(self.prompt)
+        self._grammar = grammar
+        self._states: list[Grammar | None] = [grammar]  # the grammar's state before each row of a round
         self._rng = np.random.default_rng(seed)
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._timer = RoundTimer(self.stats, [target, *filter(None, [drafter])],
@@ -114,6 +125,7 @@ class Generation:
         self.stats.current_k = len(draft.tokens) or self.stats.current_k  # the K last drafted, for live views
         n, token = self._verify(draft)
         self.stats.record_round(len(draft.tokens), n)
+        self._advance_grammar(n, token)
         emitted = yield from self._emit(draft.tokens[:n], token)
         self._rewind()
         self._learn(draft, n, emitted)
@@ -127,10 +139,35 @@ class Generation:
     def _propose(self, k: int) -> Draft:
         if self.drafter is None or k == 0:
             return Draft()
+        grammar = self._grammar
         with self._timer.step("draft_s"):
-            draft = self.drafter.propose(self._seq, k, self.sampling, self._rng)
+            draft = self.drafter.propose(self._seq, k, self.sampling, self._rng,
+                                         grammar.clone() if grammar is not None else None)
+            if grammar is not None:
+                self._walk_grammar(draft)
         self.stats.convert_s += draft.convert_s
         return draft
+
+    def _walk_grammar(self, draft: Draft) -> None:
+        """Keep the draft up to its first token the grammar forbids, with the grammar's state before each
+        row of the verify pass (the cut only drops tokens whose p is 0: exactness is untouched)."""
+        states = [self._grammar]
+        for i, token in enumerate(draft.tokens):
+            if not states[-1].allows(token):
+                del draft.tokens[i:], draft.q[i:]
+                break
+            states.append(states[-1].after([token]))
+        self._states = states
+
+    def _advance_grammar(self, n: int, token: int) -> None:
+        """The grammar's state after the n kept drafts and the target's token (none past an end of generation,
+        which ends the output)."""
+        if self._grammar is None:
+            return
+        self._grammar = self._states[n]
+        if not self.target.model.is_end_of_generation(token):
+            self._grammar.accept(token)
+        self._states = [self._grammar]
 
     def _verify(self, draft: Draft) -> tuple[int, int]:
         """Score [last, d1..dK] in one target pass (after any tokens a rollback took back); return (n accepted,
@@ -148,10 +185,13 @@ class Generation:
         recent = sampling.recent(self._seq)
         if sampling.greedy:
             for n, x in enumerate([*draft.tokens, None]):
-                choice = greedy_token(rows[n], sampling, sampling.recent([*recent, *draft.tokens[:n]]))
+                row_recent = sampling.recent([*recent, *draft.tokens[:n]])
+                grammar = self._states[n] if self._grammar is not None else None
+                choice = (greedy_token(rows[n], sampling, row_recent) if grammar is None
+                          else constrained_greedy(rows[n], sampling, row_recent, grammar))
                 if choice != x:
                     return n, choice
-        p = _TargetLaws(rows, sampling, recent, draft.tokens)
+        p = _TargetLaws(rows, sampling, recent, draft.tokens, self._states if self._grammar is not None else None)
         verdict = self._verify_rule(p, draft.q, draft.tokens, self._rng.random(len(draft.tokens)))
         return verdict.accepted, sample(verdict.next_token, self._rng)
 
@@ -197,19 +237,24 @@ class Generation:
 class _TargetLaws(Distributions):
     """p_1..p_{K+1} from a verify pass's rows, computed when a verification rule first reads them: p_1..p_K all
     at once where their top-k candidates are found together (`row_laws`), else each on its own (token
-    verification stops reading at the first rejection). p_{K+1} is read only when every draft is kept."""
+    verification stops reading at the first rejection). p_{K+1} is read only when every draft is kept. Under
+    a grammar each row is masked by its own state (`states`), one row at a time."""
 
-    def __init__(self, rows: np.ndarray, sampling: SamplingParams, recent: list[int], draft: list[int]) -> None:
+    def __init__(self, rows: np.ndarray, sampling: SamplingParams, recent: list[int], draft: list[int],
+                 states: list[Grammar] | None = None) -> None:
         self._rows, self._sampling, self._recent, self._draft = rows, sampling, recent, draft
+        self._states = states
         self._laws: dict[int, Law] = {}
 
     def __len__(self) -> int:
         return len(self._rows)
 
     def __getitem__(self, i: int) -> Law:  # type: ignore[override]
-        if not self._laws and i < len(self._draft) and shares_candidates(self._sampling, self._rows.shape[1]):
+        if (not self._laws and i < len(self._draft) and self._states is None
+                and shares_candidates(self._sampling, self._rows.shape[1])):
             self._laws = dict(enumerate(row_laws(self._rows[:len(self._draft)], self._sampling)))
         if i not in self._laws:
             recent = self._sampling.recent([*self._recent, *self._draft[:i]])
-            self._laws[i] = probabilities(self._rows[i], self._sampling, recent)
+            self._laws[i] = (probabilities(self._rows[i], self._sampling, recent) if self._states is None
+                             else constrained_probabilities(self._rows[i], self._sampling, recent, self._states[i]))
         return self._laws[i]

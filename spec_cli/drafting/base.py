@@ -8,9 +8,11 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from spec_cli.decoding.constrained import constrained_greedy, constrained_probabilities
 from spec_cli.decoding.drafter import Draft, Drafter
 from spec_cli.decoding.sampling import Law, SamplingParams, penalized, probabilities, sample
 from spec_cli.llama.context import Context
+from spec_cli.llama.grammar import Grammar
 
 
 class CatchUpDrafter(Drafter):
@@ -73,36 +75,44 @@ def draft_step_by_step(step: Callable[[int, list[int]], np.ndarray], catch_up: l
     return draft
 
 
-def drafted_token(sampling: SamplingParams, rng: np.random.Generator, p_min: float) -> Choose:
-    """The choice of a drafter on the target's vocabulary: the draft's own next token, with its q."""
+def drafted_token(sampling: SamplingParams, rng: np.random.Generator, p_min: float,
+                  grammar: Grammar | None = None) -> Choose:
+    """The choice of a drafter on the target's vocabulary: the draft's own next token, with its q; under a
+    grammar, from the masked law, with the grammar's state advanced past it."""
     def choose(draft: Draft, logits: np.ndarray, recent: list[int]) -> int | None:
-        choice = next_draft_token(logits, sampling, recent, rng, p_min)
+        choice = next_draft_token(logits, sampling, recent, rng, p_min, grammar)
         if choice is None:
             return None
         token, q = choice
         draft.tokens.append(token)
         if q is not None:
             draft.q.append(q)
+        if grammar is not None:
+            grammar.accept(token)
         return token
     return choose
 
 
 def next_draft_token(logits: np.ndarray, sampling: SamplingParams, recent: list[int], rng: np.random.Generator,
-                      p_min: float) -> tuple[int, Law | None] | None:
+                      p_min: float, grammar: Grammar | None = None) -> tuple[int, Law | None] | None:
     """The drafted token and its q (None when greedy), or None when the confidence stop ends the draft: the
-    most likely token has probability below `p_min`. q goes through the same transforms as the target's p."""
+    most likely token has probability below `p_min` (under a grammar, greedy drafting measures the chosen
+    token on the unmasked law: a lower bound of its masked probability). q goes through the same transforms
+    as the target's p, the same grammar's mask included."""
     if sampling.greedy:
         z = penalized(logits, sampling, recent)
-        if p_min > 0 and _top_probability(z) < p_min:
+        token = int(np.argmax(z)) if grammar is None else constrained_greedy(logits, sampling, recent, grammar)
+        if p_min > 0 and _probability_of(z, token) < p_min:
             return None
-        return int(np.argmax(z)), None
-    q = probabilities(logits, sampling, recent)
+        return token, None
+    q = (probabilities(logits, sampling, recent) if grammar is None
+         else constrained_probabilities(logits, sampling, recent, grammar))
     if q.max() < p_min:
         return None
     return sample(q, rng), q
 
 
-def _top_probability(logits: np.ndarray) -> float:
-    """max softmax(logits), without normalising the whole vector twice."""
+def _probability_of(logits: np.ndarray, token: int) -> float:
+    """softmax(logits)[token], without normalising the whole vector."""
     shifted = np.exp(logits - logits.max())
-    return float(1.0 / shifted.sum())
+    return float(shifted[token] / shifted.sum())

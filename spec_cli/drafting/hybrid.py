@@ -14,6 +14,7 @@ from spec_cli.decoding.drafter import Draft, Drafter
 from spec_cli.decoding.sampling import SamplingParams
 from spec_cli.drafting.base import CatchUpDrafter
 from spec_cli.drafting.ngram import NgramDrafter
+from spec_cli.llama.grammar import Grammar
 
 CARRIED = 0.1  # of decayed counts worth ~20 rounds, what a new prompt keeps: about two rounds
 
@@ -104,8 +105,8 @@ class HybridDrafter(Drafter):
         self.ngram.prefill(tokens)
         return self.model.prefill(tokens)
 
-    def propose(self, tokens: Sequence[int], k: int, sampling: SamplingParams,
-                rng: np.random.Generator) -> Draft:
+    def propose(self, tokens: Sequence[int], k: int, sampling: SamplingParams, rng: np.random.Generator,
+                grammar: Grammar | None = None) -> Draft:
         lengths = self.state.lengths
         self._learn_in_hindsight(tokens)
         ngram = self.ngram.propose(tokens, min(k, lengths["ngram"].next_k()), sampling, rng)
@@ -121,7 +122,7 @@ class HybridDrafter(Drafter):
         self.chosen = (name, priced[name][1] or 0.0)  # 0: not priced yet, so left out of ρ
         self._unused = (len(tokens), ngram.tokens) if ngram.tokens and name != "ngram" else None
         if name == "model":
-            return self.model.propose(tokens, k_model, sampling, rng)
+            return self.model.propose(tokens, k_model, sampling, rng, grammar)
         return ngram if name == "ngram" else Draft()
 
     def _choose(self, priced: dict[str, tuple[float, float | None]], pending: int) -> str:

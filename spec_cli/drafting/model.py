@@ -9,6 +9,7 @@ import numpy as np
 from spec_cli.decoding.drafter import Draft
 from spec_cli.decoding.sampling import SamplingParams
 from spec_cli.drafting.base import ContextDrafter, draft_step_by_step, drafted_token
+from spec_cli.llama.grammar import Grammar
 
 
 class ModelDrafter(ContextDrafter):
@@ -22,8 +23,8 @@ class ModelDrafter(ContextDrafter):
     def prefill(self, tokens: Sequence[int]) -> list[tuple[int, float]]:
         return self._take_in(tokens)
 
-    def propose(self, tokens: Sequence[int], k: int, sampling: SamplingParams,
-                rng: np.random.Generator) -> Draft:
+    def propose(self, tokens: Sequence[int], k: int, sampling: SamplingParams, rng: np.random.Generator,
+                grammar: Grammar | None = None) -> Draft:
         """Run the draft model k steps: catch up on the tokens it has not seen, then feed back its own.
 
         d_k itself is never fed back (nothing needs its logits), so after a fully accepted round the
@@ -32,7 +33,7 @@ class ModelDrafter(ContextDrafter):
         """
         catch_up = list(tokens[self.context.n_past:])
         return draft_step_by_step(self._step, catch_up, k, sampling, sampling.recent(tokens),
-                                  drafted_token(sampling, rng, self.p_min))
+                                  drafted_token(sampling, rng, self.p_min, grammar))
 
     def pending(self, tokens: Sequence[int]) -> int:
         """How many tokens the next proposal must feed before its first draft step (its catch-up)."""

@@ -25,6 +25,7 @@ from spec_cli.decoding.drafter import Draft
 from spec_cli.decoding.sampling import SamplingParams
 from spec_cli.drafting.base import CatchUpDrafter, draft_step_by_step, drafted_token
 from spec_cli.llama.context import Context, HeadContext, common_prefix
+from spec_cli.llama.grammar import Grammar
 
 
 class MtpDrafter(CatchUpDrafter):
@@ -53,8 +54,8 @@ class MtpDrafter(CatchUpDrafter):
         """How many pairs the next proposal feeds before its first draft step (its catch-up)."""
         return len(tokens) - self.head.n_past
 
-    def propose(self, tokens: Sequence[int], k: int, sampling: SamplingParams,
-                rng: np.random.Generator) -> Draft:
+    def propose(self, tokens: Sequence[int], k: int, sampling: SamplingParams, rng: np.random.Generator,
+                grammar: Grammar | None = None) -> Draft:
         """Up to k tokens after `tokens`: catch up to the last token with the target's hidden states, then
         feed back the head's own. Penalties count the drafted tokens, as the target's p will."""
         n, start = len(tokens), self.head.n_past
@@ -66,7 +67,7 @@ class MtpDrafter(CatchUpDrafter):
             return logits[0]
 
         draft = draft_step_by_step(step, list(tokens[start:]), k, sampling, sampling.recent(tokens),
-                                   drafted_token(sampling, rng, self.p_min))
+                                   drafted_token(sampling, rng, self.p_min, grammar))
         self.head.trim(n)  # the pairs of drafted tokens hold the head's h', never the target's
         return draft
 

@@ -8,6 +8,7 @@ import numpy as np
 
 from spec_cli.decoding.drafter import Draft, Drafter
 from spec_cli.decoding.sampling import Law, SamplingParams
+from spec_cli.llama.grammar import Grammar
 
 
 class NgramDrafter(Drafter):
@@ -30,8 +31,9 @@ class NgramDrafter(Drafter):
         self._extend(tokens)
         return []
 
-    def propose(self, tokens: Sequence[int], k: int, sampling: SamplingParams,
-                rng: np.random.Generator) -> Draft:
+    def propose(self, tokens: Sequence[int], k: int, sampling: SamplingParams, rng: np.random.Generator,
+                grammar: Grammar | None = None) -> Draft:
+        """The tokens that followed the match; a grammar is the loop's to apply (it cuts the draft)."""
         self._extend(tokens)
         draft = Draft(tokens=self.lookup(k))
         if not sampling.greedy:

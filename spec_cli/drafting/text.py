@@ -29,6 +29,7 @@ from spec_cli.drafting.base import Choose, ContextDrafter, draft_step_by_step, n
 from spec_cli.drafting.spelling import incomplete_tail
 from spec_cli.drafting.translation import Translation
 from spec_cli.llama.context import Context, common_prefix
+from spec_cli.llama.grammar import Grammar
 
 LOOK_BEHIND = 2  # aligned points re-spelt behind the end of the text each round: where tokens may merge
 STEPS_PER_TOKEN = 2  # the most draft steps a greedy round takes per target token it asks for
@@ -61,8 +62,10 @@ class TextDrafter(ContextDrafter):
         target's new tokens, and what the draft's memory lacks of the text it already has."""
         return len(tokens) - self._valid + len(self._draft) - min(self.context.n_past, len(self._draft))
 
-    def propose(self, tokens: Sequence[int], k: int, sampling: SamplingParams,
-                rng: np.random.Generator) -> Draft:
+    def propose(self, tokens: Sequence[int], k: int, sampling: SamplingParams, rng: np.random.Generator,
+                grammar: Grammar | None = None) -> Draft:
+        """Under a grammar the draft is spelt as without one: its vocabulary is not the grammar's, and the loop
+        cuts the draft at its first token the grammar forbids."""
         started = time.perf_counter()
         same = self._sync(tokens)
         keep = min(same, self.context.n_past)

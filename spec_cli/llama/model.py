@@ -215,6 +215,11 @@ class Model:
             n = llama_cpp.llama_tokenize(self._vocab, data, len(data), buf, capacity, add_special, parse_special)
         return list(buf[:n])
 
+    @property
+    def vocab(self) -> llama_cpp.llama_vocab_p:
+        """The vocabulary's handle, for llama.cpp's samplers (`grammar`)."""
+        return self._vocab
+
     def piece(self, token: int, special: bool = False) -> bytes:
         """The bytes `token` contributes to generated text (control tokens contribute none, or their own
         text with `special`)."""
