@@ -6,6 +6,7 @@ import pytest
 
 from spec_cli.decoding.stats import Stats
 from spec_cli.server.openai_api import Answer, RequestError, finish_reason, parse_chat, parse_completion
+from spec_cli.structured import schema_grammar
 
 HELLO = [{"role": "user", "content": "hi"}]
 
@@ -67,8 +68,11 @@ def test_completion_prompts_are_text_one_text_or_token_ids(prompt: object, expec
     ({"messages": HELLO, "model": 7}, "model"),
     ({"messages": HELLO, "n": 2}, "n"),
     ({"messages": HELLO, "logprobs": True}, "logprobs"),
-    ({"messages": HELLO, "tools": [{"type": "function"}]}, "tools"),
-    ({"messages": HELLO, "response_format": {"type": "json_object"}}, "response_format"),
+    ({"messages": HELLO, "tools": [{"type": "function"}]}, "tools[0]"),
+    ({"messages": HELLO, "response_format": {"type": "json_object", "schema": 1}, "grammar": "root ::= x"},
+     "grammar"),
+    ({"messages": HELLO, "response_format": "json"}, "response_format"),
+    ({"messages": HELLO, "json_schema": []}, "json_schema"),
     ({"messages": HELLO, "draft_max": 65}, "draft_max"),
     ({"messages": HELLO, "draft_max": "many"}, "draft_max"),
     ({"messages": HELLO, "draft_mode": "psychic"}, "draft_mode"),
@@ -135,3 +139,25 @@ def test_numbers_and_texts_no_model_could_take_are_refused_without_echoing_them(
 def test_a_seed_of_minus_one_is_passed_on_for_a_random_seed() -> None:
     assert parse_chat({"messages": HELLO, "seed": -1}).fields["seed"] == -1
     assert parse_completion({"prompt": "\U0001f600 a real pair is fine"}).prompt.startswith("\U0001f600")
+
+
+def test_each_way_of_asking_for_structure_becomes_the_grammar() -> None:
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    by_openai = parse_chat({"messages": HELLO, "response_format": {"type": "json_schema",
+                                                                    "json_schema": {"name": "n", "schema": schema}}})
+    assert by_openai.grammar == schema_grammar(schema)
+    assert parse_chat({"messages": HELLO, "json_schema": schema}).grammar == schema_grammar(schema)
+    assert parse_chat({"messages": HELLO, "response_format": {"type": "json_object"}}).grammar == \
+        schema_grammar({"type": "object"})
+    assert parse_chat({"messages": HELLO, "grammar": 'root ::= "a"'}).grammar == 'root ::= "a"'
+    assert parse_completion({"prompt": "x", "response_format": {"type": "text"}}).grammar is None
+
+
+def test_tools_are_checked_into_what_may_be_called() -> None:
+    lookup = {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}
+    tools = parse_chat({"messages": HELLO, "tools": [lookup], "tool_choice": "required",
+                        "parallel_tool_calls": False}).tools
+    assert (tools.names(), tools.choice, tools.parallel, tools.forced) == (["lookup"], "required", False, True)
+    assert parse_chat({"messages": HELLO, "tools": [lookup]}).tools.choice == "auto"
+    assert parse_chat({"messages": HELLO, "tools": [lookup], "tool_choice": "none"}).tools is None
+    assert refused({"prompt": "x", "tools": [lookup]}, parse_completion).param == "tools"

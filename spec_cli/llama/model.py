@@ -12,7 +12,7 @@ import functools
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import llama_cpp
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
@@ -280,11 +280,11 @@ class Model:
         raw = llama_cpp.llama_model_chat_template(self._handle, None)
         return raw.decode("utf-8") if raw else None
 
-    def format_chat(self, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True,
-                    template: str | None = None) -> PromptText:
+    def format_chat(self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True,
+                    template: str | None = None, tools: Sequence[dict[str, Any]] | None = None) -> PromptText:
         """Render `messages` with `template` (a Jinja chat template), by default the model's own, ready for
         `tokenize_prompt`: the template's markers are control tokens, the messages' text is text
-        (`prompt_text.render_chat`).
+        (`prompt_text.render_chat`). `tools` (OpenAI's tool objects) are handed to templates that take them.
 
         Templates usually write the BOS text themselves; it is removed here when the tokenizer adds BOS
         anyway, so the prompt never starts with two.
@@ -299,9 +299,9 @@ class Model:
         formatter = Jinja2ChatFormatter(template=template, eos_token=eos_text, bos_token=bos_text,
                                         add_generation_prompt=add_generation_prompt)
 
-        def render(listed: list[dict[str, str]]) -> str:
+        def render(listed: list[dict[str, Any]]) -> str:
             try:
-                return formatter(messages=listed).prompt
+                return formatter(messages=listed, tools=tools).prompt
             except Exception as exc:  # a broken template is the model file's fault, not ours
                 raise SpecError(f"the chat template of {self.path.name} failed: {exc}") from exc
 

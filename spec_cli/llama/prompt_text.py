@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 import secrets
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from spec_cli.errors import SpecError
 
@@ -101,7 +101,7 @@ def _split(text: str, fragment: Span, token: ControlToken, plain: tuple[Span, ..
     return pieces
 
 
-def render_chat(render: Callable[[list[dict[str, str]]], str], messages: Sequence[dict[str, str]],
+def render_chat(render: Callable[[list[dict[str, Any]]], str], messages: Sequence[dict[str, Any]],
                 controls: ControlTokens) -> PromptText:
     """The chat template's text for `messages` (`render` applies the template), with the message text in it marked.
 

@@ -30,6 +30,7 @@ from spec_cli.errors import SpecError
 from spec_cli.server import openai_api
 from spec_cli.server.connections import MIB, GuardedH11Protocol, Limits
 from spec_cli.server.openai_api import Answer, ApiRequest, RequestError
+from spec_cli.server.tool_calls import AnswerSplitter
 from spec_cli.server.service import Failed, Finished, Job, Left, Service, Started
 
 DEFAULT_PORT = 8080
@@ -120,8 +121,10 @@ async def _answer(request: Request, api_request: ApiRequest, id_prefix: str) -> 
                 raise first.error
             assert isinstance(first, Started)
             answer = Answer(f"{id_prefix}-{uuid.uuid4().hex}", int(time.time()), service.name, api_request.endpoint)
+            # A chat's answer is read for a thought and tool calls; a completion's text is the answer.
+            splitter = AnswerSplitter(api_request.tools, first.thinking) if api_request.endpoint == "chat" else None
             if api_request.stream:
-                return StreamingResponse(_stream(job, answer, first), media_type="text/event-stream",
+                return StreamingResponse(_stream(job, answer, first, splitter), media_type="text/event-stream",
                                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
             pieces = []
             while not isinstance(item := await _next(job), Finished):
@@ -129,15 +132,35 @@ async def _answer(request: Request, api_request: ApiRequest, id_prefix: str) -> 
                     raise item.error
                 pieces.append(item)
         stats = first.generation.stats
-        return JSONResponse(answer.whole("".join(pieces), item.reason, stats))
+        if splitter is None:
+            return JSONResponse(answer.whole("".join(pieces), item.reason, stats))
+        message = _message([*splitter.feed("".join(pieces)), *splitter.flush()])
+        return JSONResponse(answer.whole(message, openai_api.called(item.reason, splitter.calls), stats))
     except BaseException:
         job.cancel()
         raise
 
 
-async def _stream(job: Job, answer: Answer, started: Started) -> AsyncIterator[str]:
+def _message(deltas: list[dict[str, Any]]) -> dict[str, Any]:
+    """A chat message's fields from its deltas: content (null when the answer is only tool calls), the thought
+    as reasoning_content, the tool calls."""
+    def joined(name: str) -> str:
+        return "".join(delta[name] for delta in deltas if name in delta)
+
+    calls = [{key: value for key, value in call.items() if key != "index"}
+             for delta in deltas for call in delta.get("tool_calls", [])]
+    message: dict[str, Any] = {"content": joined("content") or (None if calls else "")}
+    if joined("reasoning_content"):
+        message["reasoning_content"] = joined("reasoning_content")
+    if calls:
+        message["tool_calls"] = calls
+    return message
+
+
+async def _stream(job: Job, answer: Answer, started: Started, splitter: AnswerSplitter | None) -> AsyncIterator[str]:
     """Server-sent events: a chunk of text (a round's) with the speculation so far, the finish reason, the
-    usage when asked for, then `[DONE]`. Starlette cancels this when the client goes away, and so the job."""
+    usage when asked for, then `[DONE]`. A chat's text goes out as the deltas `splitter` makes of it (a tool
+    call once whole). Starlette cancels this when the client goes away, and so the job."""
     stats = started.generation.stats
     try:
         if answer.endpoint == "chat":
@@ -145,12 +168,18 @@ async def _stream(job: Job, answer: Answer, started: Started) -> AsyncIterator[s
         while True:
             item = await job.items.get()
             if isinstance(item, str):
-                yield _event(answer.chunk(item, None, stats))
+                for delta in splitter.feed(item) if splitter is not None else [item]:
+                    yield _event(answer.chunk(delta, None, stats))
             elif isinstance(item, Failed):
                 yield _event(item.error.body())
                 break
             elif isinstance(item, Finished):
-                yield _event(answer.chunk("", item.reason, stats))
+                reason = item.reason
+                if splitter is not None:
+                    for delta in splitter.flush():
+                        yield _event(answer.chunk(delta, None, stats))
+                    reason = openai_api.called(reason, splitter.calls)
+                yield _event(answer.chunk("", reason, stats))
                 if job.request.include_usage:
                     yield _event(answer.usage_chunk(stats))
                 break

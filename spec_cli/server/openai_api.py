@@ -2,19 +2,25 @@
 
 Pure functions over dicts, no HTTP and no models, so every field rule can be tested on its own. What the API
 defines follows OpenAI's reference (`/v1/chat/completions`, `/v1/completions`, errors as
-`{"error": {"message", "type", "param", "code"}}`); the extensions are those llama-server users know (top_k,
-min_p, repeat_penalty, repeat_last_n) and spec-cli's own (draft_max, draft_mode, verify, and a
-`speculation` object in every answer).
+`{"error": {"message", "type", "param", "code"}}`, `response_format`, `tools`); the extensions are those
+llama-server users know (top_k, min_p, repeat_penalty, repeat_last_n, grammar, json_schema) and spec-cli's own
+(draft_max, draft_mode, verify, and a `speculation` object in every answer).
 """
 
 from __future__ import annotations
 
+import json
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from spec_cli.decoding.stats import Stats
-from spec_cli.request import GenerationRequest, InvalidRequest, shown
+from spec_cli.llama import grammar
+from spec_cli.llama.grammar import GrammarError
+from spec_cli.request import GenerationRequest, InvalidConstraint, InvalidRequest, shown
+from spec_cli.server.tool_calls import Tools
+from spec_cli.structured import ANY_OBJECT, schema_grammar
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 # Request fields as a client names them, for messages; extensions spec-cli adds to OpenAI's API.
@@ -33,9 +39,11 @@ SAMPLING_FIELDS: dict[str, tuple[str, type]] = {
 # Fields whose meaning spec-cli does not implement: a request that uses them gets a 400 rather than an answer
 # that silently ignores them. The value given is what "not used" looks like.
 UNSUPPORTED: dict[str, object] = {
-    "logprobs": False, "top_logprobs": None, "tools": [], "functions": [], "logit_bias": {}, "echo": False,
+    "logprobs": False, "top_logprobs": None, "functions": [], "logit_bias": {}, "echo": False,
     "best_of": 1, "suffix": "", "audio": None,
 }
+TOOL_CHOICES = ("auto", "none", "required")
+FUNCTION_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's rule for a function's name
 
 
 class RequestError(Exception):
@@ -59,7 +67,7 @@ class ApiRequest:
     """A checked request: `messages` for chat, `prompt` (text or token ids) for completions."""
 
     endpoint: str  # "chat" or "completion"
-    messages: list[dict[str, str]] = field(default_factory=list)
+    messages: list[dict[str, Any]] = field(default_factory=list)
     prompt: str | list[int] = ""
     model: str | None = None
     stream: bool = False
@@ -71,6 +79,8 @@ class ApiRequest:
     draft_max: int | str | None = None
     draft_mode: str | None = None
     verify: str | None = None
+    grammar: str | None = None  # GBNF from response_format, grammar or json_schema
+    tools: Tools | None = None  # the functions the answer may call (none: tool_choice "none")
 
     @property
     def fields(self) -> dict[str, object]:
@@ -81,12 +91,20 @@ class ApiRequest:
 def parse_chat(body: object) -> ApiRequest:
     """A `/v1/chat/completions` body, checked."""
     fields = _object(body)
-    return ApiRequest("chat", messages=_messages(fields.get("messages")), **_common(fields))
+    common = _common(fields)
+    tools = parse_tools(fields.get("tools"), fields.get("tool_choice"), fields.get("parallel_tool_calls"))
+    if tools is not None and common["grammar"] is not None:
+        raise RequestError("'tools' cannot be combined with a constrained 'response_format' (or 'grammar', "
+                           "'json_schema'): a grammar leaves no room for a call; send one of them",
+                           param="response_format")
+    return ApiRequest("chat", messages=_messages(fields.get("messages")), tools=tools, **common)
 
 
 def parse_completion(body: object) -> ApiRequest:
     """A `/v1/completions` body, checked."""
     fields = _object(body)
+    if fields.get("tools"):
+        raise RequestError("'tools' needs /v1/chat/completions", param="tools", code="unsupported_parameter")
     return ApiRequest("completion", prompt=_prompt(fields.get("prompt")), **_common(fields))
 
 
@@ -104,9 +122,6 @@ def _common(fields: dict[str, Any]) -> dict[str, Any]:
     if _integer(fields, "n", minimum=1) not in (None, 1):
         raise RequestError("only n = 1 is supported: one choice per request", param="n",
                            code="unsupported_parameter")
-    if fields.get("response_format") not in (None, {"type": "text"}):
-        raise RequestError("only the 'text' response format is supported", param="response_format",
-                           code="unsupported_parameter")
     options = _object_field(fields, "stream_options")
     max_tokens = _integer(fields, "max_completion_tokens", minimum=1)
     given = {name: fields.get(name) for name in REQUEST_FIELDS if name != "seed"} | {"seed": _integer(fields, "seed")}
@@ -118,11 +133,59 @@ def _common(fields: dict[str, Any]) -> dict[str, Any]:
         "max_tokens": max_tokens if max_tokens is not None else _integer(fields, "max_tokens", minimum=1),
         "sampling": _sampling(fields),
         "stop": _stop(fields.get("stop")),
+        "grammar": _grammar(fields),
         **given,
     }
 
 
-def _messages(value: object) -> list[dict[str, str]]:
+def _grammar(fields: dict[str, Any]) -> str | None:
+    """The GBNF the answer must follow: from OpenAI's `response_format` ("json_object": any JSON object,
+    "json_schema": its schema, strict or not) or llama-server's `grammar` and `json_schema`; one of them."""
+    given = [name for name in ("response_format", "grammar", "json_schema") if fields.get(name) is not None]
+    given = [name for name in given if not (name == "response_format" and fields[name] == {"type": "text"})]
+    if len(given) > 1:
+        raise RequestError(f"give one of {', '.join(repr(name) for name in given)}, not several", param=given[1])
+    if not given:
+        return None
+    name = given[0]
+    try:
+        if name == "json_schema":
+            return schema_grammar(fields[name], "json_schema")
+        if name == "grammar":
+            return _checked_gbnf(fields[name])
+        return _response_format(fields[name])
+    except InvalidConstraint as exc:
+        raise RequestError(exc.named({"json_schema": "'json_schema'", "grammar": "'grammar'",
+                                      "response_format": "'response_format.json_schema.schema'"}),
+                           param=name) from None
+
+
+def _checked_gbnf(value: object) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise RequestError("'grammar' must be GBNF text", param="grammar")
+    try:
+        grammar.check(value)
+    except GrammarError as exc:
+        raise InvalidConstraint("grammar", f"{{name}} {exc.reason}") from None
+    return value
+
+
+def _response_format(value: object) -> str:
+    kind = value.get("type") if isinstance(value, dict) else None
+    if kind == "json_object":
+        return schema_grammar(ANY_OBJECT)
+    if kind == "json_schema":
+        spec = value.get("json_schema")
+        if not isinstance(spec, dict) or "schema" not in spec:
+            raise RequestError("'response_format.json_schema' must be an object with a 'schema'",
+                               param="response_format")
+        return schema_grammar(spec["schema"], "response_format")
+    raise RequestError("'response_format' must be {\"type\": \"text\"}, {\"type\": \"json_object\"} or "
+                       "{\"type\": \"json_schema\", \"json_schema\": {\"name\": …, \"schema\": {…}}}",
+                       param="response_format")
+
+
+def _messages(value: object) -> list[dict[str, Any]]:
     if value is None:
         raise RequestError("'messages' is required", param="messages")
     if not isinstance(value, list) or not value:
@@ -130,18 +193,111 @@ def _messages(value: object) -> list[dict[str, str]]:
     return [_message(message, f"messages[{i}]") for i, message in enumerate(value)]
 
 
-def _message(message: object, where: str) -> dict[str, str]:
+def _message(message: object, where: str) -> dict[str, Any]:
+    """A message as chat templates take it: role and text, an assistant's `tool_calls`, a tool result's
+    `tool_call_id`."""
     if not isinstance(message, dict):
         raise RequestError(f"{where} must be an object with 'role' and 'content'", param=where)
     role = message.get("role")
     if role not in ROLES:
         raise RequestError(f"{where}.role must be one of {', '.join(ROLES)}, got {shown(role)}",
                            param=f"{where}.role")
-    if message.get("tool_calls"):
-        raise RequestError(f"{where}: tool calls are not supported by this server", param=f"{where}.tool_calls",
-                           code="unsupported_parameter")
     # OpenAI's "developer" messages are what chat templates know as system messages.
-    return {"role": "system" if role == "developer" else role, "content": _content(message.get("content"), where)}
+    checked: dict[str, Any] = {"role": "system" if role == "developer" else role,
+                               "content": _content(message.get("content"), where)}
+    if message.get("tool_calls") is not None:
+        if role != "assistant":
+            raise RequestError(f"{where}: only assistant messages carry tool calls", param=f"{where}.tool_calls")
+        checked["tool_calls"] = _past_calls(message["tool_calls"], f"{where}.tool_calls")
+    if role == "tool":
+        call_id = message.get("tool_call_id")
+        if not isinstance(call_id, str):
+            raise RequestError(f"{where}.tool_call_id must be the id of the call this answers",
+                               param=f"{where}.tool_call_id")
+        checked["tool_call_id"] = call_id
+    return checked
+
+
+def _past_calls(calls: object, where: str) -> list[dict[str, Any]]:
+    """An assistant message's tool calls, as OpenAI sends them back: id, type "function", name and arguments
+    (JSON text)."""
+    if not isinstance(calls, list):
+        raise RequestError(f"{where} must be a list of tool calls", param=where)
+    checked = []
+    for i, call in enumerate(calls):
+        function = call.get("function") if isinstance(call, dict) else None
+        if (not isinstance(function, dict) or not isinstance(function.get("name"), str)
+                or not isinstance(function.get("arguments"), str) or not isinstance(call.get("id", ""), str)):
+            raise RequestError(f"{where}[{i}] must be {{\"id\": …, \"type\": \"function\", \"function\": "
+                               "{\"name\": …, \"arguments\": \"…\"}}", param=f"{where}[{i}]")
+        checked.append({"id": call.get("id", ""), "type": "function",
+                        "function": {"name": _unicode(function["name"], f"{where}[{i}].function.name"),
+                                     "arguments": _unicode(function["arguments"], f"{where}[{i}].function.arguments")}})
+    return checked
+
+
+def parse_tools(tools: object, tool_choice: object, parallel: object) -> Tools | None:
+    """`tools`, `tool_choice` and `parallel_tool_calls` from a request body; None when no tool may be called
+    (no tools, or `tool_choice` "none")."""
+    if tools is None or tools == []:
+        if tool_choice not in (None, "none", "auto"):
+            raise RequestError("'tool_choice' needs 'tools'", param="tool_choice")
+        return None
+    if not isinstance(tools, list):
+        raise RequestError("'tools' must be a list of {\"type\": \"function\", \"function\": {…}}", param="tools")
+    functions = tuple(_function(tool, f"tools[{i}]") for i, tool in enumerate(tools))
+    names = [function["name"] for function in functions]
+    for name in names:
+        if names.count(name) > 1:
+            raise RequestError(f"'tools' names the function {name!r} twice", param="tools")
+    if parallel is not None and not isinstance(parallel, bool):
+        raise RequestError("'parallel_tool_calls' must be true or false", param="parallel_tool_calls")
+    choice = _choice(tool_choice, names)
+    return None if choice == "none" else Tools(functions, choice, parallel is not False)
+
+
+def _function(tool: object, where: str) -> dict[str, Any]:
+    if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(tool.get("function"), dict):
+        raise RequestError(f"{where} must be {{\"type\": \"function\", \"function\": {{…}}}}", param=where)
+    function = tool["function"]
+    name = function.get("name")
+    if not isinstance(name, str) or not FUNCTION_NAME.fullmatch(name):
+        raise RequestError(f"{where}.function.name must be 1 to 64 letters, digits, _ or -, got {shown(name)}",
+                           param=f"{where}.function.name")
+    description = function.get("description")
+    if description is not None and not isinstance(description, str):
+        raise RequestError(f"{where}.function.description must be a string", param=f"{where}.function.description")
+    parameters = function.get("parameters", {"type": "object", "properties": {}})
+    try:
+        schema_grammar(parameters, "parameters")
+    except InvalidConstraint as exc:
+        raise RequestError(exc.named({"parameters": f"{where}.function.parameters"}),
+                           param=f"{where}.function.parameters") from None
+    checked = {"name": name, **({"description": description} if description else {}), "parameters": parameters}
+    _unicode(json.dumps(checked, ensure_ascii=False), where)  # its text goes into the prompt
+    return checked
+
+
+def _choice(tool_choice: object, names: list[str]) -> str:
+    if tool_choice is None:
+        return "auto"
+    if isinstance(tool_choice, str):
+        if tool_choice not in TOOL_CHOICES:
+            raise RequestError(f"'tool_choice' must be one of {', '.join(TOOL_CHOICES)} or a function, got "
+                               f"{shown(tool_choice)}", param="tool_choice")
+        return tool_choice
+    function = tool_choice.get("function") if isinstance(tool_choice, dict) else None
+    name = function.get("name") if isinstance(function, dict) else None
+    if not isinstance(tool_choice, dict) or tool_choice.get("type") != "function" or not isinstance(name, str):
+        raise RequestError("'tool_choice' must be a string or {\"type\": \"function\", \"function\": {\"name\": …}}",
+                           param="tool_choice")
+    if name not in names:
+        raise RequestError(f"'tool_choice' names the function {shown(name)}, which 'tools' does not list "
+                           f"(it lists {', '.join(names)})", param="tool_choice")
+    return name
+
+
+
 
 
 def _content(content: object, where: str) -> str:
@@ -273,8 +429,13 @@ def _number(fields: dict[str, Any], name: str) -> float | None:
 
 def finish_reason(engine_reason: str | None, stopped_by_string: bool) -> str:
     """OpenAI's finish_reason: "stop" at an end-of-generation token or a stop string, "length" at max_tokens
-    or a full context."""
+    or a full context (an answer that stopped after calling tools says "tool_calls": `called`)."""
     return "stop" if stopped_by_string or engine_reason == "stop" else "length"
+
+
+def called(reason: str, calls: list[dict[str, Any]]) -> str:
+    """The finish reason of an answer whose text held `calls`: "tool_calls" when it stopped by itself."""
+    return "tool_calls" if calls and reason == "stop" else reason
 
 
 def usage(stats: Stats) -> dict[str, Any]:
@@ -302,10 +463,12 @@ class Answer:
     def _head(self, object_name: str) -> dict[str, Any]:
         return {"id": self.id, "object": object_name, "created": self.created, "model": self.model}
 
-    def whole(self, text: str, reason: str, stats: Stats) -> dict[str, Any]:
-        """The non-streamed answer."""
+    def whole(self, text: str | dict[str, Any], reason: str, stats: Stats) -> dict[str, Any]:
+        """The non-streamed answer: `text`, or for chat the message's fields (content, reasoning_content,
+        tool_calls)."""
         if self.endpoint == "chat":
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+            message = {"content": text} if isinstance(text, str) else text
+            choice = {"index": 0, "message": {"role": "assistant", **message}, "logprobs": None,
                       "finish_reason": reason}
             head = self._head("chat.completion")
         else:
@@ -313,11 +476,15 @@ class Answer:
             head = self._head("text_completion")
         return {**head, "choices": [choice], "usage": usage(stats), "speculation": speculation(stats)}
 
-    def chunk(self, text: str | None, reason: str | None, stats: Stats | None = None) -> dict[str, Any]:
-        """One streamed chunk: `text` (None for chat's opening chunk, which names the role), the finish
-        reason on the last one, and the speculation so far."""
+    def chunk(self, text: str | dict[str, Any] | None, reason: str | None, stats: Stats | None = None) -> dict[str, Any]:
+        """One streamed chunk: `text` (for chat, a delta's fields: content, reasoning_content or tool_calls;
+        None for chat's opening chunk, which names the role), the finish reason on the last one, and the
+        speculation so far."""
         if self.endpoint == "chat":
-            delta = {"role": "assistant", "content": ""} if text is None else ({"content": text} if text else {})
+            if isinstance(text, dict):
+                delta = text
+            else:
+                delta = {"role": "assistant", "content": ""} if text is None else ({"content": text} if text else {})
             chunk = {**self._head("chat.completion.chunk"),
                      "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}]}
         else:

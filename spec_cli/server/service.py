@@ -8,6 +8,7 @@ last answer (`PromptCache`), so a turn costs its new tokens.
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 import traceback
 from concurrent.futures import ThreadPoolExecutor
@@ -24,6 +25,7 @@ from spec_cli.request import GenerationRequest, InvalidRequest, shown
 from spec_cli.server import openai_api
 from spec_cli.server.openai_api import PARAMS, ApiRequest, RequestError
 from spec_cli.server.stop_strings import StopStrings
+from spec_cli.server.tool_calls import THINK_OPEN, call_grammar, spelt_out, template_messages
 from spec_cli.summary import summary_line
 
 DEFAULT_QUEUE = 16
@@ -31,7 +33,10 @@ DEFAULT_QUEUE = 16
 
 @dataclass(frozen=True)
 class Started:
+    """The generation has begun; `thinking`: the prompt opened a thought, so the answer starts inside one."""
+
     generation: Generation
+    thinking: bool = False
 
 
 @dataclass(frozen=True)
@@ -135,7 +140,7 @@ class Service:
     def _generate(self, job: Job) -> None:
         request = job.request
         try:
-            text, tokens = self._prompt(request)
+            prompt, tokens = self._prompt(request)
             settings = self._request(request)
             generation = self.pair.generate(tokens, settings)
         except RequestError as exc:
@@ -148,7 +153,8 @@ class Service:
         except SpecError as exc:
             job.post(Failed(RequestError(str(exc))))
             return
-        job.post(Started(generation))
+        text = prompt.text if prompt is not None else None
+        job.post(Started(generation, thinking=text is not None and text.rstrip().endswith(THINK_OPEN)))
         stops = StopStrings(settings.stop)
         try:
             self._hand_over(job, generation, stops)
@@ -167,8 +173,10 @@ class Service:
 
     def _request(self, request: ApiRequest) -> GenerationRequest:
         """The server's defaults under what the request sets; sampling it leaves out follows what the target's
-        GGUF recommends, as in spec chat."""
-        return replace(self.defaults, **request.fields, stop=request.stop,
+        GGUF recommends, as in spec chat. A forced tool call is a grammar like any other."""
+        tools = request.tools
+        forced = call_grammar(tools) if tools is not None and tools.forced else None
+        return replace(self.defaults, **request.fields, stop=request.stop, grammar=request.grammar or forced,
                        sampling=settle("model", self.pair.recommended_sampling(), request.sampling),
                        max_tokens=request.max_tokens or self.max_tokens or self.pair.n_ctx)
 
@@ -195,15 +203,34 @@ class Service:
         if ready and not job.cancelled.is_set():
             job.post(ready)
 
-    def _prompt(self, request: ApiRequest) -> tuple[str | None, list[int]]:
-        """The prompt's text (None for token ids) and tokens, extending the last answer's where they can. A chat's
+    def _prompt(self, request: ApiRequest) -> tuple[PromptText | None, list[int]]:
+        """The prompt (None for token ids) and its tokens, extending the last answer's where they can. A chat's
         messages are text: only the template's markers become control tokens. A completion's prompt is raw, as
         in llama-server: control tokens spelt in it are parsed."""
         model = self.pair.target
         if request.endpoint == "chat":
-            prompt: PromptText | None = model.format_chat(request.messages, template=self.template)
+            prompt: PromptText | None = self._chat_prompt(request)
         else:
             prompt = PromptText(request.prompt) if isinstance(request.prompt, str) else None
         if prompt is None:
             return None, list(request.prompt)
-        return prompt.text, self._cache.tokens_for(model, prompt)
+        return prompt, self._cache.tokens_for(model, prompt)
+
+    def _chat_prompt(self, request: ApiRequest) -> PromptText:
+        """The chat's prompt; with tools (or calls in the history), the template's own way of showing them when
+        it has one, else the tools described in the system message (`tool_calls.spelt_out`)."""
+        model, messages, tools = self.pair.target, request.messages, request.tools
+        if tools is None and not any(m.get("tool_calls") or m["role"] == "tool" for m in messages):
+            return model.format_chat(messages, template=self.template)
+        if self._template_takes_tools:
+            return model.format_chat(template_messages(messages), template=self.template,
+                                     tools=tools.as_template_takes_them() if tools is not None else None)
+        return model.format_chat(spelt_out(messages, tools), template=self.template)
+
+    @functools.cached_property
+    def _template_takes_tools(self) -> bool:
+        """Whether the chat template shows the tools it is given (a probe tool's name appears in its prompt)."""
+        probe = [{"type": "function", "function": {"name": "spec_probe_tool", "parameters": {"type": "object"}}}]
+        shown_with = self.pair.target.format_chat([{"role": "user", "content": "hi"}], template=self.template,
+                                                  tools=probe)
+        return "spec_probe_tool" in shown_with.text

@@ -1,0 +1,227 @@
+"""Tool calls and thoughts in OpenAI's shape over a model's plain text.
+
+The convention is Hermes' `<tool_call>{"name": …, "arguments": {…}}</tool_call>`, which Qwen2.5/3/3.5/3.6,
+Hermes 2/3 and SmolLM3 are trained on; a thought is a `<think>…</think>` block at the start of the answer
+(or after a template that opens it), as DeepSeek-R1, Qwen3 and SmolLM3 write it. A template that takes
+`tools` gets them as they are; one that knows nothing of tools gets them described in the system message,
+with the convention spelt out (llama-server's generic handler does the same with its own format).
+`tool_choice` "required" or a named function forces the call with a grammar: the converter's grammar for the
+functions' parameters, inside the tags, so the arguments always parse and match their schema.
+
+`AnswerSplitter` reads the answer as it streams and hands out OpenAI's delta fields: `reasoning_content`,
+`content`, and each `tool_calls` entry once its closing tag has come.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from spec_cli.structured import schema_grammar
+
+CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+
+
+@dataclass(frozen=True)
+class Tools:
+    """A request's tools, checked: the functions (OpenAI's `function` objects), `choice` ("auto", "required",
+    or the one function's name that must be called) and whether several calls may come in one answer."""
+
+    functions: tuple[dict[str, Any], ...]
+    choice: str
+    parallel: bool = True
+
+    @property
+    def forced(self) -> bool:
+        return self.choice != "auto"
+
+    def as_template_takes_them(self) -> list[dict[str, Any]]:
+        return [{"type": "function", "function": function} for function in self.functions]
+
+    def names(self) -> list[str]:
+        return [function["name"] for function in self.functions]
+
+
+def call_grammar(tools: Tools) -> str:
+    """GBNF for the calls `tools.choice` forces: one call (or several, when parallel calls are allowed) of the
+    named function or of any, each `<tool_call>\\n{"name": …, "arguments": {…}}\\n</tool_call>` with the
+    arguments the function's parameters schema describes."""
+    chosen = [f for f in tools.functions if tools.choice in ("required", f["name"])]
+    calls = [{"type": "object", "properties": {"name": {"const": f["name"]}, "arguments": f["parameters"]},
+              "required": ["name", "arguments"]} for f in chosen]
+    body = schema_grammar(calls[0] if len(calls) == 1 else {"anyOf": calls}, "tools")
+    body = re.sub(r"^root ::=", "tool-call-json ::=", body, flags=re.MULTILINE)
+    repeat = ' ("\\n" tool-call)*' if tools.parallel and tools.choice == "required" else ""
+    return (f"root ::= tool-call{repeat}\n"
+            f'tool-call ::= "{CALL_OPEN}\\n" tool-call-json "\\n{CALL_CLOSE}"\n{body}')
+
+
+def described(tools: Tools) -> str:
+    """The system message's part that tells a model whose template knows nothing of tools how to call them."""
+    listing = "\n".join(json.dumps(function, ensure_ascii=False) for function in tools.functions)
+    how = (f"To call a function, answer with\n{CALL_OPEN}\n{{\"name\": \"<function name>\", \"arguments\": "
+           f"<the arguments as a JSON object>}}\n{CALL_CLOSE}")
+    when = "You must call a function." if tools.forced else "If no function helps, answer normally."
+    return f"You can call these functions:\n{listing}\n\n{how}\n{when}"
+
+
+def template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The history as a template that takes tools reads it: calls' arguments as objects (Hugging Face's
+    convention; OpenAI sends them as JSON text)."""
+    return [{**m, "tool_calls": [_with_object_arguments(call) for call in m["tool_calls"]]} if m.get("tool_calls")
+            else m for m in messages]
+
+
+def _with_object_arguments(call: dict[str, Any]) -> dict[str, Any]:
+    function = call["function"]
+    try:
+        arguments = json.loads(function["arguments"])
+    except json.JSONDecodeError:
+        arguments = function["arguments"]
+    return {**call, "function": {**function, "arguments": arguments}}
+
+
+def spelt_out(messages: list[dict[str, Any]], tools: Tools | None) -> list[dict[str, Any]]:
+    """The history for a template that knows nothing of tools: the tools described in the system message,
+    past calls spelt in the assistant's text, and tool results as user messages in `<tool_response>` tags."""
+    spelt = []
+    for message in messages:
+        if message.get("tool_calls"):
+            calls = "\n".join(f"{CALL_OPEN}\n{json.dumps(_call_json(call), ensure_ascii=False)}\n{CALL_CLOSE}"
+                              for call in message["tool_calls"])
+            spelt.append({"role": "assistant", "content": "\n".join(filter(None, [message["content"], calls]))})
+        elif message["role"] == "tool":
+            spelt.append({"role": "user", "content": f"<tool_response>\n{message['content']}\n</tool_response>"})
+        else:
+            spelt.append({"role": message["role"], "content": message["content"]})
+    if tools is not None:
+        if spelt and spelt[0]["role"] == "system":
+            spelt[0] = {"role": "system", "content": f"{spelt[0]['content']}\n\n{described(tools)}"}
+        else:
+            spelt.insert(0, {"role": "system", "content": described(tools)})
+    return spelt
+
+
+def _call_json(call: dict[str, Any]) -> dict[str, Any]:
+    return {"name": call["function"]["name"], "arguments": _with_object_arguments(call)["function"]["arguments"]}
+
+
+class AnswerSplitter:
+    """An answer's text, fed as it comes, split into OpenAI's delta fields: `reasoning_content` (a thought at
+    the start), `content`, and `tool_calls` (each call once its closing tag has come, with an id).
+
+    Text that may be the start of a tag is held back until it is known. Whitespace around the parts is
+    dropped once there is more than content (a thought, tools); plain content is the text as written. A `<tool_call>` whose text is not a call of a listed function stays in the content as written.
+    `thinking`: the prompt opened the thought already (the template ends with `<think>`)."""
+
+    def __init__(self, tools: Tools | None, thinking: bool = False) -> None:
+        self._names = tools.names() if tools is not None else []
+        self._state = "think" if thinking else "start"
+        self._trim = thinking or bool(self._names)
+        self._buffer = ""
+        self._blank = ""  # whitespace held until text follows it
+        self._said_content = False
+        self.calls: list[dict[str, Any]] = []
+
+    def feed(self, text: str) -> list[dict[str, Any]]:
+        self._buffer += text
+        deltas: list[dict[str, Any]] = []
+        while self._step(deltas):
+            pass
+        return deltas
+
+    def flush(self) -> list[dict[str, Any]]:
+        """What is left at the end: a thought or a call never closed, held-back text."""
+        deltas: list[dict[str, Any]] = []
+        rest, self._buffer = self._buffer, ""
+        if self._state == "think":
+            self._say(deltas, "reasoning_content", rest)
+        elif self._state == "call":
+            self._call(deltas, rest, closed=False)
+        else:
+            self._say(deltas, "content", rest)
+        return deltas
+
+    def _step(self, deltas: list[dict[str, Any]]) -> bool:
+        """Move past one part of the buffer; False when what is left must wait for more text."""
+        buffer = self._buffer
+        if self._state == "start":
+            stripped = buffer.lstrip()
+            if THINK_OPEN.startswith(stripped):
+                return False
+            self._state = "text"
+            if stripped.startswith(THINK_OPEN):
+                self._state, self._buffer, self._trim = "think", stripped[len(THINK_OPEN):], True
+            return True
+        if self._state == "think":
+            return self._until(deltas, THINK_CLOSE, "reasoning_content", "text")
+        if self._state == "text":
+            if self._names:
+                return self._until(deltas, CALL_OPEN, "content", "call")
+            self._say(deltas, "content", buffer)
+            self._buffer = ""
+            return False
+        end = buffer.find(CALL_CLOSE)
+        if end < 0:
+            return False
+        self._buffer = buffer[end + len(CALL_CLOSE):]
+        self._call(deltas, buffer[:end], closed=True)
+        self._state = "text"
+        return True
+
+    def _until(self, deltas: list[dict[str, Any]], tag: str, field: str, then: str) -> bool:
+        """Say the buffer as `field` up to `tag` and go on in state `then`; without the tag, say what cannot be
+        the tag's start and wait."""
+        at = self._buffer.find(tag)
+        if at >= 0:
+            self._say(deltas, field, self._buffer[:at])
+            self._buffer, self._state = self._buffer[at + len(tag):], then
+            return True
+        keep = _partial_tag(self._buffer, tag)
+        self._say(deltas, field, self._buffer[:len(self._buffer) - keep])
+        self._buffer = self._buffer[len(self._buffer) - keep:]
+        return False
+
+    def _say(self, deltas: list[dict[str, Any]], field: str, text: str) -> None:
+        if field == "content" and self._trim:
+            text = self._blank + text
+            stripped = text.rstrip()
+            self._blank = text[len(stripped):]
+            text = stripped if self._said_content else stripped.lstrip()
+            self._said_content = self._said_content or bool(text)
+        if text:
+            deltas.append({field: text})
+
+    def _call(self, deltas: list[dict[str, Any]], text: str, closed: bool) -> None:
+        call = self._parsed(text)
+        if call is None:
+            self._say(deltas, "content", f"{CALL_OPEN}{text}{CALL_CLOSE if closed else ''}")
+            return
+        self._blank = ""
+        self.calls.append(call)
+        deltas.append({"tool_calls": [{"index": len(self.calls) - 1, **call}]})
+
+    def _parsed(self, text: str) -> dict[str, Any] | None:
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError:
+            return None
+        if not isinstance(value, dict) or value.get("name") not in self._names:
+            return None
+        arguments = value.get("arguments", {})
+        if not isinstance(arguments, dict):
+            return None
+        return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+                "function": {"name": value["name"], "arguments": json.dumps(arguments, ensure_ascii=False)}}
+
+
+def _partial_tag(text: str, tag: str) -> int:
+    """How many characters at the end of `text` could start `tag`."""
+    for n in range(min(len(tag) - 1, len(text)), 0, -1):
+        if tag.startswith(text[-n:]):
+            return n
+    return 0

@@ -1,0 +1,106 @@
+"""Tool calls and thoughts over plain text: the forcing grammar, the history spelt out for templates that know
+nothing of tools, and the splitter that reads an answer as it streams."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from spec_cli import Pair
+from spec_cli.llama.grammar import Grammar
+from spec_cli.llama.model import Model
+from spec_cli.server.tool_calls import AnswerSplitter, Tools, call_grammar, spelt_out, template_messages
+
+WEATHER = {"name": "get_weather", "description": "The weather in a city.",
+           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+TIME = {"name": "get_time", "parameters": {"type": "object", "properties": {}}}
+TOOLS = Tools((WEATHER, TIME), "auto")
+
+
+def split(text: str, tools: Tools | None = TOOLS, thinking: bool = False, pieces: int = 1) -> list[dict]:
+    """The deltas of `text` fed in pieces of `pieces` characters, then flushed."""
+    splitter = AnswerSplitter(tools, thinking)
+    deltas = [delta for i in range(0, len(text), pieces) for delta in splitter.feed(text[i:i + pieces])]
+    return [*deltas, *splitter.flush()]
+
+
+def joined(deltas: list[dict], name: str) -> str:
+    return "".join(delta[name] for delta in deltas if name in delta)
+
+
+@pytest.mark.parametrize("pieces", [1, 3, 1000])
+def test_calls_thoughts_and_content_are_told_apart_however_the_text_comes(pieces: int) -> None:
+    text = ('<think>\nThe user wants weather.\n</think>\n\nLet me look.\n<tool_call>\n{"name": "get_weather", '
+            '"arguments": {"city": "Paris"}}\n</tool_call>\n<tool_call>\n{"name": "get_time", "arguments": {}}\n'
+            '</tool_call>\n')
+    deltas = split(text, pieces=pieces)
+    assert joined(deltas, "reasoning_content") == "\nThe user wants weather.\n"
+    assert joined(deltas, "content") == "Let me look."
+    calls = [call for delta in deltas for call in delta.get("tool_calls", [])]
+    assert [(c["index"], c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [
+        (0, "get_weather", {"city": "Paris"}), (1, "get_time", {})]
+    assert all(c["id"].startswith("call_") and c["type"] == "function" for c in calls)
+    assert len({c["id"] for c in calls}) == 2
+
+
+def test_text_that_only_looks_like_a_tag_is_content() -> None:
+    deltas = split('a <tool_call>{"name": "unknown", "arguments": {}}</tool_call> b <tool z', pieces=2)
+    assert joined(deltas, "content") == 'a <tool_call>{"name": "unknown", "arguments": {}}</tool_call> b <tool z'
+    assert not any("tool_calls" in delta for delta in deltas)
+
+
+def test_without_tools_or_a_thought_the_content_is_the_text_as_written() -> None:
+    assert joined(split("  two spaces, then <tool_call> is text\n", tools=None, pieces=4), "content") == \
+        "  two spaces, then <tool_call> is text\n"
+
+
+def test_a_thought_the_template_opened_runs_to_its_closing_tag() -> None:
+    deltas = split("pondering</think>The answer.", tools=None, thinking=True, pieces=5)
+    assert (joined(deltas, "reasoning_content"), joined(deltas, "content")) == ("pondering", "The answer.")
+    assert joined(split("cut short", tools=None, thinking=True), "reasoning_content") == "cut short"
+
+
+def test_a_call_left_open_at_the_end_is_read_if_whole() -> None:
+    deltas = split('<tool_call>\n{"name": "get_time", "arguments": {}}')
+    assert [call["function"]["name"] for delta in deltas for call in delta.get("tool_calls", [])] == ["get_time"]
+
+
+@pytest.mark.parametrize("choice, parallel, names", [
+    ("get_weather", True, ["get_weather"]), ("required", False, ["get_weather", "get_time"]),
+])
+def test_a_forced_call_grammar_admits_only_calls_of_the_chosen_functions(alone: Pair, choice: str, parallel: bool,
+                                                                         names: list[str]) -> None:
+    gbnf = call_grammar(Tools((WEATHER, TIME), choice, parallel))
+    assert gbnf.startswith("root ::= tool-call\n")
+    for function in (WEATHER, TIME):
+        call = json.dumps({"name": function["name"], "arguments": {"city": "Oslo"} if function is WEATHER else {}})
+        assert (function["name"] in names) == accepts(alone.target, gbnf, f"<tool_call>\n{call}\n</tool_call>")
+    assert not accepts(alone.target, gbnf, '<tool_call>\n{"name": "get_weather", "arguments": {"town": "Oslo"}}\n</tool_call>')
+
+
+BYTE_TOKENS = 3  # the tiny vocabulary's <0xNN> tokens follow <unk>, <s> and </s>
+
+
+def accepts(model: Model, gbnf: str, text: str) -> bool:
+    """Whether llama.cpp's grammar takes `text` whole, fed byte by byte, and is then complete."""
+    state = Grammar.compile(model, gbnf)
+    for byte in text.encode():
+        if not state.allows(BYTE_TOKENS + byte):
+            return False
+        state.accept(BYTE_TOKENS + byte)
+    return state.allows(model.vocab_info().eos)
+
+
+def test_the_history_is_spelt_out_for_a_template_without_tools() -> None:
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Weather?"},
+                {"role": "assistant", "content": "", "tool_calls": [call]},
+                {"role": "tool", "content": "sunny", "tool_call_id": "call_1"}]
+    spelt = spelt_out(messages, TOOLS)
+    assert spelt[0]["role"] == "system" and spelt[0]["content"].startswith("Be brief.\n\nYou can call these")
+    assert json.dumps(WEATHER) in spelt[0]["content"] and "If no function helps" in spelt[0]["content"]
+    assert spelt[2] == {"role": "assistant",
+                        "content": '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'}
+    assert spelt[3] == {"role": "user", "content": "<tool_response>\nsunny\n</tool_response>"}
+    assert template_messages(messages)[2]["tool_calls"][0]["function"]["arguments"] == {"city": "Oslo"}
