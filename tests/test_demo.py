@@ -9,6 +9,7 @@ import json.decoder
 from pathlib import Path
 
 import jsonschema
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
@@ -16,6 +17,10 @@ from spec_cli import load_pair
 from spec_cli.cli.app import app
 from spec_cli.decoding.stats import Stats
 from spec_cli.llama.gguf import quantize
+from spec_cli.llama.grammar import Grammar
+from spec_cli.llama.placement import load_model
+from spec_cli.models import registry
+from spec_cli.structured import schema_grammar
 
 pytestmark = pytest.mark.demo
 
@@ -54,6 +59,23 @@ def test_demo_pair_json_schema_output_validates_and_equals_target_alone() -> Non
     assert fast_data["finish_reason"] == "stop"
     jsonschema.validate(json.loads(fast_data["text"]), AUTHOR_SCHEMA)
     assert 0 < fast_data["stats"]["accepted"] < fast_data["stats"]["drafted"]
+
+
+def test_the_grammar_mask_equals_asking_about_every_token_of_smollm2s_vocabulary() -> None:
+    """The mask found by first bytes (`llama.grammar`) on a real 49k byte-level BPE vocabulary, along JSON with
+    escapes and multi-byte characters, equals llama.cpp's answer for every token."""
+    models = registry.load_registry()
+    _, draft = registry.resolve(models.get(models.default))
+    model = load_model(draft, 0, [], [])
+    try:
+        state = Grammar.compile(model, schema_grammar(AUTHOR_SCHEMA))
+        every = np.arange(model.n_vocab)
+        for token in model.tokenize('{ "name": "Zoë \\u00e9 Ω", "born": -1564, "country": "England", '
+                                    '"famous_play": "Hamlet" }', add_special=False):
+            np.testing.assert_array_equal(state.clone().mask(), state.allowed(every))
+            state.accept(token)
+    finally:
+        model.close()
 
 
 @pytest.fixture(scope="module")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from tiny_models import FIRST_BYTE_TOKEN
 
 from spec_cli import Pair
 from spec_cli.llama.grammar import Grammar
@@ -79,16 +80,13 @@ def test_a_forced_call_grammar_admits_only_calls_of_the_chosen_functions(alone: 
     assert not accepts(alone.target, gbnf, '<tool_call>\n{"name": "get_weather", "arguments": {"town": "Oslo"}}\n</tool_call>')
 
 
-BYTE_TOKENS = 3  # the tiny vocabulary's <0xNN> tokens follow <unk>, <s> and </s>
-
-
 def accepts(model: Model, gbnf: str, text: str) -> bool:
     """Whether llama.cpp's grammar takes `text` whole, fed byte by byte, and is then complete."""
     state = Grammar.compile(model, gbnf)
     for byte in text.encode():
-        if not state.allows(BYTE_TOKENS + byte):
+        if not state.allows(FIRST_BYTE_TOKEN + byte):
             return False
-        state.accept(BYTE_TOKENS + byte)
+        state.accept(FIRST_BYTE_TOKEN + byte)
     return state.allows(model.vocab_info().eos)
 
 

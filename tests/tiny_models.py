@@ -30,6 +30,9 @@ CHAT_TEMPLATE = (
 )
 
 
+FIRST_BYTE_TOKEN = 3  # the default vocabulary's <0x00>: its byte tokens follow <unk>, <s> and </s>
+
+
 def vocabulary(size: int = 320) -> tuple[list[str], list[float], list[int]]:
     tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
     types = [UNKNOWN, CONTROL, CONTROL] + [BYTE] * 256

@@ -7,7 +7,9 @@ token the grammar forbids has p = 0, and a draft drawn from its masked q propose
 Asking the grammar about every token of a 150k vocabulary costs milliseconds, so it is asked about the
 largest logits first (`_allowed_head`): greedy decoding needs the largest allowed one, top-k the k largest
 allowed ones, and those lie among the largest logits whenever enough of those are allowed. Only top-k = 0
-(every allowed token counts) or a grammar that forbids nearly all of the head reads the whole row.
+(every allowed token counts) or a grammar that forbids nearly all of the head reads the whole row, and that
+mask is kept for the grammar's state (`Grammar.mask`): q and p at one position, and a position drafted
+again after a rejection, pay for it once.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from spec_cli.decoding.sampling import Law, SamplingParams, penalized, probabili
 from spec_cli.errors import SpecError
 from spec_cli.llama.grammar import Grammar
 
-FIRST_HEAD = 64  # logits asked about first; each retry asks about 16 times as many
+FIRST_HEAD = 64  # logits asked about first; each retry asks about 16 times as many, at last all
 
 
 class NothingAllowed(SpecError):
@@ -65,13 +67,17 @@ def _allowed_head(z: np.ndarray, grammar: Grammar, wanted: int) -> np.ndarray:
     allowed token. A head holds every token tied with its smallest logit, so it holds the `wanted` largest
     allowed logits whenever it holds `wanted` allowed tokens."""
     n = z.size
-    size = FIRST_HEAD if wanted < n else n
-    while True:
-        head = np.arange(n) if size >= n else np.flatnonzero(z >= np.partition(z, -size)[-size])
+    size = FIRST_HEAD if wanted < n and not grammar.mask_known else n
+    while size < n:
+        head = np.flatnonzero(z >= np.partition(z, -size)[-size])
         allowed = head[grammar.allowed(head)]
-        if allowed.size >= wanted or head.size == n:
+        if allowed.size >= wanted:
             break
         size *= 16
+        if size > n // 4:  # a head of a quarter of the row costs a good part of the whole, which is kept
+            size = n
+    else:
+        allowed = np.flatnonzero(grammar.mask())
     if not allowed.size:
         raise NothingAllowed()
     return allowed

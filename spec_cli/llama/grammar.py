@@ -5,8 +5,16 @@ The sampler is used as a mask and nothing else: `allowed` hands it a candidate a
 back which it left finite; the laws themselves are ours (`decoding.constrained`). A state is cloned where a
 round needs one per drafted position (`llama_sampler_clone` copies the parse stacks).
 
+The mask over the whole vocabulary is the one costly question (milliseconds at 50k tokens). It is asked of
+the tokens that can be allowed at all: a token's piece is matched from its first byte on, so a token whose
+first byte the grammar refuses (asked of the 256 one-byte tokens) is refused, and where few first bytes pass,
+so is one whose first two bytes do not (`_Spelling`). At a JSON brace that leaves a few hundred of 50k. And a
+state is fixed by the tokens accepted since the start, so the states of one grammar share a trie of those
+tokens (`_Point`) that keeps each mask: the draft's q and the target's p at one position ask once, and so do
+the rounds that draft again from a position after a rejection.
+
 llama.cpp aborts the process when a grammar accepts a token it does not allow (an end-of-generation token
-before the grammar is complete): `accept` is only ever called on a token `allowed` passed.
+before the grammar is complete): `accept` refuses such a token first.
 """
 
 from __future__ import annotations
@@ -37,16 +45,84 @@ class GrammarError(SpecError):
         super().__init__(f"the grammar {reason}")
 
 
+class _Point:
+    """Where a sequence of accepted tokens leads: the points after one more token, and the whole vocabulary's
+    mask here once it has been asked for. Points behind every live state are freed with them."""
+
+    __slots__ = ("after", "mask")
+
+    def __init__(self) -> None:
+        self.after: dict[int, _Point] = {}
+        self.mask: np.ndarray | None = None
+
+    def next(self, token: int) -> _Point:
+        point = self.after.get(token)
+        if point is None:
+            point = self.after[token] = _Point()
+        return point
+
+
+SECOND_BYTE_AT_MOST = 8  # first bytes allowed at most for their second bytes to be asked (256 questions each)
+
+
+class _Spelling:
+    """A vocabulary sorted by how its pieces start: each token's first two bytes, the token that spells each
+    byte alone (−1 where none does), and the end-of-generation tokens (which the grammar judges apart)."""
+
+    def __init__(self, model: Model) -> None:
+        self.starts = model.piece_starts
+        single = np.flatnonzero((self.starts[:, 0] >= 0) & (self.starts[:, 1] < 0))
+        self.byte_token = np.full(256, -1, dtype=np.int64)
+        self.byte_token[self.starts[single[::-1], 0]] = single[::-1]  # the lowest id where several spell a byte
+        self.end_tokens = model.end_of_generation_tokens
+        self.begins = np.zeros(256, dtype=bool)  # bytes some piece begins with
+        self.begins[self.starts[self.starts[:, 0] >= 0, 0]] = True
+
+    def candidates(self, state: Grammar) -> np.ndarray:
+        """Every token `state` may allow: the end-of-generation tokens, and those whose first bytes it takes
+        one by one (a byte with no token of its own to ask about is taken as allowed)."""
+        first = self._bytes_taken(state)
+        fits = first[self.starts[:, 0]] & (self.starts[:, 0] >= 0)
+        if np.count_nonzero(first & self.begins) <= SECOND_BYTE_AT_MOST:
+            pairs = np.zeros((256, 256), dtype=bool)
+            for byte in np.flatnonzero(first & self.begins):
+                pairs[byte] = self._bytes_taken(state.after([int(self.byte_token[byte])])) \
+                    if self.byte_token[byte] >= 0 else True
+            second = self.starts[:, 1]
+            fits &= (second < 0) | pairs[self.starts[:, 0], second]
+        fits[self.end_tokens] = True
+        return np.flatnonzero(fits)
+
+    def _bytes_taken(self, state: Grammar) -> np.ndarray:
+        known = self.byte_token >= 0
+        taken = ~known
+        taken[known] = state.allowed(self.byte_token[known])
+        return taken
+
+
 class Grammar:
     """One state of a grammar sampler over a model's vocabulary."""
 
-    def __init__(self, handle: int) -> None:
-        self._handle = handle
+    def __init__(self, handle: int, spelling: _Spelling, point: _Point) -> None:
+        self._handle, self._spelling, self._point = handle, spelling, point
 
     @classmethod
     def compile(cls, model: Model, gbnf: str, root: str = "root") -> Grammar:
         """The grammar's start state over `model`'s vocabulary; GrammarError when it does not parse."""
-        return cls(_parse(model.vocab, gbnf, root))
+        return cls(_parse(model.vocab, gbnf, root), _Spelling(model), _Point())
+
+    def mask(self) -> np.ndarray:
+        """Whether each token of the vocabulary is allowed next (kept for every state at this point)."""
+        point = self._point
+        if point.mask is None:
+            candidates = self._spelling.candidates(self)
+            point.mask = np.zeros(len(self._spelling.starts), dtype=bool)
+            point.mask[candidates] = self.allowed(candidates)
+        return point.mask
+
+    @property
+    def mask_known(self) -> bool:
+        return self._point.mask is not None
 
     def allowed(self, ids: np.ndarray) -> np.ndarray:
         """For each token id of `ids`, whether the grammar allows it next (an end-of-generation token only once
@@ -63,11 +139,15 @@ class Grammar:
         return bool(self.allowed(np.array([token]))[0])
 
     def accept(self, token: int) -> None:
-        """Advance past `token`, which `allowed` must have passed."""
+        """Advance past `token`. One the grammar does not allow is refused here: llama.cpp would abort the
+        process."""
+        if not self.allows(token):
+            raise ValueError(f"the grammar does not allow token {token} here")
         llama_cpp.llama_sampler_accept(self._handle, token)
+        self._point = self._point.next(token)
 
     def clone(self) -> Grammar:
-        return Grammar(llama_cpp.llama_sampler_clone(self._handle))
+        return Grammar(llama_cpp.llama_sampler_clone(self._handle), self._spelling, self._point)
 
     def after(self, tokens: list[int]) -> Grammar:
         """A clone advanced past `tokens`, each of which the grammar must allow."""

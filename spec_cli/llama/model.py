@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import llama_cpp
+import numpy as np
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
 from spec_cli.errors import SpecError
@@ -203,6 +204,20 @@ class Model:
                 found.append(ControlToken(token, text, bool(attr & llama_cpp.LLAMA_TOKEN_ATTR_LSTRIP),
                                           bool(attr & llama_cpp.LLAMA_TOKEN_ATTR_RSTRIP)))
         return ControlTokens(found)
+
+    @functools.cached_property
+    def piece_starts(self) -> np.ndarray:
+        """The first two bytes of each token's piece as llama.cpp's grammar reads it (special tokens spelt
+        out), shape (n_vocab, 2), −1 past the piece's end: `grammar` sorts the vocabulary by them."""
+        starts = np.full((self.n_vocab, 2), -1, dtype=np.int16)
+        for token in range(self.n_vocab):
+            head = self.piece(token, special=True)[:2]
+            starts[token, :len(head)] = list(head)
+        return starts
+
+    @functools.cached_property
+    def end_of_generation_tokens(self) -> np.ndarray:
+        return np.array([t for t in range(self.n_vocab) if self.is_end_of_generation(t)], dtype=np.int64)
 
     def tokenize_bytes(self, data: bytes, add_special: bool, parse_special: bool) -> list[int]:
         """Tokens for UTF-8 `data`; with `parse_special`, the text of special tokens becomes those tokens."""
