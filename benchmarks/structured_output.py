@@ -5,8 +5,8 @@ Each prompt asks SmolLM2-135M-Instruct (F32, drafted by its own Q4_1) to pull fi
 constrained runs follow the prompt's JSON schema (llama.cpp's converter, llama.cpp's grammar sampler), the
 free runs write what they like. Greedy, K fixed (-k) or auto, runs interleaved; the table gives decoding
 tokens/s (after the prompt; medians), acceptance, and the speed-up of drafting over the target alone in each
-setting (--temp samples, seed 0). The goals: constrained speculative ≥ 1.3× the constrained target alone, and within 10% of the
-unconstrained speed-up.
+setting (--temp samples, seed 0). The goals: constrained speculative ≥ 1.3× the constrained target alone,
+and within 10% of the unconstrained speed-up.
 
     python benchmarks/structured_output.py [-k 4] [-n 96] [-r 3] [--temp 0.7]
 """

@@ -240,8 +240,9 @@ def _set(settings: Settings, argument: str) -> tuple[Settings, str]:
                 return replace(settings, grammar=None), "output no longer constrained"
             kind = CONSTRAINT_FIELDS[key]
             given = Path(value).expanduser() if kind.endswith("_file") else value
-            changed = replace(settings, grammar=Constraint(**{kind: given}).gbnf())
-            return changed, f"output constrained by the {'JSON schema' if 'json' in key else 'grammar'} ({CLEAR} clears it)"
+            what = "JSON schema" if kind.startswith("json") else "grammar"
+            return (replace(settings, grammar=Constraint(**{kind: given}).gbnf()),
+                    f"output constrained by the {what} ({CLEAR} clears it)")
         else:
             field_name, parse = REQUEST_FIELDS[key]
             changed = replace(settings, **{field_name: parse(value)})

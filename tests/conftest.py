@@ -75,3 +75,10 @@ def same(target_path: Path) -> Iterator[Pair]:
 def other(target_path: Path, other_draft_path: Path) -> Iterator[Pair]:
     with load_pair(target_path, other_draft_path) as pair:
         yield pair
+
+
+@pytest.fixture(scope="module")
+def chat_pair(chat_target_path: Path, other_draft_path: Path) -> Iterator[Pair]:
+    """The tiny target with a chat template, drafted by unrelated weights: what a server test serves."""
+    with load_pair(chat_target_path, other_draft_path) as pair:
+        yield pair

@@ -28,15 +28,9 @@ LOOKUP = {"type": "function", "function": {
 CLOCK = {"type": "function", "function": {"name": "clock", "parameters": {"type": "object", "properties": {}}}}
 
 
-@pytest.fixture(scope="module")
-def pair(chat_target_path: Path, other_draft_path: Path) -> Iterator[Pair]:
-    with load_pair(chat_target_path, other_draft_path) as loaded:
-        yield loaded
-
-
 @pytest.fixture()
-def live(pair: Pair) -> Iterator[Running]:
-    with running(pair) as serving:
+def live(chat_pair: Pair) -> Iterator[Running]:
+    with running(chat_pair) as serving:
         yield serving
 
 

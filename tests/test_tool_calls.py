@@ -77,7 +77,8 @@ def test_a_forced_call_grammar_admits_only_calls_of_the_chosen_functions(alone: 
     for function in (WEATHER, TIME):
         call = json.dumps({"name": function["name"], "arguments": {"city": "Oslo"} if function is WEATHER else {}})
         assert (function["name"] in names) == accepts(alone.target, gbnf, f"<tool_call>\n{call}\n</tool_call>")
-    assert not accepts(alone.target, gbnf, '<tool_call>\n{"name": "get_weather", "arguments": {"town": "Oslo"}}\n</tool_call>')
+    wrong = '<tool_call>\n{"name": "get_weather", "arguments": {"town": "Oslo"}}\n</tool_call>'
+    assert not accepts(alone.target, gbnf, wrong)
 
 
 def accepts(model: Model, gbnf: str, text: str) -> bool:

@@ -37,6 +37,8 @@ Examples:
   spec serve --cors http://localhost:3000      # a browser app on that origin may call it
 
   curl http://127.0.0.1:{server.DEFAULT_PORT}/v1/chat/completions -d '{{"messages": [{{"role": "user", "content": "Hi"}}]}}'
+
+  curl http://127.0.0.1:{server.DEFAULT_PORT}/v1/chat/completions -d '{{"messages": [{{"role": "user", "content": "A cat, as JSON"}}], "response_format": {{"type": "json_object"}}}}'
 """
 
 
@@ -64,7 +66,7 @@ def serve(
 ) -> None:
     """Serve the pair over OpenAI's HTTP API, with exact speculative decoding: /v1/chat/completions, /v1/completions (streamed or not), /v1/models, /health.
 
-    Point any OpenAI-compatible client at http://HOST:PORT/v1. Requests may set temperature, top_p, top_k, min_p, penalties, seed, stop and max_tokens, and spec-cli's draft_max, draft_mode and verify; sampling they leave out follows what the target's GGUF recommends, as in spec chat. Every answer carries a speculation object (drafted, accepted, acceptance, tokens per target pass, tokens/s).
+    Point any OpenAI-compatible client at http://HOST:PORT/v1. Requests may set temperature, top_p, top_k, min_p, penalties, seed, stop and max_tokens, response_format (json_object, json_schema), grammar, json_schema, tools and tool_choice (calls come back in message.tool_calls, forced ones by a grammar), and spec-cli's draft_max, draft_mode and verify; sampling they leave out follows what the target's GGUF recommends, as in spec chat. Every answer carries a speculation object (drafted, accepted, acceptance, tokens per target pass, tokens/s).
 
     One generation runs at a time, in arrival order; a chat that resends its history costs only its new tokens. A client that disconnects stops its generation, waiting or running. Text in messages is always text: typed control tokens (<|im_end|>) are not parsed. One line per answer goes to stderr.
     """

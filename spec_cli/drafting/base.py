@@ -113,6 +113,6 @@ def next_draft_token(logits: np.ndarray, sampling: SamplingParams, recent: list[
 
 
 def _probability_of(logits: np.ndarray, token: int) -> float:
-    """softmax(logits)[token], without normalising the whole vector."""
+    """softmax(logits)[token]."""
     shifted = np.exp(logits - logits.max())
     return float(shifted[token] / shifted.sum())

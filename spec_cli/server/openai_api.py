@@ -230,9 +230,10 @@ def _past_calls(calls: object, where: str) -> list[dict[str, Any]]:
                 or not isinstance(function.get("arguments"), str) or not isinstance(call.get("id", ""), str)):
             raise RequestError(f"{where}[{i}] must be {{\"id\": …, \"type\": \"function\", \"function\": "
                                "{\"name\": …, \"arguments\": \"…\"}}", param=f"{where}[{i}]")
+        name = _unicode(function["name"], f"{where}[{i}].function.name")
+        arguments = _unicode(function["arguments"], f"{where}[{i}].function.arguments")
         checked.append({"id": call.get("id", ""), "type": "function",
-                        "function": {"name": _unicode(function["name"], f"{where}[{i}].function.name"),
-                                     "arguments": _unicode(function["arguments"], f"{where}[{i}].function.arguments")}})
+                        "function": {"name": name, "arguments": arguments}})
     return checked
 
 
@@ -289,8 +290,8 @@ def _choice(tool_choice: object, names: list[str]) -> str:
     function = tool_choice.get("function") if isinstance(tool_choice, dict) else None
     name = function.get("name") if isinstance(function, dict) else None
     if not isinstance(tool_choice, dict) or tool_choice.get("type") != "function" or not isinstance(name, str):
-        raise RequestError("'tool_choice' must be a string or {\"type\": \"function\", \"function\": {\"name\": …}}",
-                           param="tool_choice")
+        raise RequestError("'tool_choice' must be a string or "
+                           "{\"type\": \"function\", \"function\": {\"name\": …}}", param="tool_choice")
     if name not in names:
         raise RequestError(f"'tool_choice' names the function {shown(name)}, which 'tools' does not list "
                            f"(it lists {', '.join(names)})", param="tool_choice")
@@ -476,7 +477,8 @@ class Answer:
             head = self._head("text_completion")
         return {**head, "choices": [choice], "usage": usage(stats), "speculation": speculation(stats)}
 
-    def chunk(self, text: str | dict[str, Any] | None, reason: str | None, stats: Stats | None = None) -> dict[str, Any]:
+    def chunk(self, text: str | dict[str, Any] | None, reason: str | None,
+              stats: Stats | None = None) -> dict[str, Any]:
         """One streamed chunk: `text` (for chat, a delta's fields: content, reasoning_content or tool_calls;
         None for chat's opening chunk, which names the role), the finish reason on the last one, and the
         speculation so far."""

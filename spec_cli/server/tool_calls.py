@@ -115,7 +115,8 @@ class AnswerSplitter:
     the start), `content`, and `tool_calls` (each call once its closing tag has come, with an id).
 
     Text that may be the start of a tag is held back until it is known. Whitespace around the parts is
-    dropped once there is more than content (a thought, tools); plain content is the text as written. A `<tool_call>` whose text is not a call of a listed function stays in the content as written.
+    dropped once there is more than content (a thought, tools); plain content is the text as written. A
+    `<tool_call>` whose text is not a call of a listed function stays in the content as written.
     `thinking`: the prompt opened the thought already (the template ends with `<think>`)."""
 
     def __init__(self, tools: Tools | None, thinking: bool = False) -> None:
