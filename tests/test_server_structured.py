@@ -149,9 +149,14 @@ def test_a_template_that_takes_tools_gets_them_and_an_open_thought_is_reasoning(
         assert '<call>lookup {"animal": "dog"}</call>' in prompt.text
         answer = serving.client().chat.completions.create(model=NAME, messages=HELLO, temperature=0,
                                                           max_tokens=10, tools=[LOOKUP])
+        forced = serving.client().chat.completions.create(model=NAME, messages=HELLO, temperature=0,
+                                                          max_tokens=150, tools=[LOOKUP], tool_choice="required")
     message = answer.choices[0].message
     assert message.model_extra["reasoning_content"] and not message.content  # the thought never closed
     assert answer.choices[0].finish_reason == "length"
+    # A forced call decides the answer from its first token: no thought to read, the call is the answer.
+    assert [name for name, _ in calls_of(forced.choices[0].message)] == ["lookup"]
+    assert "reasoning_content" not in forced.choices[0].message.model_extra
 
 
 @pytest.fixture(scope="module")

@@ -154,7 +154,9 @@ class Service:
             job.post(Failed(RequestError(str(exc))))
             return
         text = prompt.text if prompt is not None else None
-        job.post(Started(generation, thinking=text is not None and text.rstrip().endswith(THINK_OPEN)))
+        # A template that opens a thought starts the answer inside it, unless a grammar decides the answer.
+        opened = text is not None and text.rstrip().endswith(THINK_OPEN) and settings.grammar is None
+        job.post(Started(generation, thinking=opened))
         stops = StopStrings(settings.stop)
         try:
             self._hand_over(job, generation, stops)
