@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from spec_cli.decoding.stats import Stats
-from spec_cli.server.openai_api import Answer, RequestError, finish_reason, parse_chat, parse_completion
+from spec_cli.server.errors import RequestError
+from spec_cli.server.openai_api import Answer, finish_reason, parse_chat, parse_completion
 from spec_cli.structured import schema_grammar
 
 HELLO = [{"role": "user", "content": "hi"}]

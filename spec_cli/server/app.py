@@ -29,9 +29,10 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from spec_cli.errors import SpecError
 from spec_cli.server import openai_api
 from spec_cli.server.connections import MIB, GuardedH11Protocol, Limits
-from spec_cli.server.openai_api import Answer, ApiRequest, RequestError
-from spec_cli.server.tool_calls import AnswerSplitter
+from spec_cli.server.errors import RequestError
+from spec_cli.server.openai_api import Answer, ApiRequest
 from spec_cli.server.service import Failed, Finished, Job, Left, Service, Started
+from spec_cli.server.tool_calls import AnswerSplitter
 
 DEFAULT_PORT = 8080
 

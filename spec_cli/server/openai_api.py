@@ -9,9 +9,7 @@ llama-server users know (top_k, min_p, repeat_penalty, repeat_last_n, grammar, j
 
 from __future__ import annotations
 
-import json
 import math
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,7 +17,8 @@ from spec_cli.decoding.stats import Stats
 from spec_cli.llama import grammar
 from spec_cli.llama.grammar import GrammarError
 from spec_cli.request import GenerationRequest, InvalidConstraint, InvalidRequest, shown
-from spec_cli.server.tool_calls import Tools
+from spec_cli.server.errors import RequestError, unicode_text
+from spec_cli.server.tool_calls import Tools, parse_tools
 from spec_cli.structured import ANY_OBJECT, schema_grammar
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -42,24 +41,7 @@ UNSUPPORTED: dict[str, object] = {
     "logprobs": False, "top_logprobs": None, "functions": [], "logit_bias": {}, "echo": False,
     "best_of": 1, "suffix": "", "audio": None,
 }
-TOOL_CHOICES = ("auto", "none", "required")
-FUNCTION_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's rule for a function's name
 
-
-class RequestError(Exception):
-    """A request that cannot be served as sent: an HTTP status and OpenAI's error fields."""
-
-    def __init__(self, message: str, param: str | None = None, code: str | None = None, status: int = 400,
-                 kind: str = "invalid_request_error") -> None:
-        super().__init__(message)
-        self.message, self.param, self.code, self.status, self.kind = message, param, code, status, kind
-
-    def body(self) -> dict[str, Any]:
-        return error_body(self.message, self.kind, self.param, self.code)
-
-
-def error_body(message: str, kind: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
-    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
 @dataclass(frozen=True)
@@ -230,75 +212,11 @@ def _past_calls(calls: object, where: str) -> list[dict[str, Any]]:
                 or not isinstance(function.get("arguments"), str) or not isinstance(call.get("id", ""), str)):
             raise RequestError(f"{where}[{i}] must be {{\"id\": …, \"type\": \"function\", \"function\": "
                                "{\"name\": …, \"arguments\": \"…\"}}", param=f"{where}[{i}]")
-        name = _unicode(function["name"], f"{where}[{i}].function.name")
-        arguments = _unicode(function["arguments"], f"{where}[{i}].function.arguments")
+        name = unicode_text(function["name"], f"{where}[{i}].function.name")
+        arguments = unicode_text(function["arguments"], f"{where}[{i}].function.arguments")
         checked.append({"id": call.get("id", ""), "type": "function",
                         "function": {"name": name, "arguments": arguments}})
     return checked
-
-
-def parse_tools(tools: object, tool_choice: object, parallel: object) -> Tools | None:
-    """`tools`, `tool_choice` and `parallel_tool_calls` from a request body; None when no tool may be called
-    (no tools, or `tool_choice` "none")."""
-    if tools is None or tools == []:
-        if tool_choice not in (None, "none", "auto"):
-            raise RequestError("'tool_choice' needs 'tools'", param="tool_choice")
-        return None
-    if not isinstance(tools, list):
-        raise RequestError("'tools' must be a list of {\"type\": \"function\", \"function\": {…}}", param="tools")
-    functions = tuple(_function(tool, f"tools[{i}]") for i, tool in enumerate(tools))
-    names = [function["name"] for function in functions]
-    for name in names:
-        if names.count(name) > 1:
-            raise RequestError(f"'tools' names the function {name!r} twice", param="tools")
-    if parallel is not None and not isinstance(parallel, bool):
-        raise RequestError("'parallel_tool_calls' must be true or false", param="parallel_tool_calls")
-    choice = _choice(tool_choice, names)
-    return None if choice == "none" else Tools(functions, choice, parallel is not False)
-
-
-def _function(tool: object, where: str) -> dict[str, Any]:
-    if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(tool.get("function"), dict):
-        raise RequestError(f"{where} must be {{\"type\": \"function\", \"function\": {{…}}}}", param=where)
-    function = tool["function"]
-    name = function.get("name")
-    if not isinstance(name, str) or not FUNCTION_NAME.fullmatch(name):
-        raise RequestError(f"{where}.function.name must be 1 to 64 letters, digits, _ or -, got {shown(name)}",
-                           param=f"{where}.function.name")
-    description = function.get("description")
-    if description is not None and not isinstance(description, str):
-        raise RequestError(f"{where}.function.description must be a string", param=f"{where}.function.description")
-    parameters = function.get("parameters", {"type": "object", "properties": {}})
-    try:
-        schema_grammar(parameters, "parameters")
-    except InvalidConstraint as exc:
-        raise RequestError(exc.named({"parameters": f"{where}.function.parameters"}),
-                           param=f"{where}.function.parameters") from None
-    checked = {"name": name, **({"description": description} if description else {}), "parameters": parameters}
-    _unicode(json.dumps(checked, ensure_ascii=False), where)  # its text goes into the prompt
-    return checked
-
-
-def _choice(tool_choice: object, names: list[str]) -> str:
-    if tool_choice is None:
-        return "auto"
-    if isinstance(tool_choice, str):
-        if tool_choice not in TOOL_CHOICES:
-            raise RequestError(f"'tool_choice' must be one of {', '.join(TOOL_CHOICES)} or a function, got "
-                               f"{shown(tool_choice)}", param="tool_choice")
-        return tool_choice
-    function = tool_choice.get("function") if isinstance(tool_choice, dict) else None
-    name = function.get("name") if isinstance(function, dict) else None
-    if not isinstance(tool_choice, dict) or tool_choice.get("type") != "function" or not isinstance(name, str):
-        raise RequestError("'tool_choice' must be a string or "
-                           "{\"type\": \"function\", \"function\": {\"name\": …}}", param="tool_choice")
-    if name not in names:
-        raise RequestError(f"'tool_choice' names the function {shown(name)}, which 'tools' does not list "
-                           f"(it lists {', '.join(names)})", param="tool_choice")
-    return name
-
-
-
 
 
 def _content(content: object, where: str) -> str:
@@ -306,13 +224,13 @@ def _content(content: object, where: str) -> str:
     if content is None:
         return ""
     if isinstance(content, str):
-        return _unicode(content, f"{where}.content")
+        return unicode_text(content, f"{where}.content")
     if isinstance(content, list):
         texts = []
         for part in content:
             if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
                 raise RequestError(f"{where}.content: only text parts are supported", param=f"{where}.content")
-            texts.append(_unicode(part["text"], f"{where}.content"))
+            texts.append(unicode_text(part["text"], f"{where}.content"))
         return "".join(texts)
     raise RequestError(f"{where}.content must be a string or a list of text parts", param=f"{where}.content")
 
@@ -322,7 +240,7 @@ def _prompt(value: object) -> str | list[int]:
     if isinstance(value, list) and len(value) == 1 and isinstance(value[0], str):
         value = value[0]
     if isinstance(value, str) and value:
-        return _unicode(value, "prompt")
+        return unicode_text(value, "prompt")
     if isinstance(value, list) and value and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0
                                                   for t in value):
         return value
@@ -345,21 +263,10 @@ def _stop(value: object) -> tuple[str, ...]:
     if value is None:
         return ()
     if isinstance(value, str):
-        return (_unicode(value, "stop"),)
+        return (unicode_text(value, "stop"),)
     if isinstance(value, list) and all(isinstance(s, str) for s in value):
-        return tuple(_unicode(s, "stop") for s in value)
+        return tuple(unicode_text(s, "stop") for s in value)
     raise RequestError("'stop' must be a string or a list of strings", param="stop")
-
-
-def _unicode(text: str, param: str) -> str:
-    """`text`, which JSON's \\u escapes may have given a lone surrogate (half of a UTF-16 pair): no UTF-8 text
-    can hold one, so no tokenizer can take it."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise RequestError(f"{param} is not valid Unicode: it holds a lone surrogate, \\u{ord(text[exc.start]):04x}",
-                           param=param) from None
-    return text
 
 
 def _check_request(given: dict[str, Any]) -> None:

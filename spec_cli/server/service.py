@@ -23,7 +23,8 @@ from spec_cli.llama.prompt_text import PromptText
 from spec_cli.pair import Pair
 from spec_cli.request import GenerationRequest, InvalidRequest, shown
 from spec_cli.server import openai_api
-from spec_cli.server.openai_api import PARAMS, ApiRequest, RequestError
+from spec_cli.server.errors import RequestError
+from spec_cli.server.openai_api import PARAMS, ApiRequest
 from spec_cli.server.stop_strings import StopStrings
 from spec_cli.server.tool_calls import THINK_OPEN, call_grammar, spelt_out, template_messages
 from spec_cli.summary import summary_line

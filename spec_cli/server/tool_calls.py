@@ -8,8 +8,9 @@ with the convention spelt out (llama-server's generic handler does the same with
 `tool_choice` "required" or a named function forces the call with a grammar: the converter's grammar for the
 functions' parameters, inside the tags, so the arguments always parse and match their schema.
 
-`AnswerSplitter` reads the answer as it streams and hands out OpenAI's delta fields: `reasoning_content`,
-`content`, and each `tool_calls` entry once its closing tag has come.
+A request's `tools`, `tool_choice` and `parallel_tool_calls` are checked here into `Tools`; `AnswerSplitter`
+reads the answer as it streams and hands out OpenAI's delta fields: `reasoning_content`, `content`, and each
+`tool_calls` entry once its closing tag has come.
 """
 
 from __future__ import annotations
@@ -20,10 +21,14 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from spec_cli.request import InvalidConstraint, shown
+from spec_cli.server.errors import RequestError, unicode_text
 from spec_cli.structured import schema_grammar
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+TOOL_CHOICES = ("auto", "none", "required")
+FUNCTION_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's rule for a function's name
 
 
 @dataclass(frozen=True)
@@ -44,6 +49,70 @@ class Tools:
 
     def names(self) -> list[str]:
         return [function["name"] for function in self.functions]
+
+
+def parse_tools(tools: object, tool_choice: object, parallel: object) -> Tools | None:
+    """`tools`, `tool_choice` and `parallel_tool_calls` from a request body; None when no tool may be called
+    (no tools, or `tool_choice` "none")."""
+    if tools is None or tools == []:
+        if tool_choice not in (None, "none", "auto"):
+            raise RequestError("'tool_choice' needs 'tools'", param="tool_choice")
+        return None
+    if not isinstance(tools, list):
+        raise RequestError("'tools' must be a list of {\"type\": \"function\", \"function\": {…}}", param="tools")
+    functions = tuple(_function(tool, f"tools[{i}]") for i, tool in enumerate(tools))
+    names = [function["name"] for function in functions]
+    for name in names:
+        if names.count(name) > 1:
+            raise RequestError(f"'tools' names the function {name!r} twice", param="tools")
+    if parallel is not None and not isinstance(parallel, bool):
+        raise RequestError("'parallel_tool_calls' must be true or false", param="parallel_tool_calls")
+    choice = _choice(tool_choice, names)
+    return None if choice == "none" else Tools(functions, choice, parallel is not False)
+
+
+def _function(tool: object, where: str) -> dict[str, Any]:
+    if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(tool.get("function"), dict):
+        raise RequestError(f"{where} must be {{\"type\": \"function\", \"function\": {{…}}}}", param=where)
+    function = tool["function"]
+    name = function.get("name")
+    if not isinstance(name, str) or not FUNCTION_NAME.fullmatch(name):
+        raise RequestError(f"{where}.function.name must be 1 to 64 letters, digits, _ or -, got {shown(name)}",
+                           param=f"{where}.function.name")
+    description = function.get("description")
+    if description is not None and not isinstance(description, str):
+        raise RequestError(f"{where}.function.description must be a string", param=f"{where}.function.description")
+    parameters = function.get("parameters", {"type": "object", "properties": {}})
+    try:
+        schema_grammar(parameters, "parameters")
+    except InvalidConstraint as exc:
+        raise RequestError(exc.named({"parameters": f"{where}.function.parameters"}),
+                           param=f"{where}.function.parameters") from None
+    checked = {"name": name, **({"description": description} if description else {}), "parameters": parameters}
+    unicode_text(json.dumps(checked, ensure_ascii=False), where)  # its text goes into the prompt
+    return checked
+
+
+def _choice(tool_choice: object, names: list[str]) -> str:
+    if tool_choice is None:
+        return "auto"
+    if isinstance(tool_choice, str):
+        if tool_choice not in TOOL_CHOICES:
+            raise RequestError(f"'tool_choice' must be one of {', '.join(TOOL_CHOICES)} or a function, got "
+                               f"{shown(tool_choice)}", param="tool_choice")
+        return tool_choice
+    function = tool_choice.get("function") if isinstance(tool_choice, dict) else None
+    name = function.get("name") if isinstance(function, dict) else None
+    if not isinstance(tool_choice, dict) or tool_choice.get("type") != "function" or not isinstance(name, str):
+        raise RequestError("'tool_choice' must be a string or "
+                           "{\"type\": \"function\", \"function\": {\"name\": …}}", param="tool_choice")
+    if name not in names:
+        raise RequestError(f"'tool_choice' names the function {shown(name)}, which 'tools' does not list "
+                           f"(it lists {', '.join(names)})", param="tool_choice")
+    return name
+
+
+
 
 
 def call_grammar(tools: Tools) -> str:
