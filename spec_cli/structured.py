@@ -13,7 +13,6 @@ from typing import Any
 
 from llama_cpp.llama_grammar import json_schema_to_gbnf
 
-from spec_cli.errors import SpecError
 from spec_cli.llama import grammar
 from spec_cli.llama.grammar import GrammarError
 from spec_cli.request import InvalidConstraint, shown
@@ -42,7 +41,7 @@ class Constraint:
             return None
         (name, value), = given
         if name.endswith("_file"):
-            value = read_text(value, "grammar" if name == "grammar_file" else "JSON schema")
+            value = read_text(value, name)
         gbnf = schema_grammar(value, name) if name.startswith("json_schema") else value
         try:
             grammar.check(gbnf)
@@ -74,11 +73,12 @@ def schema_grammar(schema: object, field: str = "json_schema") -> str:
                                     f"{reason if len(reason) <= 200 else reason[:199] + '…'}") from None
 
 
-def read_text(path: Path, what: str) -> str:
-    """A grammar or schema file's text, or one line saying why it cannot be read."""
+def read_text(path: Path, field: str) -> str:
+    """A grammar or schema file's text, or one line naming `field` that says why it cannot be read."""
     try:
         return path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise SpecError(f"{what} file not found: {path}") from None
+        raise InvalidConstraint(field, f"{{name}}: file not found: {path}") from None
     except (OSError, UnicodeDecodeError) as exc:
-        raise SpecError(f"cannot read the {what} file {path}: {exc.strerror or exc}") from None
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise InvalidConstraint(field, f"{{name}}: cannot read {path}: {reason}") from None

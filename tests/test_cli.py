@@ -156,6 +156,7 @@ def test_sampling_mistakes(pair_args: list[str], args: list[str], message: str) 
     (["--json-schema", "{"], "--json-schema is not valid JSON: Expecting property name enclosed in double quotes"),
     (["-j", '{"type": "strng"}'], "--json-schema is not a JSON Schema this converter supports: Unrecognized schema"),
     (["--grammar", 'root ::= "a"', "-j", "{}"], "--json-schema cannot be given with another constraint: give one"),
+    (["--json-schema-file", "/nonexistent/s.json"], "--json-schema-file: file not found: /nonexistent/s.json"),
 ])
 def test_a_constraint_that_cannot_be_used_is_a_usage_error(pair_args: list[str], args: list[str],
                                                            message: str) -> None:

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from spec_cli import SpecError
 from spec_cli.request import InvalidConstraint
 from spec_cli.structured import Constraint, schema_grammar
 
@@ -54,7 +53,7 @@ def test_files_are_read_and_their_mistakes_named(tmp_path: Path) -> None:
     assert Constraint(grammar_file=tmp_path / "g.gbnf").gbnf() == 'root ::= "yes" | "no"\n'
     assert Constraint(json_schema_file=tmp_path / "s.json").gbnf() == schema_grammar(NAME_SCHEMA)
     assert Constraint().gbnf() is None
-    with pytest.raises(SpecError, match="grammar file not found: .*nope.gbnf"):
+    with pytest.raises(InvalidConstraint, match="grammar_file: file not found: .*nope.gbnf"):
         Constraint(grammar_file=tmp_path / "nope.gbnf").gbnf()
     (tmp_path / "bad.json").write_text("{", encoding="utf-8")
     with pytest.raises(InvalidConstraint) as caught:
