@@ -29,7 +29,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from spec_cli.errors import SpecError
 from spec_cli.server import openai_api
 from spec_cli.server.connections import MIB, GuardedH11Protocol, Limits
-from spec_cli.server.errors import RequestError
+from spec_cli.server.errors import RequestError, error_body
 from spec_cli.server.openai_api import Answer, ApiRequest
 from spec_cli.server.service import Failed, Finished, Job, Left, Service, Started
 from spec_cli.server.tool_calls import AnswerSplitter
@@ -230,7 +230,7 @@ async def _request_error(_request: Request, exc: Exception) -> Response:
 async def _http_error(_request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-    return JSONResponse(openai_api.error_body(str(exc.detail), kind), status_code=exc.status_code)
+    return JSONResponse(error_body(str(exc.detail), kind), status_code=exc.status_code)
 
 
 async def _client_gone(_request: Request, _exc: Exception) -> Response:
@@ -264,7 +264,7 @@ class _Cors(CORSMiddleware):
         response = super().preflight_response(request_headers)
         if response.status_code == 200:
             return response
-        body = openai_api.error_body(bytes(response.body).decode(), "invalid_request_error")
+        body = error_body(bytes(response.body).decode(), "invalid_request_error")
         return JSONResponse(body, status_code=response.status_code, headers={"Vary": "Origin"})
 
 
@@ -278,7 +278,7 @@ class _RequireKey:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"] != "/health" and not self._allows(scope):
-            body = openai_api.error_body("a valid API key is required: send 'Authorization: Bearer KEY'",
+            body = error_body("a valid API key is required: send 'Authorization: Bearer KEY'",
                                          "invalid_request_error", code="invalid_api_key")
             await JSONResponse(body, status_code=401)(scope, receive, send)
             return
