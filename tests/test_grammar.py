@@ -54,10 +54,10 @@ def test_clones_advance_on_their_own(alone: Pair) -> None:
     model = alone.target
     state = Grammar.compile(model, 'root ::= "ab" | "ac"')
     a, b, c = (FIRST_BYTE_TOKEN + ord(ch) for ch in "abc")
-    after_a = state.after([a])
+    after_a = state.after(a)
     assert state.allows(a) and not state.allows(b)
     assert after_a.allows(b) and after_a.allows(c)
-    after_ab = after_a.after([b])
+    after_ab = after_a.after(b)
     assert not after_ab.allows(c) and after_a.allows(c)  # the clone moved, not its origin
     assert after_ab.allows(model.vocab_info().eos)
     with pytest.raises(ValueError, match="does not allow token"):

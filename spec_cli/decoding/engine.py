@@ -153,10 +153,11 @@ class Generation:
         row of the verify pass (the cut only drops tokens whose p is 0: exactness is untouched)."""
         states = [self._grammar]
         for i, token in enumerate(draft.tokens):
-            if not states[-1].allows(token):
+            after = states[-1].after(token)
+            if after is None:
                 del draft.tokens[i:], draft.q[i:]
                 break
-            states.append(states[-1].after([token]))
+            states.append(after)
         self._states = states
 
     def _advance_grammar(self, n: int, token: int) -> None:

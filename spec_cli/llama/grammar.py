@@ -86,8 +86,8 @@ class _Spelling:
         if np.count_nonzero(first & self.begins) <= SECOND_BYTE_AT_MOST:
             pairs = np.zeros((256, 256), dtype=bool)
             for byte in np.flatnonzero(first & self.begins):
-                pairs[byte] = self._bytes_taken(state.after([int(self.byte_token[byte])])) \
-                    if self.byte_token[byte] >= 0 else True
+                after = state.after(int(self.byte_token[byte])) if self.byte_token[byte] >= 0 else None
+                pairs[byte] = self._bytes_taken(after) if after is not None else True
             second = self.starts[:, 1]
             fits &= (second < 0) | pairs[self.starts[:, 0], second]
         fits[self.end_tokens] = True
@@ -143,18 +143,22 @@ class Grammar:
         process."""
         if not self.allows(token):
             raise ValueError(f"the grammar does not allow token {token} here")
-        llama_cpp.llama_sampler_accept(self._handle, token)
-        self._point = self._point.next(token)
+        self._advance(token)
 
     def clone(self) -> Grammar:
         return Grammar(llama_cpp.llama_sampler_clone(self._handle), self._spelling, self._point)
 
-    def after(self, tokens: list[int]) -> Grammar:
-        """A clone advanced past `tokens`, each of which the grammar must allow."""
+    def after(self, token: int) -> Grammar | None:
+        """A clone advanced past `token`, or None when the grammar does not allow it (asked once)."""
+        if not self.allows(token):
+            return None
         state = self.clone()
-        for token in tokens:
-            state.accept(token)
+        state._advance(token)
         return state
+
+    def _advance(self, token: int) -> None:
+        llama_cpp.llama_sampler_accept(self._handle, token)
+        self._point = self._point.next(token)
 
     def close(self) -> None:
         if self._handle:

@@ -14,12 +14,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from spec_cli.decoding.stats import Stats
-from spec_cli.llama import grammar
-from spec_cli.llama.grammar import GrammarError
 from spec_cli.request import GenerationRequest, InvalidConstraint, InvalidRequest, shown
 from spec_cli.server.errors import RequestError, unicode_text
 from spec_cli.server.tool_calls import Tools, parse_tools
-from spec_cli.structured import ANY_OBJECT, schema_grammar
+from spec_cli.structured import ANY_OBJECT, Constraint, schema_grammar
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 # Request fields as a client names them, for messages; extensions spec-cli adds to OpenAI's API.
@@ -145,11 +143,7 @@ def _grammar(fields: dict[str, Any]) -> str | None:
 def _checked_gbnf(value: object) -> str:
     if not isinstance(value, str) or not value.strip():
         raise RequestError("'grammar' must be GBNF text", param="grammar")
-    try:
-        grammar.check(value)
-    except GrammarError as exc:
-        raise InvalidConstraint("grammar", f"{{name}} {exc.reason}") from None
-    return value
+    return Constraint(grammar=value).gbnf()
 
 
 def _response_format(value: object) -> str:
