@@ -266,12 +266,12 @@ def pooled_costs(sides: Sequence[Side]) -> LoopCosts:
     return costs
 
 
-# One drafter with a step cost of its own, one K per round: the draft model, the MTP head.
+# One drafter with a cost of its own, one K per round: the draft model, the EAGLE-3, DFlash and MTP heads.
 PREDICTED_MODES = tuple(name for name, mode in MODES.items() if mode.own_model)
 
 
 def predicted_speedup(side: Side, costs: LoopCosts, baseline: float | None) -> float | None:
-    """The cost model's tokens/s for a fixed-K row of the draft model or the MTP head over the target alone's
+    """The cost model's tokens/s for a fixed-K row of a pair's own drafter (`PREDICTED_MODES`) over the target alone's
     measured tokens/s; `costs` must hold that drafter's steps alone (`drafter_costs`).
 
     Only those rows have one K and one drafter per round; n-gram proposals vary in length from round to
@@ -279,7 +279,7 @@ def predicted_speedup(side: Side, costs: LoopCosts, baseline: float | None) -> f
     k = side.config.draft_max
     if side.config.draft_mode not in PREDICTED_MODES or not isinstance(k, int) or not k or not baseline:
         return None
-    rate = costs.rate(k, side.acceptance, drafts_with_model=True)
+    rate = costs.rate(k, side.acceptance, MODES[side.config.draft_mode].pricing)
     return rate / baseline if rate else None
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from spec_cli.decoding.costs import BatchCosts, LoopCosts
+from spec_cli.decoding.costs import FREE, PER_ROUND, PER_TOKEN, BatchCosts, LoopCosts
 from spec_cli.decoding.draft_length import PositionAcceptance
 
 
@@ -76,10 +76,18 @@ def test_a_model_round_pays_k_steps_and_the_catch_up_of_a_full_acceptance() -> N
     acceptance = Fixed(expected=3.5, all_accepted=0.4)
     draft = 4 * 0.010 + 0.4 * (0.016 - 0.010)
     assert costs.draft_seconds(4, acceptance) == pytest.approx(draft)
-    assert costs.round_seconds(4, acceptance, drafts_with_model=True) == pytest.approx(draft + 0.056)
-    assert costs.round_seconds(4, acceptance, drafts_with_model=False) == pytest.approx(0.056)  # n-gram: free
-    assert costs.rate(4, acceptance, True) == pytest.approx(3.5 / (draft + 0.056))
-    assert costs.rate(0, acceptance, True) == pytest.approx(1 / 0.040)  # no draft: one target step
+    assert costs.round_seconds(4, acceptance, PER_TOKEN) == pytest.approx(draft + 0.056)
+    assert costs.round_seconds(4, acceptance, FREE) == pytest.approx(0.056)  # n-gram: free
+    assert costs.rate(4, acceptance, PER_TOKEN) == pytest.approx(3.5 / (draft + 0.056))
+    assert costs.rate(0, acceptance, PER_TOKEN) == pytest.approx(1 / 0.040)  # no draft: one target step
+
+
+def test_a_block_round_pays_one_pass_whatever_k() -> None:
+    costs = loop_costs()
+    costs.draft.record(5, 0.012)
+    acceptance = Fixed(expected=3.5, all_accepted=0.4)
+    assert costs.draft_seconds(4, acceptance, PER_ROUND) == pytest.approx(0.012)  # the pass over [last, 4 masks]
+    assert costs.round_seconds(4, acceptance, PER_ROUND) == pytest.approx(0.012 + 0.056)
 
 
 def test_the_loops_own_work_counts_per_token() -> None:
@@ -87,16 +95,16 @@ def test_the_loops_own_work_counts_per_token() -> None:
     costs.record_round([(1, 0.010), (1, 0.010)], k=2, verify_s=0.048, round_s=0.074, emitted=3)
     assert costs.per_token == pytest.approx(0.006 / 3)
     acceptance = Fixed(expected=2.5, all_accepted=0.5)
-    assert costs.round_seconds(2, acceptance, False) == pytest.approx(costs.verify.seconds(2) + 2.5 * 0.002)
+    assert costs.round_seconds(2, acceptance, FREE) == pytest.approx(costs.verify.seconds(2) + 2.5 * 0.002)
 
 
 def test_rate_is_unknown_until_the_costs_it_needs_are_measured() -> None:
     costs = LoopCosts()
     acceptance = PositionAcceptance()
-    assert costs.rate(3, acceptance, False) is None
+    assert costs.rate(3, acceptance, FREE) is None
     costs.verify.record(3, 0.05)
-    assert costs.rate(3, acceptance, False) == pytest.approx(4 / 0.05)  # optimistic: all accepted
-    assert costs.rate(3, acceptance, True) is None  # no draft step measured yet
+    assert costs.rate(3, acceptance, FREE) == pytest.approx(4 / 0.05)  # optimistic: all accepted
+    assert costs.rate(3, acceptance, PER_TOKEN) is None  # no draft step measured yet
 
 
 def test_the_line_never_dips_below_what_smaller_sizes_measured() -> None:

@@ -6,7 +6,7 @@ from typing import Callable
 
 import pytest
 
-from spec_cli.decoding.costs import LoopCosts
+from spec_cli.decoding.costs import FREE, PER_TOKEN, LoopCosts
 from spec_cli.decoding.draft_length import AdaptiveK, FixedK, PositionAcceptance, expected_tokens
 from spec_cli.decoding.stats import Stats
 
@@ -79,7 +79,7 @@ def feed(controller: AdaptiveK, rounds: list[tuple[int, int]]) -> None:
 
 
 def test_warmup_follows_the_transformers_heuristic() -> None:
-    controller = AdaptiveK(LoopCosts(), True, k_max=10, k_start=4, warmup_rounds=100)
+    controller = AdaptiveK(LoopCosts(), PER_TOKEN, k_max=10, k_start=4, warmup_rounds=100)
     controller.update(4, 4)
     assert controller.next_k() == 6
     feed(controller, [(6, 6), (8, 8)])
@@ -91,8 +91,8 @@ def test_warmup_follows_the_transformers_heuristic() -> None:
     assert controller.next_k() == 1  # never below 1
 
 
-def settle(costs: LoopCosts, rounds: list[tuple[int, int]], with_model: bool = True) -> int:
-    controller = AdaptiveK(costs, with_model, k_max=16, warmup_rounds=4)
+def settle(costs: LoopCosts, rounds: list[tuple[int, int]], pricing: str = PER_TOKEN) -> int:
+    controller = AdaptiveK(costs, pricing, k_max=16, warmup_rounds=4)
     feed(controller, rounds)
     return controller.next_k()
 
@@ -112,12 +112,12 @@ def test_expensive_drafts_shorten_k_at_the_same_acceptance() -> None:
     verify = lambda k: 0.040 + 0.003 * (k + 1)  # noqa: E731
     cheap = settle(fed_costs(0.002, verify), history)
     assert settle(fed_costs(0.030, verify), history) < cheap
-    assert settle(fed_costs(0.030, verify), history, with_model=False) >= cheap  # n-gram drafts cost nothing
+    assert settle(fed_costs(0.030, verify), history, pricing=FREE) >= cheap  # n-gram drafts cost nothing
 
 
 def test_choice_maximises_the_modelled_rate() -> None:
     costs = fed_costs(0.015, lambda k: 0.041 + 0.004 * (k + 1), catch_up=0.024)
-    controller = AdaptiveK(costs, True, k_max=12, warmup_rounds=2)
+    controller = AdaptiveK(costs, PER_TOKEN, k_max=12, warmup_rounds=2)
     feed(controller, [(3, 2), (5, 4), (4, 3), (6, 4)] * 5)
     acceptance = controller.acceptance
     rates = {k: acceptance.expected_tokens(k) / (k * 0.015 + acceptance.all_accepted(k) * 0.009
@@ -127,7 +127,7 @@ def test_choice_maximises_the_modelled_rate() -> None:
 
 
 def test_k_moves_at_most_two_a_round_after_warmup() -> None:
-    controller = AdaptiveK(fed_costs(0.05, lambda k: 0.040 + 0.004 * (k + 1)), True, k_max=16, k_start=8,
+    controller = AdaptiveK(fed_costs(0.05, lambda k: 0.040 + 0.004 * (k + 1)), PER_TOKEN, k_max=16, k_start=8,
                            warmup_rounds=2)
     chosen = []
     for _ in range(12):

@@ -3,7 +3,7 @@
 Three costs make up a round that drafts K tokens and emits E of them:
 - c_d(n), a draft-model step that feeds n tokens (n = 1 while drafting; the catch-up at the start of a round
   feeds 1 token after a rejection and 2, [d_K, bonus], after a fully accepted round, more after n-gram
-  rounds the model sat out);
+  rounds the model sat out); for a drafter that drafts a block in one pass (DFlash), c_d(K + 1) is that pass;
 - c_v(K), the target's pass over [last, d1..dK] with the verification work on its logits;
 - o, the loop's own work per emitted token (detokenising, the consumer of the events, rewinding).
 
@@ -17,6 +17,10 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
+
+# How a round's drafting cost grows with K (`LoopCosts.draft_seconds`): n-gram lookup costs nothing to draft;
+# a draft model or a head takes a step per drafted token; a block drafter (DFlash) one pass per round.
+FREE, PER_TOKEN, PER_ROUND = "free", "per token", "per round"
 
 
 class Acceptance(Protocol):
@@ -122,25 +126,28 @@ class LoopCosts:
         """o: the loop's own seconds per emitted token."""
         return self.other_s / self.other_tokens if self.other_tokens else 0.0
 
-    def draft_seconds(self, k: int, acceptance: Acceptance) -> float | None:
-        """Expected draft-model seconds of a round drafting k, in the steady state: k steps of c_d(1), and
-        c_d(2) − c_d(1) more when the round before was fully accepted (the catch-up on [d_K, bonus])."""
+    def draft_seconds(self, k: int, acceptance: Acceptance, pricing: str = PER_TOKEN) -> float | None:
+        """Expected drafting seconds of a round drafting k, in the steady state. Per token: k steps of c_d(1),
+        and c_d(2) − c_d(1) more when the round before was fully accepted (the catch-up on [d_K, bonus]). Per
+        round: one pass over the block of k + 1, c_d(k + 1)."""
+        if pricing == PER_ROUND:
+            return self.draft.seconds(k + 1)
         step, catch_up = self.draft.seconds(1), self.draft.seconds(2)
         if step is None or catch_up is None:
             return None
         return k * step + acceptance.all_accepted(k) * (catch_up - step)
 
-    def round_seconds(self, k: int, acceptance: Acceptance, drafts_with_model: bool) -> float | None:
-        """Expected seconds of a round drafting k: drafting (free for an n-gram lookup), c_v(K), o per token."""
+    def round_seconds(self, k: int, acceptance: Acceptance, pricing: str) -> float | None:
+        """Expected seconds of a round drafting k: drafting (priced as `pricing` says), c_v(K), o per token."""
         verify = self.verify.seconds(k)
-        draft = self.draft_seconds(k, acceptance) if drafts_with_model and k > 0 else 0.0
+        draft = self.draft_seconds(k, acceptance, pricing) if pricing != FREE and k > 0 else 0.0
         if verify is None or draft is None:
             return None
         return draft + verify + self.per_token * acceptance.expected_tokens(k)
 
-    def rate(self, k: int, acceptance: Acceptance, drafts_with_model: bool) -> float | None:
+    def rate(self, k: int, acceptance: Acceptance, pricing: str) -> float | None:
         """Expected tokens per second of rounds drafting k; None while a cost it needs is unmeasured."""
-        seconds = self.round_seconds(k, acceptance, drafts_with_model)
+        seconds = self.round_seconds(k, acceptance, pricing)
         return acceptance.expected_tokens(k) / seconds if seconds else None
 
     def as_dict(self) -> dict[str, object]:

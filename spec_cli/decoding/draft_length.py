@@ -127,13 +127,13 @@ class FixedK:
 class AdaptiveK:
     """Chooses K to maximise expected tokens per second from running estimates of a_i and of `costs`.
 
-    `drafts_with_model`: whether each drafted token costs a draft-model step (False for n-gram lookup).
+    `pricing`: how drafting's cost grows with K (`costs.FREE` for n-gram lookup, `PER_TOKEN`, `PER_ROUND`).
     """
 
-    def __init__(self, costs: LoopCosts, drafts_with_model: bool, k_max: int, k_start: int = 4,
+    def __init__(self, costs: LoopCosts, pricing: str, k_max: int, k_start: int = 4,
                  warmup_rounds: int = 3, decay: float = 0.98) -> None:
         self.costs = costs
-        self.drafts_with_model = drafts_with_model
+        self.pricing = pricing
         self.k_max = k_max
         self.k = min(k_start, k_max)
         self.warmup_rounds = warmup_rounds
@@ -160,7 +160,7 @@ class AdaptiveK:
         throwing K to an extreme; each move also measures a new K, which improves the fit.
         """
         candidates = range(max(1, self.k - 2), min(self.k_max, self.k + 2) + 1)
-        rates = {k: self.costs.rate(k, self.acceptance, self.drafts_with_model) for k in candidates}
+        rates = {k: self.costs.rate(k, self.acceptance, self.pricing) for k in candidates}
         if None in rates.values():
             return self.k
         return max(rates, key=lambda k: rates[k])

@@ -1,4 +1,5 @@
-"""The hybrid drafter: each round n-gram lookup, the pair's own drafter (draft model or MTP head) or no draft,
+"""The hybrid drafter: each round n-gram lookup, the pair's own drafter (a draft model or a head, an EAGLE-3 or
+DFlash drafter) or no draft,
 whichever serves the long-run rate best (the policy is in `HybridDrafter`'s notes)."""
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ from typing import Sequence
 
 import numpy as np
 
-from spec_cli.decoding.costs import LoopCosts
+from spec_cli.decoding.costs import FREE, PER_TOKEN, LoopCosts
 from spec_cli.decoding.draft_length import DraftLength
 from spec_cli.decoding.drafter import Draft, Drafter
 from spec_cli.decoding.sampling import SamplingParams
@@ -82,9 +83,12 @@ class HybridDrafter(Drafter):
     touches exactness (tests as for every mode).
     """
 
-    def __init__(self, ngram: NgramDrafter, model: CatchUpDrafter, costs: LoopCosts, state: HybridState) -> None:
+    def __init__(self, ngram: NgramDrafter, model: CatchUpDrafter, costs: LoopCosts, state: HybridState,
+                 pricing: str = PER_TOKEN) -> None:
+        """`pricing`: how the model's drafting grows with K (`costs.PER_TOKEN`; a block drafter's `PER_ROUND`)."""
         self.ngram = ngram
         self.model = model
+        self.pricing = pricing
         self.costs = costs
         self.state = state
         self.chosen: tuple[str, float] | None = None  # the option of the round in flight, and its E[seconds]
@@ -111,13 +115,13 @@ class HybridDrafter(Drafter):
         self._learn_in_hindsight(tokens)
         ngram = self.ngram.propose(tokens, min(k, lengths["ngram"].next_k()), sampling, rng)
         k_model = min(k, lengths["model"].next_k())
-        options = {"none": (0, lengths["model"].acceptance, False)}
+        options = {"none": (0, lengths["model"].acceptance, FREE)}
         if ngram.tokens:
-            options["ngram"] = (len(ngram.tokens), lengths["ngram"].acceptance, False)
+            options["ngram"] = (len(ngram.tokens), lengths["ngram"].acceptance, FREE)
         if k_model:
-            options["model"] = (k_model, lengths["model"].acceptance, True)
-        priced = {name: (acceptance.expected_tokens(n), self.costs.round_seconds(n, acceptance, with_model))
-                  for name, (n, acceptance, with_model) in options.items()}
+            options["model"] = (k_model, lengths["model"].acceptance, self.pricing)
+        priced = {name: (acceptance.expected_tokens(n), self.costs.round_seconds(n, acceptance, pricing))
+                  for name, (n, acceptance, pricing) in options.items()}
         name = self._choose(priced, self.model.pending(tokens))
         self.chosen = (name, priced[name][1] or 0.0)  # 0: not priced yet, so left out of ρ
         self._unused = (len(tokens), ngram.tokens) if ngram.tokens and name != "ngram" else None
