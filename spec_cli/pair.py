@@ -14,7 +14,8 @@ from __future__ import annotations
 import os
 import secrets
 from dataclasses import replace
-from typing import Any, Sequence
+from pathlib import Path
+from typing import Any, Sequence, TypeVar
 
 from spec_cli.decoding.draft_length import AUTO_K_MAX
 from spec_cli.decoding.engine import Generation
@@ -22,18 +23,22 @@ from spec_cli.decoding.sampling import recommended
 from spec_cli.drafting.modes import MODES, Drafting, Sources
 from spec_cli.drafting.translation import Translation
 from spec_cli.errors import SpecError
-from spec_cli.llama.context import Context, HeadContext
+from spec_cli.llama import features
+from spec_cli.llama.context import Context
 from spec_cli.llama.grammar import Grammar, GrammarError
+from spec_cli.llama.heads import BlockContext, HeadContext
 from spec_cli.llama.model import Model
 from spec_cli.llama.placement import load_model
 from spec_cli.models import vocab
 from spec_cli.request import GenerationRequest, InvalidConstraint, InvalidRequest
 
 DEFAULT_CTX = 2048
+_Memory = TypeVar("_Memory", Context, HeadContext, BlockContext)
 
 
 class Pair:
-    """A target model and an optional draft model, each with its own KV cache."""
+    """A target model and an optional draft model, each with its own KV cache. The draft may be an EAGLE-3 head
+    or a DFlash drafter (`features.drafter_file`): the target then keeps the inputs of the layers it reads."""
 
     def __init__(self, target: Model, draft: Model | None, n_ctx: int, n_threads: int,
                  max_draft: int = AUTO_K_MAX, translation: Translation | None = None) -> None:
@@ -44,37 +49,53 @@ class Pair:
         self.target = target
         self.draft = draft
         self.translation = translation
-        self._contexts: list[Context | HeadContext] = []
+        self._contexts: list[Context | HeadContext | BlockContext] = []
         self._models = [m for m in (target, draft) if m is not None]
+        self.drafter_file = features.drafter_file(draft) if draft is not None else None
+        found = self.drafter_file
         try:
-            # A target with an MTP head keeps its hidden states: the head drafts from them.
-            self.target_context = self._context(target, n_ctx, n_threads, max_draft, hidden_states=target.mtp_loaded)
-            self.draft_context = self._context(draft, n_ctx, n_threads, 0) if draft else None
-            self.head_context = HeadContext(target, self.target_context.n_ctx, n_threads) if target.mtp_loaded else None
-            if self.head_context is not None:
-                self._contexts.append(self.head_context)
+            if draft is not None and found is not None:
+                features.check_pair(target, draft, found)
+            # A target with an MTP head keeps its hidden states, one with an EAGLE-3 or DFlash drafter the
+            # inputs of the layers it reads: they draft from them.
+            self.target_context = self._context(target, n_ctx, n_threads, max_draft, hidden_states=target.mtp_loaded,
+                                                feature_layers=found.target_layers if found else ())
+            self.draft_context = self._context(draft, n_ctx, n_threads, 0) if draft and not found else None
+            self.head_context = self._add(HeadContext(target, self.n_ctx, n_threads)) if target.mtp_loaded else None
+            sources = Sources(self.target_context, self.draft_context, self.head_context, translation)
+            if draft is not None and found is not None and found.kind == features.EAGLE3:
+                sources = replace(sources, eagle3=self._add(HeadContext(draft, self.n_ctx, n_threads,
+                                                                        target=self.target_context)))
+            elif draft is not None and found is not None:
+                sources = replace(sources, dflash=self._add(BlockContext(
+                    draft, self.target_context, n_threads, found.block_size, found.mask_token, found.causal)))
         except BaseException:
             self.close()
             raise
         # What the drafters learn (costs, K controllers) is kept here across generations: it carries over from
         # one prompt (or chat turn) to the next.
-        self.drafting = Drafting(Sources(self.target_context, self.draft_context, self.head_context, translation))
+        self.drafting = Drafting(sources)
 
-    def _context(self, model: Model, n_ctx: int, n_threads: int, max_rollback: int,
-                 hidden_states: bool = False) -> Context:
-        context = Context(model, n_ctx, n_threads, max_rollback=max_rollback, hidden_states=hidden_states)
+    def _context(self, model: Model, n_ctx: int, n_threads: int, max_rollback: int, hidden_states: bool = False,
+                 feature_layers: tuple[int, ...] = ()) -> Context:
+        return self._add(Context(model, n_ctx, n_threads, max_rollback=max_rollback, hidden_states=hidden_states,
+                                 feature_layers=feature_layers))
+
+    def _add(self, context: _Memory) -> _Memory:
+        """Keep `context` to close with the pair."""
         self._contexts.append(context)
         return context
 
     @property
     def drafting_modes(self) -> tuple[str, ...]:
-        """The ways this pair can draft: n-gram lookup always; the draft model and the MTP head where loaded;
-        the hybrid with either."""
+        """The ways this pair can draft: n-gram lookup always; the draft model (or EAGLE-3 head, or DFlash
+        drafter) and the MTP head where loaded; the hybrid with any of them."""
         return self.drafting.modes
 
     @property
     def default_draft_mode(self) -> str:
-        """The draft model where there is one, else the target's MTP head, else no drafting."""
+        """The draft model where there is one, else an EAGLE-3 head or DFlash drafter, else the target's MTP head,
+        else no drafting."""
         return self.drafting.own_model().name
 
     def mode_for(self, request: GenerationRequest) -> str:
@@ -175,7 +196,8 @@ def load_pair(target: str | os.PathLike[str], draft: str | os.PathLike[str] | No
               draft_gpu_layers: int | None = None, max_draft: int = AUTO_K_MAX, rpc: Sequence[str] = (),
               draft_rpc: Sequence[str] = (), tensor_split: Sequence[float] = ()) -> Pair:
     """Load a target and (unless `draft` is None) a draft. A draft whose vocabulary is not the target's drafts
-    through text (`drafting.text`), exactly too; one that cannot spell plain text is refused.
+    through text (`drafting.text`), exactly too; one that cannot spell plain text is refused. An EAGLE-3 head
+    or a DFlash drafter drafts from the target's features, and only for a target it fits (`features`).
 
     `max_draft` is the largest fixed K that will be asked for (`auto` never goes past `AUTO_K_MAX`).
     `rpc` lists llama.cpp RPC workers ("host:port") the target's layers are split over, weighted by
@@ -191,8 +213,11 @@ def load_pair(target: str | os.PathLike[str], draft: str | os.PathLike[str] | No
     draft_model, translation = None, None
     try:
         if draft is not None:
-            draft_model = load_model(draft, draft_gpu_layers, draft_rpc, (), drafts=True)
-            translation = vocab.translation(target_model, draft_model)
+            # A drafter fed with features decodes whole batches (its encoder, a DFlash block): no kernels that
+            # only run one token at a time.
+            fed = features.drafter_in(Path(draft)) is not None
+            draft_model = load_model(draft, draft_gpu_layers, draft_rpc, (), drafts=not fed)
+            translation = None if fed else vocab.translation(target_model, draft_model)
         return Pair(target_model, draft_model, n_ctx, threads, max(max_draft, AUTO_K_MAX), translation)
     except BaseException:
         for model in (target_model, draft_model):

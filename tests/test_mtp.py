@@ -19,7 +19,8 @@ from spec_cli import Generation, Pair, SamplingParams, SpecError, load_pair
 from spec_cli.chat import ChatSession, Settings, run_command
 from spec_cli.cli.app import app
 from spec_cli.drafting.mtp import MtpDrafter
-from spec_cli.llama.context import Context, HeadContext
+from spec_cli.llama.context import Context
+from spec_cli.llama.heads import HeadContext
 from spec_cli.models.registry import parse_registry
 
 PROMPTS = ("the cat", "and the dog ran far away from the big red barn")

@@ -388,3 +388,134 @@ def write_qwen35_mtp(path: Path, seed: int = 1, *, n_embd: int = N_EMBD, n_trunk
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def _write_drafter_header(writer: gguf.GGUFWriter, arch: str, n_embd: int, target_layers: list[int],
+                          mask_token: int | None = None) -> None:
+    """What EAGLE-3 and DFlash drafters share: one block of `n_embd` with one attention head, the target's
+    vocabulary (with a mask token for DFlash), and the target layers they read."""
+    writer.add_context_length(N_CTX_TRAIN)
+    writer.add_embedding_length(n_embd)
+    writer.add_block_count(1)
+    writer.add_feed_forward_length(2 * n_embd)
+    writer.add_head_count(1)
+    writer.add_head_count_kv(1)
+    writer.add_rope_dimension_count(n_embd)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_array(f"{arch}.target_layers", target_layers)
+    tokenizer = default_tokenizer()
+    write_tokenizer(writer, tokenizer, None)
+    if mask_token is not None:
+        writer.add_mask_token_id(mask_token)
+
+
+def _finish(writer: gguf.GGUFWriter) -> None:
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def write_eagle3(path: Path, seed: int = 5, *, target_width: int = N_EMBD, target_layers: tuple[int, ...] = (0, 1, 1),
+                 focus: float = 3.0, g_scale: float = 0.1, gain: float = 3.0) -> Path:
+    """A tiny EAGLE-3 head for a `write_model` llama target of width `target_width`, as llama.cpp's
+    `src/models/eagle3.cpp` loads it (no embeddings or output of its own: the target's, through ctx_other).
+
+    Its drafts are often right and often wrong: the pair at position P is (x_{P+1}, g_P), and its attention
+    attends to the token's own row (its one head's queries and keys are the normalised embedding times
+    `focus`: a vector's product with itself outgrows its products with others; values are the embedding), so the head passes x_{P+1}'s embedding to the target's output layer: the target's
+    prediction from the token alone, a bigram. Where the target's layers tip its choice, the head is wrong.
+    g rides in the residual stream: the fused features (`g_scale`-small) at the first step, so the features
+    fed matter a little; the head's own state after it, which the attention outweighs `gain` times over, so
+    later steps are right less often.
+    """
+    rng = np.random.default_rng(seed)
+    n = target_width
+    writer = gguf.GGUFWriter(str(path), "eagle3")
+    writer.add_name(f"tiny-eagle3-{seed}")
+    _write_drafter_header(writer, "eagle3", n, list(target_layers))
+    writer.add_uint32("eagle3.target_hidden_size", n)
+
+    def weight(*shape: int, scale: float = 1.0) -> np.ndarray:
+        return (rng.standard_normal(shape) * scale / np.sqrt(shape[-1])).astype(np.float32)
+
+    token_half = np.hstack([np.eye(n), np.zeros((n, n))]).astype(np.float32)  # reads the embedding, not g
+    writer.add_tensor("fc.weight", weight(n, len(target_layers) * n, scale=g_scale))
+    writer.add_tensor("blk.0.attn_norm.weight", np.ones(n, np.float32))
+    writer.add_tensor("blk.0.attn_norm_2.weight", np.ones(n, np.float32))
+    writer.add_tensor("blk.0.attn_q.weight", focus * token_half)
+    writer.add_tensor("blk.0.attn_k.weight", focus * token_half)
+    writer.add_tensor("blk.0.attn_v.weight", token_half)
+    writer.add_tensor("blk.0.attn_output.weight", gain * np.eye(n, dtype=np.float32))
+    writer.add_tensor("blk.0.ffn_norm.weight", np.ones(n, np.float32))
+    writer.add_tensor("blk.0.ffn_gate.weight", weight(2 * n, n))
+    writer.add_tensor("blk.0.ffn_up.weight", weight(2 * n, n))
+    writer.add_tensor("blk.0.ffn_down.weight", weight(n, 2 * n, scale=0.1))
+    writer.add_tensor("output_norm.weight", np.ones(n, np.float32))
+    _finish(writer)
+    return path
+
+
+MASK_TOKEN = 319  # the default vocabulary's last [unused] token: DFlash drafters' mask
+
+
+def write_dflash(path: Path, target: Path, *, seed: int = 6, target_layers: tuple[int, ...] = (0, 1),
+                 block_size: int = 8, focus: float = 3.0, feature_scale: float = 0.3) -> Path:
+    """A tiny DFlash drafter for the `write_model` llama `target`, as llama.cpp's `src/models/dflash.cpp` loads
+    it: as wide as the target, with embeddings and an output layer of its own, copied from the target's.
+
+    Its drafts are often right and often wrong. Its one head gives every token's embedding a flag (a dimension
+    rope barely turns) and the mask token's a mark instead; queries map the mark onto the flag and keys read
+    the flag, so each mask row attends to the block's one real token, x_n, and passes its embedding (less those
+    two dimensions) to the target's output rows: about the target's prediction from x_n alone, at every mask
+    row. The first draft is often right; later ones repeat it. Keys also read the injected features a little
+    (`feature_scale`), so the features fed matter.
+    """
+    rng = np.random.default_rng(seed)
+    reader = gguf.GGUFReader(str(target))
+    tensors = {t.name: np.array(t.data, dtype=np.float32) for t in reader.tensors
+               if t.name in ("token_embd.weight", "output.weight")}
+    embeddings, output = tensors["token_embd.weight"], tensors["output.weight"]
+    n = embeddings.shape[1]
+    flags, marks = [n // 2 - 1], [n // 2 - 2]
+    embeddings = embeddings.copy()
+    embeddings[:, flags + marks] = 0.0
+    embeddings[:, flags] = 8.0
+    embeddings[MASK_TOKEN] = 0.0
+    embeddings[MASK_TOKEN, marks] = 8.0
+    output = output.copy()
+    output[:, flags + marks] = 0.0
+
+    writer = gguf.GGUFWriter(str(path), "dflash")
+    writer.add_name(f"tiny-dflash-{seed}")
+    _write_drafter_header(writer, "dflash", n, list(target_layers), MASK_TOKEN)
+    writer.add_uint32("dflash.block_size", block_size)
+
+    def weight(*shape: int, scale: float = 1.0) -> np.ndarray:
+        return (rng.standard_normal(shape) * scale / np.sqrt(shape[-1])).astype(np.float32)
+
+    queries, keys = weight(n, n, scale=feature_scale), weight(n, n, scale=feature_scale)
+    queries[flags] = 0.0
+    queries[flags, marks] = 1.0
+    keys[flags] = 0.0
+    keys[flags, flags] = 1.0
+    fc = weight(n, len(target_layers) * n)
+    fc[flags] = 0.0  # the features never look like a token to the mask rows
+    writer.add_tensor("token_embd.weight", embeddings)
+    writer.add_tensor("output.weight", output)
+    writer.add_tensor("fc.weight", fc)
+    writer.add_tensor("enc.output_norm.weight", np.ones(n, np.float32))
+    writer.add_tensor("blk.0.attn_norm.weight", np.ones(n, np.float32))
+    writer.add_tensor("blk.0.attn_q.weight", queries)
+    writer.add_tensor("blk.0.attn_k.weight", keys)
+    writer.add_tensor("blk.0.attn_v.weight", np.eye(n, dtype=np.float32))
+    writer.add_tensor("blk.0.attn_output.weight", np.eye(n, dtype=np.float32))
+    writer.add_tensor("blk.0.attn_q_norm.weight", np.full(n, focus, np.float32))
+    writer.add_tensor("blk.0.attn_k_norm.weight", np.full(n, focus, np.float32))
+    writer.add_tensor("blk.0.ffn_norm.weight", np.ones(n, np.float32))
+    writer.add_tensor("blk.0.ffn_gate.weight", weight(2 * n, n))
+    writer.add_tensor("blk.0.ffn_up.weight", weight(2 * n, n))
+    writer.add_tensor("blk.0.ffn_down.weight", weight(n, 2 * n, scale=0.1))
+    writer.add_tensor("output_norm.weight", np.ones(n, np.float32))
+    _finish(writer)
+    return path

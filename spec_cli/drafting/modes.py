@@ -13,10 +13,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from spec_cli.decoding.costs import LoopCosts
+from spec_cli.decoding.costs import FREE, PER_ROUND, PER_TOKEN, LoopCosts
 from spec_cli.decoding.draft_length import AUTO_K_MAX, AdaptiveK, DraftLength, FixedK
 from spec_cli.decoding.drafter import Drafter
 from spec_cli.drafting.base import CatchUpDrafter
+from spec_cli.drafting.dflash import DFlashDrafter
+from spec_cli.drafting.eagle3 import Eagle3Drafter
 from spec_cli.drafting.hybrid import HybridDrafter, HybridState
 from spec_cli.drafting.model import ModelDrafter
 from spec_cli.drafting.mtp import MtpDrafter
@@ -24,20 +26,24 @@ from spec_cli.drafting.ngram import NgramDrafter
 from spec_cli.drafting.text import TextDrafter
 from spec_cli.drafting.translation import Translation
 from spec_cli.errors import SpecError
-from spec_cli.llama.context import Context, HeadContext
+from spec_cli.llama.context import Context
+from spec_cli.llama.heads import BlockContext, HeadContext
 
 COSTS_DECAY = 0.95  # each call of a size weighs 5% less at the next: the costs follow the machine's load
 
 
 @dataclass(frozen=True)
 class Sources:
-    """What a pair offers its drafters: the target's context, the draft model's and the target's MTP head's
-    where loaded, and `translation` when the draft's vocabulary is not the target's (it drafts through text)."""
+    """What a pair offers its drafters: the target's context, the draft model's, the target's MTP head's, an
+    EAGLE-3 head's or a DFlash drafter's where loaded, and `translation` when the draft's vocabulary is not the
+    target's (it drafts through text)."""
 
     target: Context
     draft: Context | None = None
     head: HeadContext | None = None
     translation: Translation | None = None
+    eagle3: HeadContext | None = None
+    dflash: BlockContext | None = None
 
 
 Build = Callable[["Drafting", float, "int | str"], "tuple[Drafter | None, DraftLength]"]
@@ -51,7 +57,8 @@ class Mode:
     can draft this way (`missing` says why not). `book`: the running costs its rounds are priced with and
     recorded in (the MTP head's steps apart from the draft model's: one step costs what it costs).
     `build(drafting, p_min, K)`: its drafter and the controller of its K. `own_drafter(sources, p_min)`: for
-    a mode that drafts with a model of the pair's own (`own_model`), that drafter alone.
+    a mode that drafts with a model of the pair's own (`own_model`), that drafter alone. `pricing`: how its
+    drafting cost grows with K (`costs`). `k_limit`: the most it can draft in a round.
     """
 
     name: str
@@ -63,17 +70,19 @@ class Mode:
     book: Callable[[Sources], str]
     build: Build
     own_drafter: Callable[[Sources, float], CatchUpDrafter] | None = None
+    pricing: str = PER_TOKEN
+    k_limit: Callable[[Sources], int] = lambda _sources: AUTO_K_MAX
 
     @property
     def own_model(self) -> bool:
-        """Whether it drafts with a model of the pair's own, the draft model or the MTP head. Such a mode is the
-        pair's default where it is available, is what the hybrid pairs with n-gram lookup, and costs a decode
-        per drafted token, so `-k auto` prices its steps and the benchmark predicts its fixed-K rows."""
+        """Whether it drafts with a model of the pair's own (the draft model, an EAGLE-3 head or DFlash drafter,
+        the MTP head). Such a mode is the pair's default where it is available, is what the hybrid pairs with
+        n-gram lookup, and costs decodes, so `-k auto` prices them and the benchmark predicts its fixed-K rows."""
         return self.own_drafter is not None
 
 
 def _ngram(drafting: Drafting, _p_min: float, k: int | str) -> tuple[Drafter | None, DraftLength]:
-    return NgramDrafter(drafting.sources.target.model.n_vocab), drafting.length("ngram", "ngram", k)
+    return NgramDrafter(drafting.sources.target.model.n_vocab), drafting.length("ngram", "ngram", k, FREE)
 
 
 def _model_drafter(sources: Sources, p_min: float) -> CatchUpDrafter:
@@ -89,22 +98,39 @@ def _mtp_drafter(sources: Sources, p_min: float) -> CatchUpDrafter:
     return MtpDrafter(sources.target, sources.head, p_min)
 
 
+def _eagle3_drafter(sources: Sources, p_min: float) -> CatchUpDrafter:
+    assert sources.eagle3 is not None
+    return Eagle3Drafter(sources.target, sources.eagle3, p_min)
+
+
+def _dflash_drafter(sources: Sources, p_min: float) -> CatchUpDrafter:
+    assert sources.dflash is not None
+    return DFlashDrafter(sources.target, sources.dflash, p_min)
+
+
+def _block_limit(sources: Sources) -> int:
+    """DFlash drafts at the masks of one trained block after the last token: block size − 1 of them."""
+    return sources.dflash.block_size - 1 if sources.dflash is not None else AUTO_K_MAX
+
+
 def _alone(name: str) -> Build:
     """The build of a mode that drafts with a model of the pair's own (its `own_drafter`), with its own K."""
     def build(drafting: Drafting, p_min: float, k: int | str) -> tuple[Drafter | None, DraftLength]:
-        own_drafter = MODES[name].own_drafter
-        assert own_drafter is not None
-        return own_drafter(drafting.sources, p_min), drafting.length(name, name, k)
+        own = MODES[name]
+        assert own.own_drafter is not None
+        length = drafting.length(name, name, k, own.pricing, own.k_limit(drafting.sources))
+        return own.own_drafter(drafting.sources, p_min), length
     return build
 
 
 def _hybrid(drafting: Drafting, p_min: float, k: int | str) -> tuple[Drafter | None, DraftLength]:
     """n-gram lookup and the pair's own model. The hybrid chooses K for each of its drafters itself, each with
     its own controller; the loop only caps it (K, or AUTO_K_MAX for auto)."""
-    partner = drafting.own_model().own_drafter
-    assert partner is not None
-    hybrid = HybridDrafter(NgramDrafter(drafting.sources.target.model.n_vocab), partner(drafting.sources, p_min),
-                           drafting.costs("hybrid"), drafting.hybrid_state(k))
+    partner = drafting.own_model()
+    assert partner.own_drafter is not None
+    hybrid = HybridDrafter(NgramDrafter(drafting.sources.target.model.n_vocab),
+                           partner.own_drafter(drafting.sources, p_min), drafting.costs("hybrid"),
+                           drafting.hybrid_state(k), partner.pricing)
     return hybrid, FixedK(AUTO_K_MAX if k == "auto" else k)
 
 
@@ -116,10 +142,28 @@ def _no_draft_model(mode: str) -> Callable[[Sources], str]:
     return lambda _sources: f"draft mode {mode!r} needs a draft model; give one, or use --draft-mode ngram"
 
 
+def _no_drafter_file(mode: str, what: str) -> Callable[[Sources], str]:
+    return lambda _sources: (f"draft mode {mode!r} needs {what} made for this target; give its GGUF with "
+                             "--draft, or use --draft-mode ngram")
+
+
+def own_model(sources: Sources) -> Mode:
+    """The pair's own drafting model: the draft model where there is one, else an EAGLE-3 head or DFlash
+    drafter, else the target's MTP head, else none (the target alone)."""
+    return next((m for m in MODES.values() if m.own_model and m.available(sources)), NONE)
+
+
 MODES: dict[str, Mode] = {mode.name: mode for mode in (
     Mode("model", "draft model", "the draft model", loads_draft=True, available=lambda s: s.draft is not None,
          missing=_no_draft_model("model"), book=lambda _s: "model", build=_alone("model"),
          own_drafter=_model_drafter),
+    Mode("eagle3", "EAGLE-3 head", "an EAGLE-3 head given as --draft", loads_draft=True,
+         available=lambda s: s.eagle3 is not None, missing=_no_drafter_file("eagle3", "an EAGLE-3 head"),
+         book=lambda _s: "eagle3", build=_alone("eagle3"), own_drafter=_eagle3_drafter),
+    Mode("dflash", "DFlash block", "a DFlash drafter given as --draft: a block in one pass", loads_draft=True,
+         available=lambda s: s.dflash is not None, missing=_no_drafter_file("dflash", "a DFlash drafter"),
+         book=lambda _s: "dflash", build=_alone("dflash"), own_drafter=_dflash_drafter, pricing=PER_ROUND,
+         k_limit=_block_limit),
     Mode("mtp", "MTP head", "the target's own MTP head, no draft file", loads_draft=False,
          available=lambda s: s.head is not None,
          missing=lambda s: f"{s.target.model.path.name} has no MTP layers to draft with (nextn_predict_layers is "
@@ -127,12 +171,12 @@ MODES: dict[str, Mode] = {mode.name: mode for mode in (
          book=lambda _s: "mtp", build=_alone("mtp"), own_drafter=_mtp_drafter),
     # n-gram rounds take no draft steps: they share the draft model's book.
     Mode("ngram", "n-gram lookup", "prompt lookup, no draft model needed", loads_draft=False,
-         available=lambda _s: True, missing=lambda _s: "", book=lambda _s: "model", build=_ngram),
-    Mode("hybrid", "hybrid", "n-gram lookup and the draft model, else the MTP head", loads_draft=True,
-         available=lambda s: s.draft is not None or s.head is not None, missing=_no_draft_model("hybrid"),
-         book=lambda s: "model" if s.draft is not None else "mtp", build=_hybrid),
+         available=lambda _s: True, missing=lambda _s: "", book=lambda _s: "model", build=_ngram, pricing=FREE),
+    Mode("hybrid", "hybrid", "n-gram lookup and the pair's own drafter (draft model, EAGLE-3, DFlash or MTP)",
+         loads_draft=True, available=lambda s: own_model(s) is not NONE, missing=_no_draft_model("hybrid"),
+         book=lambda s: own_model(s).book(s), build=_hybrid),
     Mode("none", "no draft", "the target alone", loads_draft=False, available=lambda _s: True,
-         missing=lambda _s: "", book=lambda _s: "model", build=_none),
+         missing=lambda _s: "", book=lambda _s: "model", build=_none, pricing=FREE),
 )}
 NONE = MODES["none"]
 
@@ -164,9 +208,8 @@ class Drafting:
         return tuple(m.name for m in MODES.values() if m is not NONE and m.available(self.sources))
 
     def own_model(self) -> Mode:
-        """The pair's own drafting model: the draft model where there is one, else the target's MTP head, else
-        none (the target alone)."""
-        return next((m for m in MODES.values() if m.own_model and m.available(self.sources)), NONE)
+        """The pair's own drafting model (see `own_model`)."""
+        return own_model(self.sources)
 
     def check(self, name: str) -> Mode:
         """The mode called `name`, if this pair can draft that way."""
@@ -183,17 +226,21 @@ class Drafting:
         """The running costs mode `name`'s rounds are priced with and recorded in."""
         return self._costs.setdefault(MODES[name].book(self.sources), LoopCosts(decay=COSTS_DECAY))
 
-    def length(self, name: str, drafter: str, k: int | str) -> DraftLength:
+    def length(self, name: str, drafter: str, k: int | str, pricing: str, limit: int = AUTO_K_MAX) -> DraftLength:
         """The controller of K for `drafter` (a mode's name, or "model" for the hybrid's own model) drafting in
-        mode `name`, kept across generations."""
+        mode `name`, whose cost grows with K as `pricing` says, at most `limit` a round; kept across
+        generations."""
         key = (name, drafter, k)
         if key not in self._lengths:
-            self._lengths[key] = FixedK(k) if k != "auto" else AdaptiveK(
-                self.costs(name), drafts_with_model=MODES[drafter].own_model, k_max=AUTO_K_MAX)
+            self._lengths[key] = FixedK(min(k, limit)) if k != "auto" else AdaptiveK(
+                self.costs(name), pricing, k_max=min(AUTO_K_MAX, limit))
         return self._lengths[key]
 
     def hybrid_state(self, k: int | str) -> HybridState:
         """What the hybrid drafting with K = `k` has learnt: a K controller for each of its drafters."""
         if k not in self._hybrids:
-            self._hybrids[k] = HybridState({d: self.length("hybrid", d, k) for d in ("ngram", "model")})
+            own = self.own_model()
+            self._hybrids[k] = HybridState({
+                "ngram": self.length("hybrid", "ngram", k, FREE),
+                "model": self.length("hybrid", "model", k, own.pricing, own.k_limit(self.sources))})
         return self._hybrids[k]

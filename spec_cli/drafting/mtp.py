@@ -24,57 +24,69 @@ import numpy as np
 from spec_cli.decoding.drafter import Draft
 from spec_cli.decoding.sampling import SamplingParams
 from spec_cli.drafting.base import CatchUpDrafter, draft_step_by_step, drafted_token
-from spec_cli.llama.context import Context, HeadContext, common_prefix
+from spec_cli.llama.context import Context, common_prefix
 from spec_cli.llama.grammar import Grammar
+from spec_cli.llama.heads import HeadContext
 
 
 class MtpDrafter(CatchUpDrafter):
-    """Drafts with the MTP head of the target whose context is `target` (which keeps its hidden states)."""
+    """Drafts with the MTP head of the target whose context is `target` (which keeps its hidden states).
+
+    The head pairs sequence position p with the state before it, from position `first` on: its own position
+    p − `first`. Subclasses that pair other states say where those come from (`_states`).
+    """
+
+    first = 0  # the first sequence position the head pairs (the MTP head pairs x_0 with zeros)
 
     def __init__(self, target: Context, head: HeadContext, p_min: float = 0.0) -> None:
         if target.hidden is None:
             raise ValueError("the target context must keep its hidden states (hidden_states=True)")
         self.target, self.head, self.p_min = target, head, p_min
+        self._start: list[int] = []  # the sequence's tokens before the head's first pair
 
     @property
     def busy_s(self) -> float:
         return self.head.busy_s
 
     def prefill(self, tokens: Sequence[int]) -> list[tuple[int, float]]:
-        """Pair the prompt's tokens (all but its last, which the target has decoded) with their hidden states,
-        keeping what the head already holds of them."""
-        self.head.trim(common_prefix(self.head.tokens, tokens))
+        """Pair the prompt's tokens (all but its last, which the target has decoded) with their states, keeping
+        what the head already holds of them."""
+        held = [*self._start, *self.head.tokens] if self.head.n_past else []
+        self.head.trim(max(common_prefix(held, tokens) - self.first, 0))
+        self._start = list(tokens[:self.first])
         started = time.perf_counter()
-        fed = len(tokens) - self.head.n_past
-        if fed:
-            self.head.decode(tokens[self.head.n_past:], self._pairs_from(self.head.n_past, len(tokens)), 0)
-        return [(fed, time.perf_counter() - started)] if fed else []
+        start = self.head.n_past + self.first
+        fed = len(tokens) - start
+        if fed > 0:
+            self.head.decode(tokens[start:], self._states(start, len(tokens)), 0)
+        return [(fed, time.perf_counter() - started)] if fed > 0 else []
 
     def pending(self, tokens: Sequence[int]) -> int:
         """How many pairs the next proposal feeds before its first draft step (its catch-up)."""
-        return len(tokens) - self.head.n_past
+        return len(tokens) - self.head.n_past - self.first
 
     def propose(self, tokens: Sequence[int], k: int, sampling: SamplingParams, rng: np.random.Generator,
                 grammar: Grammar | None = None) -> Draft:
-        """Up to k tokens after `tokens`: catch up to the last token with the target's hidden states, then
-        feed back the head's own. Penalties count the drafted tokens, as the target's p will."""
-        n, start = len(tokens), self.head.n_past
-        hidden = self._pairs_from(start, n)
+        """Up to k tokens after `tokens`: catch up to the last token with the target's states, then feed back
+        the head's own. Penalties count the drafted tokens, as the target's p will."""
+        n, start = len(tokens), self.head.n_past + self.first
+        hidden: np.ndarray | None = None
 
-        def step(_i: int, fed: list[int]) -> np.ndarray:
+        def step(i: int, fed: list[int]) -> np.ndarray:
             nonlocal hidden
-            logits, hidden = self.head.decode(fed, hidden, 1)  # the next step pairs its token with this h'
+            states = self._states(start, n) if i == 0 else hidden
+            logits, hidden = self.head.decode(fed, states, 1)  # the next step pairs its token with this h'
             return logits[0]
 
         draft = draft_step_by_step(step, list(tokens[start:]), k, sampling, sampling.recent(tokens),
                                    drafted_token(sampling, rng, self.p_min, grammar))
-        self.head.trim(n)  # the pairs of drafted tokens hold the head's h', never the target's
+        self.head.trim(n - self.first)  # the pairs of drafted tokens hold the head's h', never the target's
         return draft
 
     def rewind(self, n_keep: int) -> None:
-        self.head.trim(n_keep)
+        self.head.trim(max(n_keep - self.first, 0))
 
-    def _pairs_from(self, start: int, end: int) -> np.ndarray:
+    def _states(self, start: int, end: int) -> np.ndarray:
         """h_{p-1} for p in [start, end): the target's hidden states one position back, zeros before the first
         token (as llama.cpp's own loop starts)."""
         hidden = self.target.hidden

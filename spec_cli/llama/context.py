@@ -1,11 +1,10 @@
 """A sequence's memory over a model: batches decoded at increasing positions, logits only where asked,
-and `trim` back to n tokens (how, `memory` decides for each kind of memory). `HeadContext` feeds a target's
-MTP head with the target's hidden states.
+and `trim` back to n tokens (how, `memory` decides for each kind of memory). The contexts of drafters fed
+with the target's hidden states are in `heads`.
 """
 
 from __future__ import annotations
 
-import ctypes
 import time
 from typing import Sequence
 
@@ -14,7 +13,7 @@ import numpy as np
 from llama_cpp import llama_cpp_ext
 
 from spec_cli.errors import SpecError
-from spec_cli.llama import memory
+from spec_cli.llama import features, memory
 from spec_cli.llama.model import Backend, Model
 
 
@@ -28,7 +27,7 @@ def common_prefix(held: Sequence[int], tokens: Sequence[int]) -> int:
     return keep
 
 
-def _new_context(model: Model, n_ctx: int, n_batch: int, n_threads: int, what: str,
+def new_context(model: Model, n_ctx: int, n_batch: int, n_threads: int, what: str,
                  **settings: object) -> llama_cpp.llama_context_p:
     """A llama.cpp context for one sequence over `model`, decoding batches of `n_batch` on `n_threads`;
     `settings` are further llama_context_params fields, `what` names it in the error."""
@@ -58,20 +57,23 @@ class Context:
     """
 
     def __init__(self, model: Model, n_ctx: int, n_threads: int, n_batch: int = 512, max_rollback: int = 0,
-                 hidden_states: bool = False, n_ubatch: int | None = None) -> None:
+                 hidden_states: bool = False, n_ubatch: int | None = None,
+                 feature_layers: tuple[int, ...] = ()) -> None:
         """`max_rollback`: the most tokens one speculative round may discard (K); recurrent memories that
         llama.cpp can roll back in place keep that many states per sequence. `hidden_states`: keep, in
         `hidden`, the hidden state the model exports for its MTP head (llama.cpp's h_nextn; for qwen35 the
         last layer's, after the output norm) at every position decoded, replays included. `n_ubatch`: the
-        tokens llama.cpp computes at once (default: the batch; 1 over a model with `one_token_batches`)."""
+        tokens llama.cpp computes at once (default: the batch; 1 over a model with `one_token_batches`).
+        `feature_layers`: keep, in `features`, the inputs of these layers side by side at every position
+        decoded (what an EAGLE-3 or DFlash drafter reads)."""
         self.model = model
         self.n_batch = min(n_batch, n_ctx)
         # n_rs_seq: llama.cpp sets it to 0 for architectures it cannot roll back in place. swa_full off: a
         # sliding-window cache of window + one batch, not of the whole context, a fraction of the memory on
         # long contexts (Gemma 3 27B at 8k: ~0.8 instead of ~4 GB); `memory` handles the cuts it prunes.
         self.n_ubatch = n_ubatch or (1 if model.one_token_batches else self.n_batch)
-        handle = _new_context(model, n_ctx, self.n_batch, n_threads, f"a {n_ctx}-token context",
-                              n_rs_seq=max_rollback, swa_full=False, n_ubatch=self.n_ubatch)
+        handle = new_context(model, n_ctx, self.n_batch, n_threads, f"a {n_ctx}-token context",
+                             n_rs_seq=max_rollback, swa_full=False, n_ubatch=self.n_ubatch)
         self._handle = handle
         self.memory = memory.for_context(handle, model._handle, model.path.name)
         self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
@@ -86,6 +88,13 @@ class Context:
         if hidden_states:
             llama_cpp_ext.llama_set_embeddings_nextn(handle, True, False)  # every row, not only those with logits
             self.hidden = np.zeros((self.n_ctx, model.n_embd), dtype=np.float32)
+        # Row p: the feature layers' inputs at p, valid as `hidden` is. Zeros are not written: pages of rows
+        # never decoded take no memory.
+        self.feature_layers = feature_layers
+        self.features: np.ndarray | None = None
+        if feature_layers:
+            features.record_layer_inputs(handle, feature_layers)
+            self.features = np.zeros((self.n_ctx, len(feature_layers) * model.n_embd), dtype=np.float32)
 
     @property
     def n_past(self) -> int:
@@ -136,11 +145,21 @@ class Context:
                 rows = llama_cpp_ext.llama_get_embeddings_nextn(self._handle)
                 self.hidden[self.n_past:self.n_past + len(chunk)] = np.ctypeslib.as_array(
                     rows, shape=(len(chunk), self.model.n_embd))
+            if self.features is not None:
+                self._keep_features(len(chunk))
             self.tokens.extend(chunk)
         if n_logits == 0:
             return np.empty((0, self.model.n_vocab), dtype=np.float32)
         logits = llama_cpp.llama_get_logits(self._handle)
         return np.ctypeslib.as_array(logits, shape=(n_logits, self.model.n_vocab)).copy()
+
+    def _keep_features(self, n_rows: int) -> None:
+        """Copy the feature layers' inputs of the decode just made into their rows of `features`."""
+        assert self.features is not None
+        width = self.model.n_embd
+        rows = self.features[self.n_past:self.n_past + n_rows]
+        for i, layer in enumerate(self.feature_layers):
+            rows[:, i * width:(i + 1) * width] = features.layer_inputs(self._handle, layer, n_rows, width)
 
     def _fail(self, status: int) -> None:
         """llama.cpp refused a batch: forget everything (the memory may hold part of it) and say why."""
@@ -194,79 +213,5 @@ class Context:
     def close(self) -> None:
         if self._handle:
             llama_cpp.llama_batch_free(self._batch)
-            llama_cpp.llama_free(self._handle)
-            self._handle = None
-
-
-class HeadContext:
-    """The memory of a model's multi-token-prediction (MTP) head, over the weights of a `Model` loaded with
-    `load_mtp`: llama.cpp's MTP context, fed through its extended batch.
-
-    Position p holds the pair (x_p, h_{p-1}): a token and the hidden state that preceded it (the target's, or
-    the head's own while drafting). Decoding a pair yields the head's logits for x_{p+1} and its own hidden
-    state, which the next draft step pairs with the drafted token. The memory is a plain KV cache over the
-    MTP layer, so taking tokens back is a cut.
-    """
-
-    def __init__(self, model: Model, n_ctx: int, n_threads: int, n_batch: int = 512) -> None:
-        self.model = model
-        self.n_batch = min(n_batch, n_ctx)
-        handle = _new_context(model, n_ctx, self.n_batch, n_threads, "the MTP context",
-                              ctx_type=llama_cpp.LLAMA_CONTEXT_TYPE_MTP, n_rs_seq=0)
-        self._handle = handle
-        llama_cpp_ext.llama_set_embeddings_nextn(handle, True, True)  # the head's hidden state, output rows only
-        self._batch = llama_cpp.llama_batch_ext_init(handle)
-        self._position = (llama_cpp.llama_pos * 4)()  # M-RoPE models take 4; a token row reads the first
-        self.tokens: list[int] = []
-        self.busy_s = 0.0
-
-    @property
-    def n_past(self) -> int:
-        return len(self.tokens)
-
-    def decode(self, tokens: Sequence[int], hidden: np.ndarray, n_outputs: int) -> tuple[np.ndarray, np.ndarray]:
-        """Append the pairs (tokens[i], hidden[i]); return the logits and the head's hidden states of the last
-        `n_outputs` pairs, one row each."""
-        started = time.perf_counter()
-        hidden = np.ascontiguousarray(hidden, dtype=np.float32)
-        first_output = len(tokens) - n_outputs
-        for start in range(0, len(tokens), self.n_batch):
-            chunk = range(start, min(start + self.n_batch, len(tokens)))
-            llama_cpp.llama_batch_ext_clear(self._batch)
-            for i in chunk:
-                index = llama_cpp.llama_batch_ext_add_token(self._batch, 0, tokens[i])
-                self._position[0] = self.n_past + i - start
-                llama_cpp.llama_batch_ext_set_pos(self._batch, index, self._position)
-                row = hidden[i].ctypes.data_as(ctypes.POINTER(ctypes.c_float))
-                llama_cpp.llama_batch_ext_set_embd_token(self._batch, index, llama_cpp.llama_embd(row, 1, hidden.shape[1]))
-                if i >= first_output:
-                    llama_cpp.llama_batch_ext_set_output_logits(self._batch, index, True)
-            Backend.forget()
-            status = llama_cpp.llama_process(self._handle, llama_cpp.LLAMA_PROCESS_TYPE_DECODE, self._batch)
-            if status != 0:
-                self.trim(0)
-                raise SpecError(f"llama.cpp could not run the MTP head of {self.model.path.name}: "
-                                f"{Backend.message(f'status {status}')}")
-            self.tokens.extend(tokens[i] for i in chunk)
-        self.busy_s += time.perf_counter() - started
-        if n_outputs == 0:
-            return np.empty((0, self.model.n_vocab), np.float32), np.empty((0, self.model.n_embd), np.float32)
-        logits = llama_cpp.llama_get_logits(self._handle)
-        states = llama_cpp_ext.llama_get_embeddings_nextn(self._handle)
-        return (np.ctypeslib.as_array(logits, shape=(n_outputs, self.model.n_vocab)).copy(),
-                np.ctypeslib.as_array(states, shape=(n_outputs, self.model.n_embd)).copy())
-
-    def trim(self, n_keep: int) -> None:
-        """Forget every position from `n_keep` on."""
-        if n_keep >= self.n_past:
-            return
-        started = time.perf_counter()
-        llama_cpp.llama_memory_seq_rm(llama_cpp.llama_get_memory(self._handle), 0, n_keep, -1)
-        del self.tokens[n_keep:]
-        self.busy_s += time.perf_counter() - started
-
-    def close(self) -> None:
-        if self._handle:
-            llama_cpp.llama_batch_ext_free(self._batch)
             llama_cpp.llama_free(self._handle)
             self._handle = None

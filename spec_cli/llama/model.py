@@ -155,6 +155,7 @@ class Model:
         self.n_vocab: int = llama_cpp.llama_vocab_n_tokens(self._vocab)
         self.n_ctx_train: int = llama_cpp.llama_model_n_ctx_train(handle)
         self.n_embd: int = llama_cpp.llama_model_n_embd(handle)
+        self.n_layer: int = llama_cpp.llama_model_n_layer(handle)
         self.n_layer_mtp: int = llama_cpp.llama_model_n_layer_nextn(handle)
         self.mtp_loaded = load_mtp and self.n_layer_mtp > 0
         self.placement = "CPU" if gpu_layers == 0 else "the devices llama.cpp finds"  # `placement.load_model` says which
