@@ -215,7 +215,7 @@ def load_pair(target: str | os.PathLike[str], draft: str | os.PathLike[str] | No
         if draft is not None:
             # A drafter fed with features decodes whole batches (its encoder, a DFlash block): no kernels that
             # only run one token at a time.
-            fed = features.drafter_in(Path(draft)) is not None
+            fed = features.is_drafter(Path(draft))
             draft_model = load_model(draft, draft_gpu_layers, draft_rpc, (), drafts=not fed)
             translation = None if fed else vocab.translation(target_model, draft_model)
         return Pair(target_model, draft_model, n_ctx, threads, max(max_draft, AUTO_K_MAX), translation)

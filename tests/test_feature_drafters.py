@@ -14,11 +14,14 @@ from typing import Iterator
 
 import numpy as np
 import pytest
+from click.testing import Result
 from exactness import SAMPLED, SIGNIFICANCE, chi_square_p_value, exact_pair_distribution
 from tiny_models import CHAT_TEMPLATE, MASK_TOKEN, write_dflash, write_eagle3, write_model
+from typer.testing import CliRunner
 
 from spec_cli import Generation, Pair, SamplingParams, load_pair
 from spec_cli.chat import ChatSession, Settings
+from spec_cli.cli.app import app
 from spec_cli.decoding.costs import PER_ROUND, PER_TOKEN
 from spec_cli.drafting.dflash import DFlashDrafter
 from spec_cli.drafting.eagle3 import Eagle3Drafter
@@ -26,6 +29,7 @@ from spec_cli.llama.context import Context
 from spec_cli.llama.heads import BlockContext, HeadContext
 
 KINDS = ("eagle3", "dflash")
+runner = CliRunner()
 PROMPTS = ("the cat and the dog", "and the dog ran far away from the big red barn")
 BLOCK = 8
 
@@ -199,3 +203,34 @@ def test_pairs_llama_cpp_would_abort_over_are_refused_in_one_line(models_dir: Pa
         assert result.returncode == 1, result.stderr
         assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
         assert "Traceback" not in result.stderr and "GGML_ASSERT" not in result.stderr
+
+
+def wide(*args: str) -> Result:
+    """`spec` in a terminal wide enough that no table cell wraps."""
+    return runner.invoke(app, list(args), env={"COLUMNS": "300"})
+
+
+def test_models_check_names_the_drafter_its_layers_and_whether_the_target_feeds_it(
+        models_dir: Path, fed_target: Path, drafter_paths: dict[str, Path]) -> None:
+    fits = wide("models", "check", str(fed_target), str(drafter_paths["dflash"]))
+    assert fits.exit_code == 0, fits.output
+    assert "DFlash block of 8 (up to 7 drafts a pass) reading target layers 0, 1; mask token 319" in fits.stdout
+    assert "yes: fed-target.gguf (llama) hands over those layers' inputs" in fits.stdout
+    gemma = write_model(models_dir / "gemma3-check.gguf", seed=1, arch="gemma3")
+    refused = wide("models", "check", str(gemma), str(drafter_paths["eagle3"]))
+    assert refused.exit_code == 1
+    assert "EAGLE-3 head reading target layers 0, 1, 1" in refused.stdout
+    assert "no: gemma3-check.gguf (gemma3) cannot feed the EAGLE-3 head eagle3.gguf" in refused.stdout
+
+
+def test_models_show_reports_a_pairs_drafter(user_dirs: Path, fed_target: Path,
+                                             drafter_paths: dict[str, Path]) -> None:
+    user_file = user_dirs / ".config" / "spec-cli" / "models.toml"
+    user_file.parent.mkdir(parents=True, exist_ok=True)
+    user_file.write_text(f'[pairs.tiny-eagle3]\ntarget = {{ path = "{fed_target}" }}\n'
+                         f'draft = {{ path = "{drafter_paths["eagle3"]}" }}\n')
+    shown = wide("models", "show", "tiny-eagle3")
+    assert shown.exit_code == 0, shown.output
+    assert "EAGLE-3 head reading target layers 0, 1, 1 (trained on a target 64 wide)" in shown.stdout
+    assert "yes: fed-target.gguf (llama)" in shown.stdout
+

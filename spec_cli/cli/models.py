@@ -55,16 +55,19 @@ def models_check(
     pair_or_target: Annotated[str, typer.Argument(metavar="PAIR|TARGET", help="A pair name (its files must be on disk), or the target GGUF file.")],
     draft: Annotated[Optional[Path], typer.Argument(metavar="[DRAFT]", help="The draft GGUF file, when the first argument is a target file (without one: whether the target's MTP head can draft).", show_default=False)] = None,
 ) -> None:
-    """Check whether a draft can draft for a target: every rule for sharing token ids, passed or failed (a pair that fails one drafts through text: what that has to work with), each model's kind of memory and rollback, and the target's MTP layers (its own drafter)."""
+    """Check whether a draft can draft for a target: every rule for sharing token ids, passed or failed (a pair that fails one drafts through text: what that has to work with), or for an EAGLE-3 or DFlash drafter the target layers it reads and whether the target can feed it; each model's kind of memory and rollback, and the target's MTP layers (its own drafter)."""
     with user_errors():
         target, draft, k = _check_subjects(pair_or_target, draft)
-        if draft is not None:
+        fed = reports.drafter_facts(target, draft) if draft is not None else None
+        if fed is not None:
+            show_facts("drafter fed by the target", fed[0])
+        elif draft is not None:
             rules, through_text = reports.check_files(target, draft)
             show_rules(rules)
             if through_text:
                 show_facts("drafting through text", through_text)
         show_facts("memory", reports.memory_facts(target, draft, k))
-        if draft is None and not mtp_layers(target):
+        if draft is None and not mtp_layers(target) or fed is not None and not fed[1]:
             raise typer.Exit(EXIT_USER_ERROR)
 
 

@@ -63,9 +63,18 @@ class DrafterFile:
     def label(self) -> str:
         return "EAGLE-3 head" if self.kind == EAGLE3 else "DFlash block"
 
+    def describe(self) -> str:
+        """The drafter in words, for reports."""
+        layers = ", ".join(map(str, self.target_layers))
+        if self.kind == EAGLE3:
+            return f"EAGLE-3 head reading target layers {layers} (trained on a target {self.target_width} wide)"
+        return (f"DFlash block of {self.block_size} (up to {self.block_size - 1} drafts a pass) reading target "
+                f"layers {layers}; mask token {self.mask_token}")
+
 
 def drafter_file(model: Model) -> DrafterFile | None:
-    """The drafter `model` is (loaded, or with its vocabulary only), None for an ordinary model."""
+    """The drafter `model` is, None for an ordinary model. It must be loaded (memory-mapped is enough): a
+    vocabulary-only load leaves out the target layers and widths."""
     kind = model.metadata("general.architecture")
     if kind not in (EAGLE3, DFLASH):
         return None
@@ -78,11 +87,11 @@ def drafter_file(model: Model) -> DrafterFile | None:
                        model.metadata(f"{kind}.attention.causal") == "true")
 
 
-def drafter_in(path: Path) -> DrafterFile | None:
-    """What the GGUF in `path` says of itself as a drafter (None for an ordinary model), its weights unread."""
+def is_drafter(path: Path) -> bool:
+    """Whether the GGUF in `path` is an EAGLE-3 or DFlash drafter, read without its weights."""
     model = Model(path, vocab_only=True)
     try:
-        return drafter_file(model)
+        return model.metadata("general.architecture") in (EAGLE3, DFLASH)
     finally:
         model.close()
 

@@ -6,12 +6,13 @@ import os
 import platform
 import shutil
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from spec_cli import __version__
 from spec_cli.decoding.draft_length import AUTO_K_MAX
-from spec_cli.llama import gguf, kernels, rpc
+from spec_cli.errors import SpecError
+from spec_cli.llama import features, gguf, kernels, rpc
 from spec_cli.llama.model import Model, supports_gpu_offload, versions
 from spec_cli.models import hub, vocab
 from spec_cli.models.registry import PairSpec, Registry, describe, locate
@@ -37,6 +38,7 @@ class MemberReport:
     size_bytes: int
     info: gguf.ModelInfo | None
     is_file: bool = True  # False for a draft that is the target's MTP head
+    drafter: list[tuple[str, str]] = field(default_factory=list)  # an EAGLE-3 or DFlash drafter's facts
 
 
 def pair_rows(registry: Registry) -> list[PairRow]:
@@ -66,9 +68,12 @@ def member_reports(spec: PairSpec) -> list[MemberReport]:
     reports = []
     for member in spec.files:
         path = locate(spec, member)
+        target = locate(spec, "target")
+        fed = drafter_facts(target, path) if member == "draft" and path else None
         reports.append(MemberReport(member, describe(spec.source(member)), path,
                                     path.stat().st_size if path else 0,
-                                    gguf.model_info(path, _rollback_sized_for(member, spec.draft_max)) if path else None))
+                                    gguf.model_info(path, _rollback_sized_for(member, spec.draft_max)) if path else None,
+                                    drafter=fed[0] if fed else []))
     if spec.drafts_with_mtp:
         reports.append(MemberReport("draft", describe(spec.draft), None, 0, None, is_file=False))
     return reports
@@ -128,6 +133,33 @@ def check_files(target: Path, draft: Path) -> tuple[list[vocab.Rule], list[tuple
             draft_model.close()
     finally:
         target_model.close()
+
+
+def drafter_facts(target: Path | None, draft: Path) -> tuple[list[tuple[str, str]], bool] | None:
+    """For an EAGLE-3 or DFlash drafter file: what it is (its kind, the target layers it reads) and whether
+    `target` (where on disk) can feed it, with whether it can; None for an ordinary draft. The files are
+    memory-mapped, not read: the drafter's layers are known only to a load with weights."""
+    if not features.is_drafter(draft):
+        return None
+    drafter = Model(draft, extra_buffers=False)
+    try:
+        found = features.drafter_file(drafter)
+        assert found is not None
+        facts = [("drafter", found.describe())]
+        if target is None:
+            return facts, True
+        target_model = Model(target, extra_buffers=False)
+        try:
+            features.check_pair(target_model, drafter, found)
+            arch = target_model.metadata("general.architecture")
+            facts.append(("target feeds it", f"yes: {target.name} ({arch}) hands over those layers' inputs"))
+            return facts, True
+        except SpecError as exc:
+            return [*facts, ("target feeds it", f"no: {exc}")], False
+        finally:
+            target_model.close()
+    finally:
+        drafter.close()
 
 
 def machine_gpu() -> str | None:

@@ -124,7 +124,7 @@ def show_pair(name: str, description: str, settings: dict[str, object], members:
                       ("memory", m.info.memory), ("rollback", m.info.rollback),
                       ("MTP layers", str(m.info.mtp_layers)),
                       ("recommended sampling", _recommended(m.info.recommended_sampling))]
-        show_facts(m.member, facts)
+        show_facts(m.member, facts + m.drafter)
 
 
 def _recommended(sampling: dict[str, str]) -> str:
