@@ -46,11 +46,13 @@ def main() -> None:
     parser.add_argument("-n", "--max-tokens", type=int, default=128)
     parser.add_argument("-r", "--repeat", type=int, default=3)
     parser.add_argument("-t", "--threads", type=int, default=2)
+    parser.add_argument("--width", type=int, default=1024, help="smaller, with fewer --layers: faster target steps")
+    parser.add_argument("--layers", type=int, default=12)
     args = parser.parse_args()
     args.dir.mkdir(parents=True, exist_ok=True)
-    model = args.dir / "qwen35-mtp-1024x12-s002.f32.gguf"
+    model = args.dir / f"qwen35-mtp-{args.width}x{args.layers}-s002.f32.gguf"
     if not model.exists():
-        write_qwen35_mtp(model, n_embd=1024, n_trunk=12, layer_scale=0.02)
+        write_qwen35_mtp(model, n_embd=args.width, n_trunk=args.layers, layer_scale=0.02)
     ks = [int(k) for k in args.k.split(",")]
     with load_pair(model, n_ctx=1024, n_threads=args.threads) as pair:
         prompt = pair.target.tokenize(PROMPT)
@@ -87,15 +89,24 @@ def llama_cpp_mtp(args: argparse.Namespace, model: Path, k: int, temperature: fl
     command = [str(args.llama_bin / "llama-speculative-simple"), "-m", str(model), "--spec-type", "draft-mtp",
                "--spec-draft-n-max", str(k), "-n", str(args.max_tokens), "-p", PROMPT, "--temp", str(temperature),
                "--top-k", "0", "--top-p", "1", "--min-p", "0", "-s", str(seed), "-t", str(args.threads), "-c", "1024"]
-    output = subprocess.run(command, capture_output=True, text=True, errors="replace", check=True).stderr
+    output = run_llama_cpp(command)
     tokens, seconds = DECODED.search(output).groups()
     accepted = int(ACCEPTED.search(output).group(1))
     rounds = int(tokens) - accepted  # each pass yields its accepted drafts and one token of the target's
     return int(tokens) / float(seconds), int(tokens) / rounds
 
 
+def run_llama_cpp(command: list[str], tries: int = 3) -> str:
+    """The tool's log; it now and then exits before printing its figures, so it is run again then."""
+    for _ in range(tries):
+        output = subprocess.run(command, capture_output=True, text=True, errors="replace", check=True).stderr
+        if DECODED.search(output) and ACCEPTED.search(output):
+            return output
+    raise RuntimeError(f"{command[0]} printed no figures in {tries} runs:\n{output[-2000:]}")
+
+
 def report(alone: float, rows: list, args: argparse.Namespace) -> None:
-    print(f"qwen35 1024 wide, 12 layers + 1 MTP block, F32; {args.max_tokens} tokens, {args.threads} threads, "
+    print(f"qwen35 {args.width} wide, {args.layers} layers + 1 MTP block, F32; {args.max_tokens} tokens, {args.threads} threads, "
           f"medians of {args.repeat} (T = 1: means over {args.repeat} seeds)")
     print(f"target alone (spec-cli, --no-draft): {alone:.1f} tok/s\n")
     print(f"{'K':>3} {'spec-cli tok/s':>15} {'llama.cpp tok/s':>16} {'spec / llama':>13} {'spec / alone':>13}"

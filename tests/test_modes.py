@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from spec_cli import Pair, SpecError
-from spec_cli.decoding.draft_length import FixedK
+from spec_cli.decoding.draft_length import AUTO_K_MAX, AdaptiveK, FixedK
 from spec_cli.decoding.drafter import Draft, Drafter
 from spec_cli.decoding.sampling import SamplingParams
 from spec_cli.drafting import modes
@@ -35,7 +35,10 @@ def test_each_mode_builds_its_drafter(other: Pair) -> None:
     built = {name: other.drafting.build(name, 0.0, 4) for name in other.drafting.modes}
     assert isinstance(built["model"][0], ModelDrafter) and isinstance(built["ngram"][0], NgramDrafter)
     hybrid, cap = built["hybrid"]
-    assert isinstance(hybrid, HybridDrafter) and isinstance(hybrid.model, ModelDrafter) and cap.next_k() == 4
+    assert isinstance(hybrid, HybridDrafter) and isinstance(hybrid.model, ModelDrafter)
+    # K is the model's; n-gram proposals cost nothing to make, so their own controller sets their length.
+    assert hybrid.state.lengths["model"].next_k() == 4 and cap.next_k() == AUTO_K_MAX
+    assert isinstance(hybrid.state.lengths["ngram"], AdaptiveK)
     assert other.drafting.build("none", 0.0, 4)[0] is None
     # K controllers are kept across generations: what they learnt carries over.
     assert other.drafting.build("model", 0.0, "auto")[1] is other.drafting.build("model", 0.0, "auto")[1]

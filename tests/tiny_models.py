@@ -417,7 +417,7 @@ def _finish(writer: gguf.GGUFWriter) -> None:
 
 
 def write_eagle3(path: Path, seed: int = 5, *, target_width: int = N_EMBD, target_layers: tuple[int, ...] = (0, 1, 1),
-                 focus: float = 3.0, g_scale: float = 0.1, gain: float = 3.0) -> Path:
+                 focus: float = 3.0, g_scale: float = 0.1, gain: float = 3.0, norm_g: bool = False) -> Path:
     """A tiny EAGLE-3 head for a `write_model` llama target of width `target_width`, as llama.cpp's
     `src/models/eagle3.cpp` loads it (no embeddings or output of its own: the target's, through ctx_other).
 
@@ -427,7 +427,8 @@ def write_eagle3(path: Path, seed: int = 5, *, target_width: int = N_EMBD, targe
     prediction from the token alone, a bigram. Where the target's layers tip its choice, the head is wrong.
     g rides in the residual stream: the fused features (`g_scale`-small) at the first step, so the features
     fed matter a little; the head's own state after it, which the attention outweighs `gain` times over, so
-    later steps are right less often.
+    later steps are right less often. `norm_g` puts g normalised in the residual (`norm_before_residual`):
+    then a large `gain` makes later steps right as often as the first.
     """
     rng = np.random.default_rng(seed)
     n = target_width
@@ -435,6 +436,7 @@ def write_eagle3(path: Path, seed: int = 5, *, target_width: int = N_EMBD, targe
     writer.add_name(f"tiny-eagle3-{seed}")
     _write_drafter_header(writer, "eagle3", n, list(target_layers))
     writer.add_uint32("eagle3.target_hidden_size", n)
+    writer.add_bool("eagle3.norm_before_residual", norm_g)
 
     def weight(*shape: int, scale: float = 1.0) -> np.ndarray:
         return (rng.standard_normal(shape) * scale / np.sqrt(shape[-1])).astype(np.float32)

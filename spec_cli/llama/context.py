@@ -5,6 +5,7 @@ with the target's hidden states are in `heads`.
 
 from __future__ import annotations
 
+import ctypes
 import time
 from typing import Sequence
 
@@ -15,6 +16,15 @@ from llama_cpp import llama_cpp_ext
 from spec_cli.errors import SpecError
 from spec_cli.llama import features, memory
 from spec_cli.llama.model import Backend, Model
+
+
+def copy_rows(pointer: object, n_rows: int, width: int) -> np.ndarray:
+    """A copy of the n_rows × width float32 rows llama.cpp holds at `pointer` (logits, hidden states). One
+    allocation and one memmove: right after a decode the host's caches are cold and each NumPy or ctypes call
+    costs microseconds, several times over for `np.ctypeslib.as_array` and a copy."""
+    rows = np.empty((n_rows, width), dtype=np.float32)
+    ctypes.memmove(rows.ctypes.data, pointer, rows.nbytes)
+    return rows
 
 
 def common_prefix(held: Sequence[int], tokens: Sequence[int]) -> int:
@@ -142,16 +152,14 @@ class Context:
             if status != 0:
                 self._fail(status)
             if self.hidden is not None:
-                rows = llama_cpp_ext.llama_get_embeddings_nextn(self._handle)
-                self.hidden[self.n_past:self.n_past + len(chunk)] = np.ctypeslib.as_array(
-                    rows, shape=(len(chunk), self.model.n_embd))
+                rows = self.hidden[self.n_past:self.n_past + len(chunk)]
+                ctypes.memmove(rows.ctypes.data, llama_cpp_ext.llama_get_embeddings_nextn(self._handle), rows.nbytes)
             if self.features is not None:
                 self._keep_features(len(chunk))
             self.tokens.extend(chunk)
         if n_logits == 0:
             return np.empty((0, self.model.n_vocab), dtype=np.float32)
-        logits = llama_cpp.llama_get_logits(self._handle)
-        return np.ctypeslib.as_array(logits, shape=(n_logits, self.model.n_vocab)).copy()
+        return copy_rows(llama_cpp.llama_get_logits(self._handle), n_logits, self.model.n_vocab)
 
     def _keep_features(self, n_rows: int) -> None:
         """Copy the feature layers' inputs of the decode just made into their rows of `features`."""

@@ -21,8 +21,10 @@ import numpy as np
 from llama_cpp import llama_cpp_ext
 
 from spec_cli.errors import SpecError
-from spec_cli.llama.context import Context, new_context
+from spec_cli.llama.context import Context, copy_rows, new_context
 from spec_cli.llama.model import Backend, Model
+
+_FLOAT_P = ctypes.POINTER(ctypes.c_float)
 
 
 class _FedContext:
@@ -36,6 +38,7 @@ class _FedContext:
         self._handle = new_context(model, n_ctx, self.n_batch, n_threads, self.what, n_rs_seq=0, **settings)
         self._batch = llama_cpp.llama_batch_ext_init(self._handle)
         self._position = (llama_cpp.llama_pos * 4)()  # M-RoPE models read 4 for an embedding row
+        self._embedding = llama_cpp.llama_embd(None, 1, 0)  # reused: one row of an array the caller keeps alive
         self.tokens: list[int] = []
         self.busy_s = 0.0
 
@@ -43,17 +46,19 @@ class _FedContext:
     def n_past(self) -> int:
         return len(self.tokens)
 
-    def _add(self, position: int, token: int | None, row: np.ndarray | None, output: bool) -> None:
-        """One row of the batch: a token, an embedding (contiguous float32), or a token with an embedding."""
-        embedding = None if row is None else llama_cpp.llama_embd(
-            row.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), 1, row.shape[0])
+    def _add(self, position: int, token: int | None, row: int | None, width: int, output: bool) -> None:
+        """One row of the batch: a token, an embedding, or a token with an embedding; `row` is the address of
+        the embedding's `width` float32 values (llama.cpp copies them). Called once per drafted token, so it
+        keeps to few calls (see `copy_rows`)."""
+        embedding = self._embedding
+        if row is not None:
+            embedding.data, embedding.n_embd = ctypes.cast(row, _FLOAT_P), width
         if token is None:
-            assert embedding is not None
             index = llama_cpp.llama_batch_ext_add_embd(self._batch, 0, embedding)
             self._position[:3] = [position] * 3
         else:
             index = llama_cpp.llama_batch_ext_add_token(self._batch, 0, token)
-            if embedding is not None:
+            if row is not None:
                 llama_cpp.llama_batch_ext_set_embd_token(self._batch, index, embedding)
             self._position[0] = position
         llama_cpp.llama_batch_ext_set_pos(self._batch, index, self._position)
@@ -71,13 +76,11 @@ class _FedContext:
                             f"{Backend.message(f'status {status}')}")
 
     def _logits(self, n_rows: int) -> np.ndarray:
-        logits = llama_cpp.llama_get_logits(self._handle)
-        return np.ctypeslib.as_array(logits, shape=(n_rows, self.model.n_vocab)).copy()
+        return copy_rows(llama_cpp.llama_get_logits(self._handle), n_rows, self.model.n_vocab)
 
     def _states(self, n_rows: int) -> np.ndarray:
         """The drafter's own hidden states of the last pass's output rows (h_nextn)."""
-        states = llama_cpp_ext.llama_get_embeddings_nextn(self._handle)
-        return np.ctypeslib.as_array(states, shape=(n_rows, self.model.n_embd)).copy()
+        return copy_rows(llama_cpp_ext.llama_get_embeddings_nextn(self._handle), n_rows, self.model.n_embd)
 
     def trim(self, n_keep: int) -> None:
         """Forget every position from `n_keep` on."""
@@ -122,12 +125,14 @@ class HeadContext(_FedContext):
         `n_outputs` pairs, one row each."""
         started = time.perf_counter()
         hidden = np.ascontiguousarray(hidden, dtype=np.float32)
+        address, width = hidden.ctypes.data, hidden.shape[1]
         first_output = len(tokens) - n_outputs
         for start in range(0, len(tokens), self.n_batch):
             chunk = range(start, min(start + self.n_batch, len(tokens)))
             every = self._every_row_out and chunk.stop > first_output
             for i in chunk:
-                self._add(self.n_past + i - start, tokens[i], hidden[i], every or i >= first_output)
+                self._add(self.n_past + i - start, tokens[i], address + i * 4 * width, width,
+                          every or i >= first_output)
             self._process(llama_cpp.LLAMA_PROCESS_TYPE_DECODE)
             self.tokens.extend(tokens[i] for i in chunk)
         self.busy_s += time.perf_counter() - started
@@ -141,11 +146,12 @@ class HeadContext(_FedContext):
         it has no attention, so the memory is untouched and positions do not matter)."""
         started = time.perf_counter()
         features = np.ascontiguousarray(features, dtype=np.float32)
+        address, width = features.ctypes.data, features.shape[1]
         rows = []
         for start in range(0, len(features), self.n_batch):
             chunk = features[start:start + self.n_batch]
-            for i, row in enumerate(chunk):
-                self._add(self.n_past + i, None, row, True)
+            for i in range(len(chunk)):
+                self._add(self.n_past + i, None, address + (start + i) * 4 * width, width, True)
             self._process(llama_cpp.LLAMA_PROCESS_TYPE_ENCODE)
             rows.append(self._states(len(chunk)))
         self.busy_s += time.perf_counter() - started
@@ -175,10 +181,11 @@ class BlockContext(_FedContext):
         """Append the target's `features` for the positions of `tokens`, one row each."""
         started = time.perf_counter()
         features = np.ascontiguousarray(features, dtype=np.float32)
+        address, width = features.ctypes.data, features.shape[1]
         for start in range(0, len(tokens), self.n_batch):
             chunk = range(start, min(start + self.n_batch, len(tokens)))
             for i in chunk:
-                self._add(self.n_past + i - start, None, features[i], False)
+                self._add(self.n_past + i - start, None, address + i * 4 * width, width, False)
             self._process(llama_cpp.LLAMA_PROCESS_TYPE_DECODE)
             self.tokens.extend(tokens[i] for i in chunk)
         self.busy_s += time.perf_counter() - started
@@ -188,7 +195,7 @@ class BlockContext(_FedContext):
         back at once (the next round injects the target's features there instead)."""
         started = time.perf_counter()
         for i in range(n):
-            self._add(self.n_past + i, last if i == 0 else self.mask_token, None, True)
+            self._add(self.n_past + i, last if i == 0 else self.mask_token, None, 0, True)
         self._process(llama_cpp.LLAMA_PROCESS_TYPE_DECODE)
         logits = self._logits(n)
         llama_cpp.llama_memory_seq_rm(llama_cpp.llama_get_memory(self._handle), 0, self.n_past, -1)
