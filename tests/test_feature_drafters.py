@@ -197,6 +197,8 @@ def test_pairs_llama_cpp_would_abort_over_are_refused_in_one_line(models_dir: Pa
             fed_target, write_eagle3(models_dir / "deep-eagle3.gguf", target_layers=(0, 1, 5))),
         "reads target layers [0, 1, 2] (the last one's output, which spec-cli does not feed yet)": (
             fed_target, write_eagle3(models_dir / "nextn-eagle3.gguf", target_layers=(0, 1, 2))),
+        "dflash2.gguf is a DFlash2 drafter, whose drafts are not read off its block's rows": (
+            fed_target, write_dflash(models_dir / "dflash2.gguf", fed_target, more={"selector_top_k": 4})),
     }
     for message, (target, draft) in cases.items():
         result = spec("run", "--target", target, "--draft", draft, "--raw", "-n", "4", "the cat")

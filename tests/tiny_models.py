@@ -462,7 +462,8 @@ MASK_TOKEN = 319  # the default vocabulary's last [unused] token: DFlash drafter
 
 
 def write_dflash(path: Path, target: Path, *, seed: int = 6, target_layers: tuple[int, ...] = (0, 1),
-                 block_size: int = 8, focus: float = 3.0, feature_scale: float = 0.3) -> Path:
+                 block_size: int = 8, focus: float = 3.0, feature_scale: float = 0.3,
+                 more: dict[str, int] | None = None) -> Path:
     """A tiny DFlash drafter for the `write_model` llama `target`, as llama.cpp's `src/models/dflash.cpp` loads
     it: as wide as the target, with embeddings and an output layer of its own, copied from the target's.
 
@@ -471,7 +472,7 @@ def write_dflash(path: Path, target: Path, *, seed: int = 6, target_layers: tupl
     the flag, so each mask row attends to the block's one real token, x_n, and passes its embedding (less those
     two dimensions) to the target's output rows: about the target's prediction from x_n alone, at every mask
     row. The first draft is often right; later ones repeat it. Keys also read the injected features a little
-    (`feature_scale`), so the features fed matter.
+    (`feature_scale`), so the features fed matter. `more`: further `dflash.*` keys (unsigned integers).
     """
     rng = np.random.default_rng(seed)
     reader = gguf.GGUFReader(str(target))
@@ -492,6 +493,8 @@ def write_dflash(path: Path, target: Path, *, seed: int = 6, target_layers: tupl
     writer.add_name(f"tiny-dflash-{seed}")
     _write_drafter_header(writer, "dflash", n, list(target_layers), MASK_TOKEN)
     writer.add_uint32("dflash.block_size", block_size)
+    for key, value in (more or {}).items():
+        writer.add_uint32(f"dflash.{key}", value)
 
     def weight(*shape: int, scale: float = 1.0) -> np.ndarray:
         return (rng.standard_normal(shape) * scale / np.sqrt(shape[-1])).astype(np.float32)

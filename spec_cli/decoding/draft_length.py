@@ -35,7 +35,8 @@ class PositionAcceptance:
     the overall α̂ (the truncated-geometric estimate Σ accepted / (Σ accepted + rounds that ended in a
     rejection)). Before any round α̂ is 1: optimism that gets a drafter tried (and measured) before a
     hybrid drafter weighs it against the others; one round corrects it. Counts decay by `decay` a round, so
-    the estimates follow the text (code and prose differ); 1 keeps plain counts.
+    the estimates follow the text (code and prose differ); 1 keeps plain counts. The counts are plain lists:
+    `update` runs every round right after a decode, when each NumPy call costs microseconds.
     """
 
     def __init__(self, decay: float = 1.0, prior_weight: float = PRIOR_WEIGHT) -> None:
@@ -43,16 +44,16 @@ class PositionAcceptance:
         self.prior_weight = prior_weight
         self.accepted = 0.0
         self.rejections = 0.0
-        self.reached = np.zeros(0)
-        self.accepted_at = np.zeros(0)
+        self.reached: list[float] = []
+        self.accepted_at: list[float] = []
 
     @classmethod
     def from_counts(cls, reached: Sequence[int], accepted_at: Sequence[int], rejections: int) -> PositionAcceptance:
         """Plain counts, as `Stats` keeps them, taken as they are (no prior: a benchmark's counts are final)."""
         acceptance = cls(prior_weight=0.0)
         acceptance._grow(len(reached))
-        acceptance.reached[:] = reached
-        acceptance.accepted_at[:len(accepted_at)] = accepted_at
+        acceptance.reached[:] = map(float, reached)
+        acceptance.accepted_at[:len(accepted_at)] = map(float, accepted_at)
         acceptance.accepted, acceptance.rejections = float(sum(accepted_at)), float(rejections)
         return acceptance
 
@@ -64,22 +65,22 @@ class PositionAcceptance:
     def update(self, drafted: int, accepted: int) -> None:
         """A round kept `accepted` of `drafted` tokens."""
         self._grow(drafted)
-        self.accepted = self.accepted * self.decay + accepted
-        self.rejections = self.rejections * self.decay + (accepted < drafted)
-        self.reached *= self.decay
-        self.accepted_at *= self.decay
-        self.reached[:min(accepted + 1, drafted)] += 1  # positions drafted with every earlier one accepted
-        self.accepted_at[:accepted] += 1
+        decay, reached_to = self.decay, min(accepted + 1, drafted)  # positions drafted with every earlier one kept
+        self.accepted = self.accepted * decay + accepted
+        self.rejections = self.rejections * decay + (accepted < drafted)
+        self.reached = [count * decay + (i < reached_to) for i, count in enumerate(self.reached)]
+        self.accepted_at = [count * decay + (i < accepted) for i, count in enumerate(self.accepted_at)]
 
     def forget(self, keep: float) -> None:
         """Scale every count by `keep`: what was learnt weighs less against what comes next."""
         self.accepted, self.rejections = self.accepted * keep, self.rejections * keep
-        self.reached, self.accepted_at = self.reached * keep, self.accepted_at * keep
+        self.reached = [count * keep for count in self.reached]
+        self.accepted_at = [count * keep for count in self.accepted_at]
 
     def _grow(self, k: int) -> None:
         if k > len(self.reached):
-            self.reached = np.concatenate([self.reached, np.zeros(k - len(self.reached))])
-            self.accepted_at = np.concatenate([self.accepted_at, np.zeros(k - len(self.accepted_at))])
+            self.reached += [0.0] * (k - len(self.reached))
+            self.accepted_at += [0.0] * (k - len(self.accepted_at))
 
     def rates(self, k: int) -> np.ndarray:
         """a_1..a_k, each position's counts shrunk towards α̂ by `prior_weight` pseudo-rounds: a position

@@ -34,7 +34,7 @@ class DFlashDrafter(CatchUpDrafter):
     keeps the features the drafter was trained on)."""
 
     def __init__(self, target: Context, block: BlockContext, p_min: float = 0.0) -> None:
-        if target.features is None:
+        if not target.keeps_features:
             raise ValueError("the target context must keep the drafter's feature layers (feature_layers=...)")
         self.target, self.block, self.p_min = target, block, p_min
         self.k_max = block.block_size - 1
@@ -82,5 +82,4 @@ class DFlashDrafter(CatchUpDrafter):
         decoded them)."""
         start = self.block.n_past
         if end > start:
-            assert self.target.features is not None
-            self.block.inject(tokens[start:end], self.target.features[start:end])
+            self.block.inject(tokens[start:end], self.target.features(start, end))

@@ -28,12 +28,12 @@ class Eagle3Drafter(MtpDrafter):
     first = 1  # x_0 has no g before it: the head's first pair is (x_1, g_0)
 
     def __init__(self, target: Context, head: HeadContext, p_min: float = 0.0) -> None:
-        if target.features is None:
+        if not target.keeps_features:
             raise ValueError("the target context must keep the head's feature layers (feature_layers=...)")
         self.target, self.head, self.p_min = target, head, p_min
         self._start: list[int] = []
 
     def _states(self, start: int, end: int) -> np.ndarray:
         """g_{p-1} = fc(features_{p-1}) for p in [start, end)."""
-        assert self.target.features is not None and start >= 1
-        return self.head.encode(self.target.features[start - 1:end - 1])
+        assert start >= 1
+        return self.head.encode(self.target.features(start - 1, end - 1))

@@ -98,13 +98,14 @@ class Context:
         if hidden_states:
             llama_cpp_ext.llama_set_embeddings_nextn(handle, True, False)  # every row, not only those with logits
             self.hidden = np.zeros((self.n_ctx, model.n_embd), dtype=np.float32)
-        # Row p: the feature layers' inputs at p, valid as `hidden` is. Zeros are not written: pages of rows
-        # never decoded take no memory.
+        # [layer i, row p]: the input of feature layer i at p, valid as `hidden` is; layer by layer, so each is
+        # one copy after a decode. Zeros are not written: pages of rows never decoded take no memory.
         self.feature_layers = feature_layers
-        self.features: np.ndarray | None = None
+        self._features: np.ndarray | None = None
         if feature_layers:
             features.record_layer_inputs(handle, feature_layers)
-            self.features = np.zeros((self.n_ctx, len(feature_layers) * model.n_embd), dtype=np.float32)
+            self._features = np.zeros((len(feature_layers), self.n_ctx, model.n_embd), dtype=np.float32)
+            self._features_address = self._features.ctypes.data
 
     @property
     def n_past(self) -> int:
@@ -154,20 +155,31 @@ class Context:
             if self.hidden is not None:
                 rows = self.hidden[self.n_past:self.n_past + len(chunk)]
                 ctypes.memmove(rows.ctypes.data, llama_cpp_ext.llama_get_embeddings_nextn(self._handle), rows.nbytes)
-            if self.features is not None:
+            if self._features is not None:
                 self._keep_features(len(chunk))
             self.tokens.extend(chunk)
         if n_logits == 0:
             return np.empty((0, self.model.n_vocab), dtype=np.float32)
         return copy_rows(llama_cpp.llama_get_logits(self._handle), n_logits, self.model.n_vocab)
 
+    @property
+    def keeps_features(self) -> bool:
+        return self._features is not None
+
+    def features(self, start: int, end: int) -> np.ndarray:
+        """The feature layers' inputs at positions [start, end), side by side in each row (layer by layer, in the
+        order given): what an EAGLE-3 or DFlash drafter's fc layer reads."""
+        assert self._features is not None
+        return self._features[:, start:end].transpose(1, 0, 2).reshape(end - start, -1)
+
     def _keep_features(self, n_rows: int) -> None:
-        """Copy the feature layers' inputs of the decode just made into their rows of `features`."""
-        assert self.features is not None
-        width = self.model.n_embd
-        rows = self.features[self.n_past:self.n_past + n_rows]
+        """Copy the feature layers' inputs of the decode just made into their rows, one memmove a layer."""
+        assert self._features is not None
+        held, row_bytes = self._features.shape[1], self.model.n_embd * 4
+        address = self._features_address + self.n_past * row_bytes
         for i, layer in enumerate(self.feature_layers):
-            rows[:, i * width:(i + 1) * width] = features.layer_inputs(self._handle, layer, n_rows, width)
+            ctypes.memmove(address + i * held * row_bytes, features.layer_inputs(self._handle, layer),
+                           n_rows * row_bytes)
 
     def _fail(self, status: int) -> None:
         """llama.cpp refused a batch: forget everything (the memory may hold part of it) and say why."""

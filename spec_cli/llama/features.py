@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import llama_cpp
-import numpy as np
 
 from spec_cli.errors import SpecError
 from spec_cli.llama.model import Model
@@ -58,6 +57,7 @@ class DrafterFile:
     block_size: int = 0
     mask_token: int = -1
     causal: bool = False
+    variant: str = ""  # "DFlash2" or "DSpark" for the DFlash variants whose drafts are not the block's rows
 
     @property
     def label(self) -> str:
@@ -83,8 +83,11 @@ def drafter_file(model: Model) -> DrafterFile | None:
     if kind == EAGLE3:
         return DrafterFile(kind, layers, int(model.metadata(f"{kind}.target_hidden_size") or 0))
     block = int(model.metadata(f"{kind}.block_size") or DFLASH_BLOCK_DEFAULT)
+    variant = ("DFlash2" if model.metadata(f"{kind}.selector_top_k") else
+               "DSpark" if any(model.metadata(f"{kind}.{key}") is not None
+                               for key in ("sample_from_anchor", "has_confidence_head")) else "")
     return DrafterFile(kind, layers, model.n_embd, block, llama_cpp.llama_vocab_mask(model._vocab),
-                       model.metadata(f"{kind}.attention.causal") == "true")
+                       model.metadata(f"{kind}.attention.causal") == "true", variant)
 
 
 def is_drafter(path: Path) -> bool:
@@ -123,6 +126,9 @@ def check_pair(target: Model, drafter: Model, found: DrafterFile) -> None:
     if drafter.n_vocab != target.n_vocab:
         raise SpecError(f"{name} has a vocabulary of {drafter.n_vocab} tokens, {target.path.name} one of "
                         f"{target.n_vocab}: give the target it was made for")
+    if found.variant:
+        raise SpecError(f"{name} is a {found.variant} drafter, whose drafts are not read off its block's rows: "
+                        "spec-cli drafts with plain DFlash files only")
     if found.kind == DFLASH and found.mask_token < 0:
         raise SpecError(f"{name} names no mask token (tokenizer.ggml.mask_token_id): DFlash cannot draft with it")
 
@@ -133,6 +139,7 @@ def record_layer_inputs(context: llama_cpp.llama_context_p, layers: tuple[int, .
         _set_layer_inp(context, layer, True)
 
 
-def layer_inputs(context: llama_cpp.llama_context_p, layer: int, n_rows: int, width: int) -> np.ndarray:
-    """The input of `layer` for the rows of the last decode on `context` (a view: copy before the next one)."""
-    return np.ctypeslib.as_array(_get_layer_inp(context, layer), shape=(n_rows, width))
+def layer_inputs(context: llama_cpp.llama_context_p, layer: int) -> object:
+    """Where llama.cpp holds the input of `layer` for the rows of the last decode on `context`, row after row
+    (overwritten by the next one)."""
+    return _get_layer_inp(context, layer)
