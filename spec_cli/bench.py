@@ -20,7 +20,7 @@ import json
 import statistics
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from spec_cli.decoding.costs import LoopCosts
 from spec_cli.decoding.draft_length import PositionAcceptance
@@ -323,11 +323,26 @@ def report(sides: Sequence[Side], settings: dict[str, object]) -> dict[str, obje
                            "rollback": side.share("rollback_s"), "outside_llama_cpp": side.share("overhead_s")},
             "runs": [run.as_dict() for run in side.runs],
         })
+    _against_pure(configs)
     return {
         "settings": settings,
         "costs": {_group_name(*group): group_costs.as_dict() for group, group_costs in costs.items()},
         "configs": configs,
     }
+
+
+def _against_pure(configs: list[dict[str, Any]]) -> None:
+    """Give each hybrid row its tokens/s over the better of its pure modes (n-gram lookup, the pair's own
+    drafter) at the same K, on the same prompts, where the run measured them: the hybrid exists to be at
+    least as fast as the better of the two, and this is where to see whether it is."""
+    def setting(c: dict[str, Any]) -> tuple:
+        return c["task"], c["temperature"], c["verify"], c["where"], c["draft_max"]
+    for c in configs:
+        peers = [p for p in configs if p["draft_mode"] in ("ngram", *PREDICTED_MODES) and setting(p) == setting(c)]
+        if c["draft_mode"] == "hybrid" and peers:
+            best = max(peers, key=lambda p: p["tokens_per_second"]["median"])
+            c["against_best_pure"] = {"label": best["label"], "ratio": c["tokens_per_second"]["median"]
+                                      / best["tokens_per_second"]["median"]}
 
 
 def _group_name(task: str | None, where: str | None) -> str:

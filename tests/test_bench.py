@@ -233,6 +233,12 @@ def test_several_prompt_sets_in_one_run(target_path: Path, tmp_path: Path, monke
         baseline = next(c for c in configs if c["task"] == config["task"] and c["draft_mode"] == "none")
         assert config["speedup"] == pytest.approx(config["tokens_per_second"]["median"]
                                                   / baseline["tokens_per_second"]["median"])
+    for task in ("chat", "rewrite"):  # the hybrid against its pure mode at the same K (only the model here)
+        model, hybrid = (next(c for c in configs if c["task"] == task and c["draft_mode"] == mode)
+                         for mode in ("model", "hybrid"))
+        ratio = hybrid["tokens_per_second"]["median"] / model["tokens_per_second"]["median"]
+        assert hybrid["against_best_pure"] == {"label": "model K=2", "ratio": pytest.approx(ratio)}
+        assert f"hybrid K=2 ({task}): {ratio:.2f}× the better of its pure modes (model K=2)" in result.stdout
     assert limits and limits[0][0] == 0
 
 

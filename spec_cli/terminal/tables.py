@@ -31,6 +31,11 @@ def show_comparison(result: dict) -> None:
             positions = " ".join(percent(rate) for rate in c["position_acceptance"][:16])
             where = f" ({c['task']})" if c["task"] else ""
             console.print(f"acceptance by draft position, {c['label']}{where}: {positions}", style="dim")
+    for c in configs:
+        if "against_best_pure" in c:
+            where = f" ({c['task']})" if c["task"] else ""
+            best = c["against_best_pure"]
+            console.print(f"{c['label']}{where}: {best['ratio']:.2f}× the better of its pure modes ({best['label']})")
     for task, task_costs in costs.items():
         console.print(_costs_line(task_costs, "" if task == "all" else f", {task}"), style="dim")
     console.print("runs interleaved across configurations; tokens/s counts decoding only; speed-ups are against the "
