@@ -31,7 +31,7 @@ def show_comparison(result: dict) -> None:
             positions = " ".join(percent(rate) for rate in c["position_acceptance"][:16])
             where = f" ({c['task']})" if c["task"] else ""
             console.print(f"acceptance by draft position, {c['label']}{where}: {positions}", style="dim")
-    for c in configs:
+    for c in result["configs"]:
         if "against_best_pure" in c:
             where = f" ({c['task']})" if c["task"] else ""
             best = c["against_best_pure"]
