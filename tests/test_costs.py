@@ -113,3 +113,17 @@ def test_the_line_never_dips_below_what_smaller_sizes_measured() -> None:
         costs.record(n, seconds)
     assert costs.seconds(5) >= 0.050
     assert 0.010 <= costs.seconds(0) < 0.050  # at least K=4's cost in proportion to K + 1
+
+
+def test_interpolated_reads_between_the_sizes_seen_and_in_proportion_beyond() -> None:
+    """A catch-up far larger than the draft steps is priced from the large calls seen, not from a line that
+    the many one-token steps dominate."""
+    costs = BatchCosts()
+    for _ in range(50):
+        costs.record(1, 0.009)
+        costs.record(2, 0.016)
+    costs.record(46, 0.181)
+    assert costs.interpolated(2) == pytest.approx(0.016)
+    assert costs.interpolated(24) == pytest.approx(0.016 + (0.181 - 0.016) * 22 / 44)
+    assert costs.interpolated(92) == pytest.approx(0.181 * 2)
+    assert BatchCosts().interpolated(3) is None

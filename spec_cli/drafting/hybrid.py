@@ -182,8 +182,9 @@ class HybridDrafter(Drafter):
             self.state.lengths["ngram"].acceptance.update(min(matched + 1, len(emitted)), matched)
 
     def _catch_up_s(self, pending: int) -> float:
-        """c_d(pending): the draft model's catch-up on `pending` tokens (0 while none has been measured)."""
-        return self.costs.draft.seconds(max(pending, 1)) or 0.0
+        """c_d(pending): the draft model's catch-up on `pending` tokens (0 while none has been measured), read
+        between the sizes measured: a backlog is far larger than a draft step."""
+        return self.costs.draft.interpolated(max(pending, 1)) or 0.0
 
     def update(self, drafted: int, accepted: int) -> None:
         if self.chosen is None:
