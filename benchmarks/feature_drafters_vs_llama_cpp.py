@@ -23,22 +23,18 @@ medians of the runs, interleaved, and each side's acceptance (accepted / drafted
 from __future__ import annotations
 
 import argparse
-import re
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
+import llama_cpp_tool  # noqa: E402  (beside this script)
 from tiny_models import write_dflash, write_eagle3, write_model  # noqa: E402  (the test suite's GGUF writers)
 
 from spec_cli import Pair, load_pair  # noqa: E402
 
 PROMPT = "the cat sat on the mat and the dog ran after the red ball in the garden"
-DECODED = re.compile(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds")
-DRAFTED = re.compile(r"n_drafted\s+=\s+(\d+)")
-ACCEPTED = re.compile(r"n_accept\s+=\s+(\d+)")
 LAYERS = {"eagle3": (1, 4, 6), "dflash": (1, 4, 6)}
 SPEC_TYPE = {"eagle3": "draft-eagle3", "dflash": "draft-dflash"}
 
@@ -101,19 +97,8 @@ def llama_cpp(args: argparse.Namespace, target: Path, drafter: Path, kind: str, 
     command = [str(args.llama_bin / "llama-speculative-simple"), "-m", str(target), "-md", str(drafter),
                "--spec-type", SPEC_TYPE[kind], "--spec-draft-n-max", str(k), "-n", str(args.max_tokens),
                "-p", PROMPT, "--temp", "0", "-t", str(args.threads), "-td", str(args.threads), "-c", "1024"]
-    output = run_llama_cpp(command)
-    tokens, seconds = DECODED.search(output).groups()
-    drafted, accepted = int(DRAFTED.search(output).group(1)), int(ACCEPTED.search(output).group(1))
-    return int(tokens) / float(seconds), accepted / drafted if drafted else 0.0
-
-
-def run_llama_cpp(command: list[str], tries: int = 3) -> str:
-    """The tool's log; it now and then exits before printing its figures, so it is run again then."""
-    for _ in range(tries):
-        output = subprocess.run(command, capture_output=True, text=True, errors="replace", check=True).stderr
-        if DECODED.search(output) and ACCEPTED.search(output):
-            return output
-    raise RuntimeError(f"{command[0]} printed no figures in {tries} runs:\n{output[-2000:]}")
+    tokens, seconds, drafted, accepted = llama_cpp_tool.run(command)
+    return tokens / seconds, accepted / drafted if drafted else 0.0
 
 
 def report(alone: float, rows: list, args: argparse.Namespace) -> None:

@@ -21,21 +21,18 @@ medians of the runs, interleaved. At T = 1: tokens per target pass, spec-cli's b
 from __future__ import annotations
 
 import argparse
-import re
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
+import llama_cpp_tool  # noqa: E402  (beside this script)
 from tiny_models import write_qwen35_mtp  # noqa: E402  (the test suite's GGUF writer)
 
 from spec_cli import Pair, SamplingParams, load_pair  # noqa: E402
 
 PROMPT = "the cat sat on the mat and the dog ran after the red ball in the garden"
-DECODED = re.compile(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds")
-ACCEPTED = re.compile(r"n_accept\s+=\s+(\d+)")
 
 
 def main() -> None:
@@ -89,20 +86,9 @@ def llama_cpp_mtp(args: argparse.Namespace, model: Path, k: int, temperature: fl
     command = [str(args.llama_bin / "llama-speculative-simple"), "-m", str(model), "--spec-type", "draft-mtp",
                "--spec-draft-n-max", str(k), "-n", str(args.max_tokens), "-p", PROMPT, "--temp", str(temperature),
                "--top-k", "0", "--top-p", "1", "--min-p", "0", "-s", str(seed), "-t", str(args.threads), "-c", "1024"]
-    output = run_llama_cpp(command)
-    tokens, seconds = DECODED.search(output).groups()
-    accepted = int(ACCEPTED.search(output).group(1))
-    rounds = int(tokens) - accepted  # each pass yields its accepted drafts and one token of the target's
-    return int(tokens) / float(seconds), int(tokens) / rounds
-
-
-def run_llama_cpp(command: list[str], tries: int = 3) -> str:
-    """The tool's log; it now and then exits before printing its figures, so it is run again then."""
-    for _ in range(tries):
-        output = subprocess.run(command, capture_output=True, text=True, errors="replace", check=True).stderr
-        if DECODED.search(output) and ACCEPTED.search(output):
-            return output
-    raise RuntimeError(f"{command[0]} printed no figures in {tries} runs:\n{output[-2000:]}")
+    tokens, seconds, _drafted, accepted = llama_cpp_tool.run(command)
+    rounds = tokens - accepted  # each pass yields its accepted drafts and one token of the target's
+    return tokens / seconds, tokens / rounds
 
 
 def report(alone: float, rows: list, args: argparse.Namespace) -> None:

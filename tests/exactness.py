@@ -9,7 +9,8 @@ from collections import Counter
 
 import numpy as np
 
-from spec_cli import Pair, SamplingParams
+from spec_cli import Generation, Pair, SamplingParams
+from spec_cli.chat import ChatSession, Settings
 from spec_cli.decoding.sampling import probabilities
 from spec_cli.decoding.stats import Stats
 from spec_cli.llama.context import Context
@@ -36,6 +37,26 @@ def sampled_pairs(pair: Pair, prompt: list[int], sampling: SamplingParams, k: in
         totals.merge(generation.stats)
     assert sum(observed.values()) == n
     return observed, totals
+
+
+def finish(generation: Generation) -> Generation:
+    for _ in generation:
+        pass
+    return generation
+
+
+def chat_turns_match_the_target_alone(pair: Pair, mode: str) -> None:
+    """Three greedy chat turns drafted in `mode` answer as the target alone does, token for token, with drafts
+    kept; every turn after the first evaluates only its new tokens (the memories keep the conversation)."""
+    base = dict(sampling=SamplingParams(), draft_max=3, draft_p_min=0.0, max_tokens=16)
+    drafting = ChatSession(pair, Settings(draft_mode=mode, **base), system="be brief")
+    alone = ChatSession(pair, Settings(draft_mode=mode, use_draft=False, **base), system="be brief")
+    for i, message in enumerate(["hello there", "the cat sat", "and the dog"]):
+        answer = [event.token for event in drafting.reply(message)]
+        assert answer == [event.token for event in alone.reply(message)]
+        if i:
+            assert drafting.last.stats.prompt_cached > len(drafting.last.prompt) // 2
+    assert drafting.totals.accepted > 0
 
 
 REST = ("rest",)  # the pairs an expectation leaves out, as one cell

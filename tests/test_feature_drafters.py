@@ -8,19 +8,18 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections import Counter
 from pathlib import Path
 from typing import Iterator
 
 import numpy as np
 import pytest
 from click.testing import Result
-from exactness import SAMPLED, SIGNIFICANCE, chi_square_p_value, exact_pair_distribution
+from exactness import (SAMPLED, SIGNIFICANCE, chat_turns_match_the_target_alone, chi_square_p_value,
+                       exact_pair_distribution, finish, sampled_pairs)
 from tiny_models import CHAT_TEMPLATE, MASK_TOKEN, write_dflash, write_eagle3, write_model
 from typer.testing import CliRunner
 
-from spec_cli import Generation, Pair, SamplingParams, load_pair
-from spec_cli.chat import ChatSession, Settings
+from spec_cli import Generation, Pair, load_pair
 from spec_cli.cli.app import app
 from spec_cli.decoding.costs import PER_ROUND, PER_TOKEN
 from spec_cli.drafting.dflash import DFlashDrafter
@@ -52,12 +51,6 @@ def drafter_paths(models_dir: Path, fed_target: Path) -> dict[str, Path]:
 def pair(request: pytest.FixtureRequest, fed_target: Path, drafter_paths: dict[str, Path]) -> Iterator[Pair]:
     with load_pair(fed_target, drafter_paths[request.param]) as loaded:
         yield loaded
-
-
-def finish(generation: Generation) -> Generation:
-    for _ in generation:
-        pass
-    return generation
 
 
 def greedy(pair: Pair, prompt: str | list[int], **options: object) -> Generation:
@@ -140,31 +133,13 @@ def test_k_auto_prices_a_dflash_round_as_one_pass_and_k_stays_within_the_block(p
 def test_sampled_first_two_tokens_follow_the_target(pair: Pair, verify: str) -> None:
     """χ² at α = 0.001 against the exact law of the first two tokens, computed from the target alone."""
     prompt = pair.prompt_tokens("the dog", raw=True)
-    expected = exact_pair_distribution(pair, prompt)
-    observed: Counter = Counter()
-    accepted = rejected = 0
-    n = 2000
-    for seed in range(n):
-        generation = finish(pair.generate(prompt, sampling=SAMPLED, seed=seed, max_tokens=3, draft_max=2,
-                                          verify=verify))
-        observed[tuple(generation.token_ids[:2])] += 1
-        accepted += generation.stats.accepted
-        rejected += generation.stats.rejected_rounds
-    assert accepted > 0 and rejected > 0
-    assert chi_square_p_value(observed, expected, n) > SIGNIFICANCE
+    observed, totals = sampled_pairs(pair, prompt, SAMPLED, 2, pair.default_draft_mode, verify, n=2000)
+    assert totals.accepted > 0 and totals.rejected_rounds > 0
+    assert chi_square_p_value(observed, exact_pair_distribution(pair, prompt), 2000) > SIGNIFICANCE
 
 
 def test_chat_turns_reuse_the_memory_and_equal_the_target_alone(pair: Pair) -> None:
-    base = dict(sampling=SamplingParams(), draft_max=3, draft_p_min=0.0, max_tokens=16)
-    kind = pair.default_draft_mode
-    drafting = ChatSession(pair, Settings(draft_mode=kind, **base), system="be brief")
-    alone = ChatSession(pair, Settings(draft_mode=kind, use_draft=False, **base), system="be brief")
-    for i, message in enumerate(["hello there", "the cat sat", "and the dog"]):
-        answer = [event.token for event in drafting.reply(message)]
-        assert answer == [event.token for event in alone.reply(message)]
-        if i:  # a later turn evaluates only its new tokens
-            assert drafting.last.stats.prompt_cached > len(drafting.last.prompt) // 2
-    assert drafting.totals.accepted > 0
+    chat_turns_match_the_target_alone(pair, pair.default_draft_mode)
 
 
 def spec(*args: str | Path) -> subprocess.CompletedProcess[str]:

@@ -4,14 +4,14 @@ with one MTP block, written with the gguf writer and loaded by llama.cpp."""
 from __future__ import annotations
 
 import json
-from collections import Counter
 from pathlib import Path
 from typing import Iterator
 
 import numpy as np
 import pytest
 from click.testing import Result
-from exactness import SAMPLED, SIGNIFICANCE, chi_square_p_value, exact_pair_distribution
+from exactness import (SAMPLED, SIGNIFICANCE, chat_turns_match_the_target_alone, chi_square_p_value,
+                       exact_pair_distribution, finish, sampled_pairs)
 from tiny_models import CHAT_TEMPLATE, write_qwen35_mtp
 from typer.testing import CliRunner
 
@@ -39,12 +39,6 @@ def pair(mtp_path: Path) -> Iterator[Pair]:
 
 def rng(seed: int) -> np.random.Generator:
     return np.random.default_rng(seed)
-
-
-def finish(generation: Generation) -> Generation:
-    for _ in generation:
-        pass
-    return generation
 
 
 def greedy(pair: Pair, prompt: str | list[int], **options: object) -> Generation:
@@ -106,30 +100,13 @@ def test_hybrid_pairs_ngram_lookup_with_the_head(pair: Pair) -> None:
 def test_sampled_first_two_tokens_follow_the_target(pair: Pair, verify: str) -> None:
     """χ² at α = 0.001 against the exact law of the first two tokens, computed from the target alone."""
     prompt = pair.prompt_tokens("the dog", raw=True)
-    expected = exact_pair_distribution(pair, prompt)
-    observed: Counter = Counter()
-    accepted = rejected = 0
-    n = 2000
-    for seed in range(n):
-        generation = finish(pair.generate(prompt, sampling=SAMPLED, seed=seed, max_tokens=3, draft_max=2,
-                                          draft_mode="mtp", verify=verify))
-        observed[tuple(generation.token_ids[:2])] += 1
-        accepted += generation.stats.accepted
-        rejected += generation.stats.rejected_rounds
-    assert accepted > 0 and rejected > 0
-    assert chi_square_p_value(observed, expected, n) > SIGNIFICANCE
+    observed, totals = sampled_pairs(pair, prompt, SAMPLED, 2, "mtp", verify, n=2000)
+    assert totals.accepted > 0 and totals.rejected_rounds > 0
+    assert chi_square_p_value(observed, exact_pair_distribution(pair, prompt), 2000) > SIGNIFICANCE
 
 
 def test_chat_turns_reuse_the_memory_and_equal_the_target_alone(pair: Pair) -> None:
-    base = dict(sampling=SamplingParams(), draft_max=3, draft_p_min=0.0, max_tokens=16)
-    drafting = ChatSession(pair, Settings(draft_mode="mtp", **base), system="be brief")
-    alone = ChatSession(pair, Settings(draft_mode="mtp", use_draft=False, **base), system="be brief")
-    for i, message in enumerate(["hello there", "the cat sat", "and the dog"]):
-        answer = [event.token for event in drafting.reply(message)]
-        assert answer == [event.token for event in alone.reply(message)]
-        if i:  # a later turn evaluates only its new tokens
-            assert drafting.last.stats.prompt_cached > len(drafting.last.prompt) // 2
-    assert drafting.totals.accepted > 0
+    chat_turns_match_the_target_alone(pair, "mtp")
 
 
 def test_a_model_without_mtp_layers_refuses_mtp_in_one_line(target_path: Path) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import string
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import gguf
 import numpy as np
@@ -409,7 +410,14 @@ def _write_drafter_header(writer: gguf.GGUFWriter, arch: str, n_embd: int, targe
         writer.add_mask_token_id(mask_token)
 
 
-def _finish(writer: gguf.GGUFWriter) -> None:
+def _finish_drafter(writer: gguf.GGUFWriter, n: int, weight: Callable[..., np.ndarray]) -> None:
+    """What ends both drafters: one feed-forward block that adds little to what the attention passes on, the
+    output norm, and the file written out."""
+    writer.add_tensor("blk.0.ffn_norm.weight", np.ones(n, np.float32))
+    writer.add_tensor("blk.0.ffn_gate.weight", weight(2 * n, n))
+    writer.add_tensor("blk.0.ffn_up.weight", weight(2 * n, n))
+    writer.add_tensor("blk.0.ffn_down.weight", weight(n, 2 * n, scale=0.1))
+    writer.add_tensor("output_norm.weight", np.ones(n, np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -449,12 +457,7 @@ def write_eagle3(path: Path, seed: int = 5, *, target_width: int = N_EMBD, targe
     writer.add_tensor("blk.0.attn_k.weight", focus * token_half)
     writer.add_tensor("blk.0.attn_v.weight", token_half)
     writer.add_tensor("blk.0.attn_output.weight", gain * np.eye(n, dtype=np.float32))
-    writer.add_tensor("blk.0.ffn_norm.weight", np.ones(n, np.float32))
-    writer.add_tensor("blk.0.ffn_gate.weight", weight(2 * n, n))
-    writer.add_tensor("blk.0.ffn_up.weight", weight(2 * n, n))
-    writer.add_tensor("blk.0.ffn_down.weight", weight(n, 2 * n, scale=0.1))
-    writer.add_tensor("output_norm.weight", np.ones(n, np.float32))
-    _finish(writer)
+    _finish_drafter(writer, n, weight)
     return path
 
 
@@ -517,10 +520,5 @@ def write_dflash(path: Path, target: Path, *, seed: int = 6, target_layers: tupl
     writer.add_tensor("blk.0.attn_output.weight", np.eye(n, dtype=np.float32))
     writer.add_tensor("blk.0.attn_q_norm.weight", np.full(n, focus, np.float32))
     writer.add_tensor("blk.0.attn_k_norm.weight", np.full(n, focus, np.float32))
-    writer.add_tensor("blk.0.ffn_norm.weight", np.ones(n, np.float32))
-    writer.add_tensor("blk.0.ffn_gate.weight", weight(2 * n, n))
-    writer.add_tensor("blk.0.ffn_up.weight", weight(2 * n, n))
-    writer.add_tensor("blk.0.ffn_down.weight", weight(n, 2 * n, scale=0.1))
-    writer.add_tensor("output_norm.weight", np.ones(n, np.float32))
-    _finish(writer)
+    _finish_drafter(writer, n, weight)
     return path
