@@ -19,7 +19,7 @@ from exactness import (SAMPLED, SIGNIFICANCE, chat_turns_match_the_target_alone,
 from tiny_models import CHAT_TEMPLATE, MASK_TOKEN, write_dflash, write_eagle3, write_model
 from typer.testing import CliRunner
 
-from spec_cli import Generation, Pair, load_pair
+from spec_cli import Generation, Pair, SpecError, load_pair
 from spec_cli.cli.app import app
 from spec_cli.decoding.costs import PER_ROUND, PER_TOKEN
 from spec_cli.drafting.dflash import DFlashDrafter
@@ -118,6 +118,13 @@ def test_hybrid_pairs_ngram_lookup_with_the_drafter(pair: Pair) -> None:
     alone = greedy(pair, prompt, draft_mode="none")
     hybrid = greedy(pair, prompt, draft_mode="hybrid", draft_max=4)
     assert hybrid.token_ids == alone.token_ids and hybrid.stats.accepted > 0
+
+
+def test_modes_that_need_a_draft_model_say_which_mode_the_file_drafts_in(pair: Pair) -> None:
+    kind = pair.default_draft_mode
+    with pytest.raises(SpecError, match=f"draft mode 'model' needs a draft model, and the draft given is "
+                                        f"an? (EAGLE-3 head|DFlash drafter); use --draft-mode {kind}$"):
+        pair.drafting.check("model")
 
 
 def test_k_auto_prices_a_dflash_round_as_one_pass_and_k_stays_within_the_block(pair: Pair) -> None:

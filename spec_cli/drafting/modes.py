@@ -142,7 +142,13 @@ def _none(_drafting: Drafting, _p_min: float, _k: int | str) -> tuple[Drafter | 
 
 
 def _no_draft_model(mode: str) -> Callable[[Sources], str]:
-    return lambda _sources: f"draft mode {mode!r} needs a draft model; give one, or use --draft-mode ngram"
+    def missing(sources: Sources) -> str:
+        fed = ("eagle3", "an EAGLE-3 head") if sources.eagle3 is not None else \
+            ("dflash", "a DFlash drafter") if sources.dflash is not None else None
+        if fed is not None:  # a draft file was given, but it drafts from the target's features
+            return f"draft mode {mode!r} needs a draft model, and the draft given is {fed[1]}; use --draft-mode {fed[0]}"
+        return f"draft mode {mode!r} needs a draft model; give one, or use --draft-mode ngram"
+    return missing
 
 
 def _no_drafter_file(mode: str, what: str) -> Callable[[Sources], str]:
