@@ -431,8 +431,9 @@ def write_eagle3(path: Path, seed: int = 5, *, target_width: int = N_EMBD, targe
 
     Its drafts are often right and often wrong: the pair at position P is (x_{P+1}, g_P), and its attention
     attends to the token's own row (its one head's queries and keys are the normalised embedding times
-    `focus`: a vector's product with itself outgrows its products with others; values are the embedding), so the head passes x_{P+1}'s embedding to the target's output layer: the target's
-    prediction from the token alone, a bigram. Where the target's layers tip its choice, the head is wrong.
+    `focus`: a vector's product with itself outgrows its products with others; values are the embedding),
+    so the head passes x_{P+1}'s embedding to the target's output layer: the target's prediction from the
+    token alone, a bigram. Where the target's layers tip its choice, the head is wrong.
     g rides in the residual stream: the fused features (`g_scale`-small) at the first step, so the features
     fed matter a little; the head's own state after it, which the attention outweighs `gain` times over, so
     later steps are right less often. `norm_g` puts g normalised in the residual (`norm_before_residual`):

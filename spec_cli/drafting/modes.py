@@ -146,7 +146,8 @@ def _no_draft_model(mode: str) -> Callable[[Sources], str]:
         fed = ("eagle3", "an EAGLE-3 head") if sources.eagle3 is not None else \
             ("dflash", "a DFlash drafter") if sources.dflash is not None else None
         if fed is not None:  # a draft file was given, but it drafts from the target's features
-            return f"draft mode {mode!r} needs a draft model, and the draft given is {fed[1]}; use --draft-mode {fed[0]}"
+            return (f"draft mode {mode!r} needs a draft model, and the draft given is {fed[1]}; "
+                    f"use --draft-mode {fed[0]}")
         return f"draft mode {mode!r} needs a draft model; give one, or use --draft-mode ngram"
     return missing
 

@@ -64,16 +64,15 @@ def _short(source: dict[str, object]) -> str:
 
 
 def member_reports(spec: PairSpec) -> list[MemberReport]:
-    """Each member's source, local file and GGUF metadata (read without loading weights)."""
-    reports = []
+    """Each member's source, local file and GGUF metadata (read without loading weights), and for an EAGLE-3 or
+    DFlash draft what it reads and whether the target feeds it (`drafter_facts`)."""
+    reports, target = [], locate(spec, "target")
     for member in spec.files:
         path = locate(spec, member)
-        target = locate(spec, "target")
         fed = drafter_facts(target, path) if member == "draft" and path else None
-        reports.append(MemberReport(member, describe(spec.source(member)), path,
-                                    path.stat().st_size if path else 0,
-                                    gguf.model_info(path, _rollback_sized_for(member, spec.draft_max)) if path else None,
-                                    drafter=fed[0] if fed else []))
+        info = gguf.model_info(path, _rollback_sized_for(member, spec.draft_max)) if path else None
+        reports.append(MemberReport(member, describe(spec.source(member)), path, path.stat().st_size if path else 0,
+                                    info, drafter=fed[0] if fed else []))
     if spec.drafts_with_mtp:
         reports.append(MemberReport("draft", describe(spec.draft), None, 0, None, is_file=False))
     return reports
