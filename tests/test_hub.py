@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -158,6 +159,9 @@ def test_unreachable_hub_with_nothing_cached(fake_hub: FakeHub, monkeypatch: pyt
         probe.bind(("127.0.0.1", 0))
         closed_port = probe.getsockname()[1]
     monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{closed_port}")
+    # huggingface_hub retries a refused connection five times, waiting 1 + 2 + 4 + 8 + 8 s: the answer is
+    # under test, not the wait.
+    monkeypatch.setattr(time, "sleep", lambda _seconds: None)
     result = spec("models", "pull", "tiny-hub")
     assert result.exit_code == 1
     assert "is not downloaded and the Hub cannot be reached; run `spec models pull tiny-hub`" in result.stderr
