@@ -18,7 +18,6 @@ import numpy as np
 
 from spec_cli.drafting.mtp import MtpDrafter
 from spec_cli.llama.context import Context
-from spec_cli.llama.heads import HeadContext
 
 
 class Eagle3Drafter(MtpDrafter):
@@ -27,11 +26,10 @@ class Eagle3Drafter(MtpDrafter):
 
     first = 1  # x_0 has no g before it: the head's first pair is (x_1, g_0)
 
-    def __init__(self, target: Context, head: HeadContext, p_min: float = 0.0) -> None:
+    @staticmethod
+    def _check(target: Context) -> None:
         if not target.keeps_features:
             raise ValueError("the target context must keep the head's feature layers (feature_layers=...)")
-        self.target, self.head, self.p_min = target, head, p_min
-        self._start: list[int] = []
 
     def _states(self, start: int, end: int) -> np.ndarray:
         """g_{p-1} = fc(features_{p-1}) for p in [start, end)."""

@@ -39,10 +39,15 @@ class MtpDrafter(CatchUpDrafter):
     first = 0  # the first sequence position the head pairs (the MTP head pairs x_0 with zeros)
 
     def __init__(self, target: Context, head: HeadContext, p_min: float = 0.0) -> None:
-        if target.hidden is None:
-            raise ValueError("the target context must keep its hidden states (hidden_states=True)")
+        self._check(target)
         self.target, self.head, self.p_min = target, head, p_min
         self._start: list[int] = []  # the sequence's tokens before the head's first pair
+
+    @staticmethod
+    def _check(target: Context) -> None:
+        """Refuse a target context that does not keep the states `_states` reads."""
+        if target.hidden is None:
+            raise ValueError("the target context must keep its hidden states (hidden_states=True)")
 
     @property
     def busy_s(self) -> float:

@@ -38,7 +38,7 @@ def common_prefix(held: Sequence[int], tokens: Sequence[int]) -> int:
 
 
 def new_context(model: Model, n_ctx: int, n_batch: int, n_threads: int, what: str,
-                 **settings: object) -> llama_cpp.llama_context_p:
+                **settings: object) -> llama_cpp.llama_context_p:
     """A llama.cpp context for one sequence over `model`, decoding batches of `n_batch` on `n_threads`;
     `settings` are further llama_context_params fields, `what` names it in the error."""
     params = llama_cpp.llama_context_default_params()

@@ -99,17 +99,12 @@ def is_drafter(path: Path) -> bool:
         model.close()
 
 
-def feeds(architecture: str) -> bool:
-    """Whether a target of `architecture` can hand its layer inputs to a drafter."""
-    return architecture in FEEDING_ARCHS
-
-
 def check_pair(target: Model, drafter: Model, found: DrafterFile) -> None:
     """One line for each way the pair cannot work, before llama.cpp would abort over it: a target that does
     not record its layer inputs, another width, layer count or vocabulary than the drafter was trained on,
     a DFlash file without a mask token."""
     name, arch = drafter.path.name, target.metadata("general.architecture") or "unknown"
-    if not feeds(arch):
+    if arch not in FEEDING_ARCHS:
         raise SpecError(f"{target.path.name} ({arch}) cannot feed the {found.label} {name}: llama.cpp records "
                         f"layer inputs only for {', '.join(sorted(FEEDING_ARCHS))}")
     if found.target_width != target.n_embd:
