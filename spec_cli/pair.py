@@ -20,7 +20,7 @@ from typing import Any, Sequence, TypeVar
 from spec_cli.decoding.draft_length import AUTO_K_MAX
 from spec_cli.decoding.engine import Generation
 from spec_cli.decoding.sampling import recommended
-from spec_cli.drafting.modes import MODES, Drafting, Sources
+from spec_cli.drafting.modes import FED_MODES, MODES, Drafting, Sources
 from spec_cli.drafting.translation import Translation
 from spec_cli.errors import SpecError
 from spec_cli.llama import features
@@ -49,6 +49,7 @@ class Pair:
         self.target = target
         self.draft = draft
         self.translation = translation
+        self.n_threads = n_threads
         self._contexts: list[Context | HeadContext | BlockContext] = []
         self._models = [m for m in (target, draft) if m is not None]
         self.drafter_file = features.drafter_file(draft) if draft is not None else None
@@ -157,19 +158,39 @@ class Pair:
         """
         request = replace(request or GenerationRequest(), **fields)
         tokens = self.prompt_tokens(prompt, raw) if isinstance(prompt, str) else list(prompt)
+        return self._generation(tokens, request, self.target_context, self.drafting)
+
+    def _generation(self, tokens: list[int], request: GenerationRequest, target: Context,
+                    drafting: Drafting) -> Generation:
+        """A generation of `tokens` on the target's sequence `target`, drafting with `drafting`'s sources."""
         self.check_prompt(tokens)
         grammar = self.grammar(request.grammar) if request.grammar is not None else None
         mode = MODES[self.mode_for(request)]
-        drafter, draft_length = self.drafting.build(mode.name, request.draft_p_min, request.draft_max)
+        drafter, draft_length = drafting.build(mode.name, request.draft_p_min, request.draft_max)
         seed = secrets.randbits(32) if request.seed is None else request.seed
-        generation = Generation(self.target_context, drafter, tokens, request.sampling, seed, draft_length,
-                                request.max_tokens, request.verify, self.drafting.costs(mode.name), grammar)
+        generation = Generation(target, drafter, tokens, request.sampling, seed, draft_length,
+                                request.max_tokens, request.verify, drafting.costs(mode.name), grammar)
         generation.stats.adaptive = request.adaptive and drafter is not None
         generation.stats.draft_mode = mode.name
         in_use = ("target", "draft") if mode.loads_draft and self.draft_context else ("target",)
         generation.stats.memory = {name: facts for name, facts in self.memory().items() if name in in_use}
         generation.stats.placement = {name: where for name, where in self.placement().items() if name in in_use}
         return generation
+
+    def slots(self, n: int) -> list[Slot]:
+        """`n` sequences to generate on at once (`decoding.scheduler`): each its own sequence of one target
+        context (and of one draft context), and its own drafting state. Their memories go back by cuts or
+        snapshots (never in place: llama.cpp's in-place rollback is per batch, not per sequence).
+
+        Drafters fed with the target's hidden states or features (an MTP head, an EAGLE-3 head, a DFlash drafter)
+        draft one sequence at a time: slots draft with the draft model, n-gram lookup, both, or not at all."""
+        targets = self._sequences(self.target, n)
+        drafts = self._sequences(self.draft, n) if self.draft_context is not None else [None] * n
+        return [Slot(self, target, draft) for target, draft in zip(targets, drafts)]
+
+    def _sequences(self, model: Model, n: int) -> list[Context]:
+        first = self._add(Context(model, self.n_ctx, self.n_threads, sequences=n))
+        return [first, *(self._add(first.sequence(seq)) for seq in range(1, n))]
 
     def grammar(self, gbnf: str) -> Grammar:
         """The start state of GBNF `gbnf` over the target's vocabulary; InvalidRequest when it does not parse."""
@@ -189,6 +210,23 @@ class Pair:
 
     def __exit__(self, *_exc: object) -> None:
         self.close()
+
+
+class Slot:
+    """One sequence of a pair's `slots`: its target and draft contexts and what its drafters learn, kept across
+    the generations it runs (a client's next turn that lands here reuses its prefix)."""
+
+    def __init__(self, pair: Pair, target: Context, draft: Context | None) -> None:
+        self.pair, self.target = pair, target
+        self.drafting = Drafting(Sources(target, draft, translation=pair.translation))
+
+    def generate(self, tokens: Sequence[int], request: GenerationRequest) -> Generation:
+        """A generation of `tokens` on this slot, for a scheduler to run (`Pair.generate` otherwise)."""
+        mode = self.pair.mode_for(request)
+        if mode in FED_MODES:
+            raise InvalidRequest("draft_mode", f"{{name}} {mode!r} drafts one sequence at a time, and this runs "
+                                               "several at once; use model, ngram, hybrid or none")
+        return self.pair._generation(list(tokens), request, self.target, self.drafting)
 
 
 def load_pair(target: str | os.PathLike[str], draft: str | os.PathLike[str] | None = None, *,

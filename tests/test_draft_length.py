@@ -7,7 +7,8 @@ from typing import Callable
 import pytest
 
 from spec_cli.decoding.costs import FREE, PER_TOKEN, LoopCosts
-from spec_cli.decoding.draft_length import AdaptiveK, FixedK, PositionAcceptance, expected_tokens
+from spec_cli.decoding.draft_length import (PROBE_ROUNDS, PROBE_SHARE, AdaptiveK, FixedK, PositionAcceptance,
+                                            expected_tokens)
 from spec_cli.decoding.stats import Stats
 
 
@@ -135,4 +136,56 @@ def test_k_moves_at_most_two_a_round_after_warmup() -> None:
         chosen.append(controller.next_k())
     steps = [abs(after - before) for before, after in zip(chosen[1:], chosen[2:])]
     assert max(steps) <= 2
-    assert chosen[-1] == 1
+    assert chosen[-1] == 0  # drafts that never pay: the target alone
+
+
+def idle(controller: AdaptiveK, rounds: int) -> list[int]:
+    """Run `rounds` rounds at the controller's K, none of whose drafts is kept; return the K of each."""
+    ks = []
+    for _ in range(rounds):
+        ks.append(controller.next_k())
+        controller.update(ks[-1], 0)
+    return ks
+
+
+def batched_catch_up(draft_step: float) -> LoopCosts:
+    """Costs of a drafter that pays `draft_step` a token drafted and little more for a 64-token catch-up."""
+    costs = fed_costs(draft_step, lambda k: 0.040 + 0.004 * (k + 1))
+    costs.draft.record(64, 2 * draft_step)
+    return costs
+
+
+def test_an_idle_drafter_is_probed_less_and_less_while_probes_do_not_pay() -> None:
+    controller = AdaptiveK(batched_catch_up(0.002), PER_TOKEN, k_max=16, k_start=2, warmup_rounds=1)
+    ks = idle(controller, 8 * PROBE_ROUNDS)
+    first = ks.index(0)
+    probes = [i for i, k in enumerate(ks) if i > first and k]
+    assert probes[0] == first + PROBE_ROUNDS  # K = 1 once, after the idle rounds
+    assert [b - a for a, b in zip(probes, probes[1:])] == [2 * PROBE_ROUNDS + 1, 4 * PROBE_ROUNDS + 1]
+    assert all(k <= 1 for k in ks[first:])
+
+
+def test_a_probe_that_pays_brings_drafting_back() -> None:
+    controller = AdaptiveK(batched_catch_up(0.002), PER_TOKEN, k_max=16, k_start=2, warmup_rounds=1)
+    idle(controller, 20)
+    assert controller.next_k() == 0
+    for _ in range(PROBE_ROUNDS + 40):
+        k = controller.next_k()
+        controller.update(k, k)  # the text turned: every draft is kept
+    assert controller.next_k() >= 3 and controller.probe_after == PROBE_ROUNDS
+
+
+def test_a_probe_dearer_than_its_share_of_the_idle_time_is_not_made() -> None:
+    """A drafter whose catch-up costs as much as the rounds it missed (one-token kernels) is not probed."""
+    costs = fed_costs(0.050, lambda k: 0.040 + 0.004 * (k + 1))
+    costs.draft.record(64, 64 * 0.050)
+    controller = AdaptiveK(costs, PER_TOKEN, k_max=16, k_start=1, warmup_rounds=1)
+    assert set(idle(controller, 400)[3:]) == {0}
+    assert controller.probe_price() > PROBE_SHARE * controller.idle * 0.044
+
+
+def test_free_drafts_are_probed_for_the_price_of_a_row() -> None:
+    controller = AdaptiveK(fed_costs(0.050, lambda k: 0.040 + 0.010 * (k + 1)), FREE, k_max=16, k_start=1,
+                           warmup_rounds=1)
+    ks = idle(controller, 2 + PROBE_ROUNDS)
+    assert ks == [1] + [0] * PROBE_ROUNDS + [1] and controller.probe_price() == pytest.approx(0.010)

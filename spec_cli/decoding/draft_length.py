@@ -7,6 +7,12 @@ instead (`PositionAcceptance`), since later positions are accepted less often, a
 K + 1 tokens, and the loop's own work per token. `AdaptiveK` moves K towards the value that maximises
 E[tokens](K) / seconds(K), at most 2 a round; until it has measured enough it follows the transformers
 heuristic (K + 2 after a fully accepted round, K − 1 otherwise), which also explores K.
+
+K = 0 is a choice: where drafting does not pay (a draft dearer than its target, one the target seldom
+agrees with) the loop runs as the target alone, so that speculation never costs. A drafter left idle is
+probed now and then with K = 1, for the text may turn to where it pays; a probe is made only when its price
+(the drafter's catch-up on what it missed, one step, one more verify row) is at most `PROBE_SHARE` of the
+time spent idle since the last, so that probes cost at most that share whatever the drafter.
 """
 
 from __future__ import annotations
@@ -15,10 +21,12 @@ from typing import Protocol, Sequence
 
 import numpy as np
 
-from spec_cli.decoding.costs import LoopCosts
+from spec_cli.decoding.costs import FREE, PER_ROUND, LoopCosts
 
 PRIOR_WEIGHT = 3.0  # pseudo-rounds at α̂ behind each position's rate
 AUTO_K_MAX = 16  # the largest K `-k auto` chooses
+PROBE_SHARE = 0.015  # the most a probe of an idle drafter may cost, as a share of the idle rounds' time
+PROBE_ROUNDS = 32  # the fewest idle rounds before a probe; doubled after each probe that did not pay
 
 
 def expected_tokens(alpha: float, k: int) -> float:
@@ -126,7 +134,8 @@ class FixedK:
 
 
 class AdaptiveK:
-    """Chooses K to maximise expected tokens per second from running estimates of a_i and of `costs`.
+    """Chooses K (0 included) to maximise expected tokens per second from running estimates of a_i and of
+    `costs`, and probes an idle drafter (K = 0) with K = 1 when a probe is cheap enough.
 
     `pricing`: how drafting's cost grows with K (`costs.FREE` for n-gram lookup, `PER_TOKEN`, `PER_ROUND`).
     """
@@ -140,28 +149,59 @@ class AdaptiveK:
         self.warmup_rounds = warmup_rounds
         self.rounds = 0
         self.acceptance = PositionAcceptance(decay)
+        self.idle = 0  # rounds run at K = 0 since drafting last ran
+        self.probe_after = PROBE_ROUNDS
 
     def next_k(self) -> int:
-        return self.k
+        return 1 if self.k == 0 and self.probe_due() else self.k
+
+    def probe_due(self) -> bool:
+        """Whether an idle drafter should draft one token this round: enough idle rounds have gone by, and the
+        probe's price is at most `PROBE_SHARE` of their time."""
+        if self.idle < self.probe_after:
+            return False
+        idle_round = self.costs.round_seconds(0, self.acceptance, self.pricing)
+        price = self.probe_price()
+        return idle_round is None or price is None or price <= PROBE_SHARE * self.idle * idle_round
+
+    def probe_price(self) -> float | None:
+        """What drafting one token costs after `idle` rounds without drafting: the drafter's catch-up on them
+        and its step (for a drafter that pays per token), and one more verify row."""
+        verify_1, verify_0 = self.costs.verify.seconds(1), self.costs.verify.seconds(0)
+        if verify_1 is None or verify_0 is None:
+            return None
+        if self.pricing == FREE:
+            return max(0.0, verify_1 - verify_0)
+        drafting = (self.costs.draft.seconds(2) if self.pricing == PER_ROUND
+                    else _sum_or_none(self.costs.draft.interpolated(self.idle), self.costs.draft.seconds(1)))
+        return None if drafting is None else drafting + max(0.0, verify_1 - verify_0)
 
     def update(self, drafted: int, accepted: int) -> None:
         if drafted == 0:
+            self.idle += self.k == 0  # a K ≥ 1 round may draft nothing (no n-gram match, the confidence stop)
             return
+        probe, self.idle = self.k == 0, 0
         self.rounds += 1
         self.acceptance.update(drafted, accepted)
         self.k = self._heuristic(drafted, accepted) if self.rounds < self.warmup_rounds else self._best_k()
+        if probe:
+            self.probe_after = self.probe_after * 2 if self.k == 0 else PROBE_ROUNDS
 
     def _heuristic(self, drafted: int, accepted: int) -> int:
         return min(self.k_max, self.k + 2) if accepted == drafted else max(1, self.k - 1)
 
     def _best_k(self) -> int:
-        """The K with the highest modelled rate within ±2 of the current one.
+        """The K with the highest modelled rate within ±2 of the current one, 0 (no drafting) included.
 
         Moving by at most 2 a round keeps one noisy cost fit (a busy machine, few K values seen yet) from
         throwing K to an extreme; each move also measures a new K, which improves the fit.
         """
-        candidates = range(max(1, self.k - 2), min(self.k_max, self.k + 2) + 1)
+        candidates = range(max(0, self.k - 2), min(self.k_max, self.k + 2) + 1)
         rates = {k: self.costs.rate(k, self.acceptance, self.pricing) for k in candidates}
         if None in rates.values():
             return self.k
         return max(rates, key=lambda k: rates[k])
+
+
+def _sum_or_none(*seconds: float | None) -> float | None:
+    return None if None in seconds else sum(s for s in seconds if s is not None)

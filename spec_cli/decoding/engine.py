@@ -34,7 +34,7 @@ from spec_cli.decoding.sampling import (Law, SamplingParams, greedy_token, proba
 from spec_cli.decoding.stats import Stats
 from spec_cli.decoding.timing import RoundTimer
 from spec_cli.decoding.verification import DEFAULT_VERIFY, RULES, Distributions
-from spec_cli.llama.context import Context
+from spec_cli.llama.context import Context, Part, common_prefix
 from spec_cli.llama.grammar import Grammar
 
 
@@ -84,6 +84,7 @@ class Generation:
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._timer = RoundTimer(self.stats, [target, *filter(None, [drafter])],
                                  [self.stats.costs, *filter(None, [costs])])
+        self._draft = Draft()  # the round `plan` began
 
     def __iter__(self) -> Iterator[TokenEvent]:
         if self._started:
@@ -94,10 +95,8 @@ class Generation:
     def _run(self) -> Iterator[TokenEvent]:
         try:
             self._prefill()
-            while self.finish_reason is None:
-                self.finish_reason = self._limit_reached()
-                if self.finish_reason is None:
-                    yield from self._round()
+            while self.check_limits() is None:
+                yield from self._round()
         finally:
             if self.finish_reason is None:
                 self.finish_reason = "interrupted"
@@ -107,23 +106,81 @@ class Generation:
         """Both memories take in the prompt but its last token, which the first round feeds."""
         with self._timer.prompt():
             self.stats.prompt_cached = self.target.prefill(self._seq[:-1])
-            if self.drafter is not None:
-                self._timer.prefill_steps(self.drafter.prefill(self._seq[:-1]))
+            self._prefill_drafter()
 
-    def _limit_reached(self) -> str | None:
-        if len(self.token_ids) >= self.max_tokens:
-            return "length"
-        if len(self._seq) >= self.target.n_ctx:
-            return "context"
-        return None
+    def _prefill_drafter(self) -> None:
+        if self.drafter is not None:
+            self._timer.prefill_steps(self.drafter.prefill(self._seq[:-1]))
+
+    # A scheduler runs several generations over sequences of one target context (`batching`): it feeds each
+    # one's prompt in chunks (`start`, `prompt_left`, `prompt_fed`), then each step asks every one for its
+    # round's share of one verify pass (`plan`) and hands back its rows (`settle`). Alone, `_run` does the same.
+
+    def start(self) -> list[int]:
+        """Begin under a scheduler: keep what the target's memory holds of the prompt; return what it lacks."""
+        if self._started:
+            raise RuntimeError("a Generation runs once; call Pair.generate again for another")
+        self._started = True
+        self._timer.prompt_started()
+        prompt = self._seq[:-1]
+        self.target.trim(common_prefix(self.target.tokens, prompt))
+        self.stats.prompt_cached = self.target.n_past
+        return prompt[self.target.n_past:]
+
+    def prompt_fed(self, fed: int) -> None:
+        """The scheduler fed the whole prompt (`fed` tokens of it in this generation's chunks): the target's
+        memory marks the place, the drafter takes the prompt in, and the rounds may start."""
+        if fed:
+            self.target.memory.after_prompt(self.target.n_past)
+        self._prefill_drafter()
+        self._timer.prompt_done()
+
+    def plan(self, k: int | None = None) -> Part | None:
+        """This generation's share of the next verify pass: its drafts, proposed now with K = `k` (None: its own
+        controller's choice), after whatever the target lacks; None once it has finished."""
+        if self.check_limits() is not None:
+            return None
+        self._timer.start_round()
+        self._draft = self._propose(self._next_k() if k is None else min(k, self.room() - 1))
+        known = self._seq[self.target.n_past:]
+        return self.target, [*known, *self._draft.tokens], len(self._draft.tokens) + 1, len(known)
+
+    def settle(self, rows: np.ndarray, verify_s: float, sequences: int) -> list[TokenEvent]:
+        """Finish the round `plan` began, with the verify pass's rows for it, which took `verify_s` for
+        `sequences` sequences together; return the tokens it emits."""
+        self._timer.verified(verify_s)
+        return list(self._settle(self._draft, rows, sequences))
+
+    def close(self) -> None:
+        """Stop under a scheduler: a generation that has not finished is "interrupted"; both memories keep
+        at most the sequence but its last token, as after any round."""
+        if self.finish_reason is None:
+            self.finish_reason = "interrupted"
+        self._rewind()
+
+    def check_limits(self) -> str | None:
+        """The finish reason: set to "length" or "context" once max_tokens or the context is reached."""
+        if self.finish_reason is None and len(self.token_ids) >= self.max_tokens:
+            self.finish_reason = "length"
+        if self.finish_reason is None and len(self._seq) >= self.target.n_ctx:
+            self.finish_reason = "context"
+        return self.finish_reason
 
     def _round(self) -> Iterator[TokenEvent]:
         """Propose d1..dK, verify them in one target pass, emit the kept prefix and the target's token, rewind
         what was not kept, and learn from the round."""
         self._timer.start_round()
         draft = self._propose(self._next_k())
+        with self._timer.step("verify_s"):
+            known = self._seq[self.target.n_past:]
+            rows = self.target.decode([*known, *draft.tokens], len(draft.tokens) + 1, n_final=len(known))
+        yield from self._settle(draft, rows, 1)
+
+    def _settle(self, draft: Draft, rows: np.ndarray, sequences: int) -> Iterator[TokenEvent]:
+        self.stats.batched += sequences
         self.stats.current_k = len(draft.tokens) or self.stats.current_k  # the K last drafted, for live views
-        n, token = self._verify(draft)
+        with self._timer.step("verify_s"):
+            n, token = self._accepted_prefix(rows, draft)
         self.stats.record_round(len(draft.tokens), n)
         self._advance_grammar(n, token)
         emitted = yield from self._emit(draft.tokens[:n], token)
@@ -133,8 +190,16 @@ class Generation:
     def _next_k(self) -> int:
         """K for this round: the controller's choice, shrunk to leave room for K + 1 new tokens within
         max_tokens and the context."""
-        room = min(self.max_tokens - len(self.token_ids), self.target.n_ctx - len(self._seq))
-        return min(self.draft_length.next_k(), room - 1)
+        return min(self.draft_length.next_k(), self.room() - 1)
+
+    @property
+    def last_draft(self) -> Draft:
+        """The drafts of the round last planned (for a scheduler's cost books)."""
+        return self._draft
+
+    def room(self) -> int:
+        """How many more tokens max_tokens and the context leave room for."""
+        return min(self.max_tokens - len(self.token_ids), self.target.n_ctx - len(self._seq))
 
     def _propose(self, k: int) -> Draft:
         if self.drafter is None or k == 0:
@@ -169,14 +234,6 @@ class Generation:
         if not self.target.model.is_end_of_generation(token):
             self._grammar.accept(token)
         self._states = [self._grammar]
-
-    def _verify(self, draft: Draft) -> tuple[int, int]:
-        """Score [last, d1..dK] in one target pass (after any tokens a rollback took back); return (n accepted,
-        the target's token)."""
-        with self._timer.step("verify_s"):
-            known = self._seq[self.target.n_past:]
-            rows = self.target.decode([*known, *draft.tokens], len(draft.tokens) + 1, n_final=len(known))
-            return self._accepted_prefix(rows, draft)
 
     def _accepted_prefix(self, rows: np.ndarray, draft: Draft) -> tuple[int, int]:
         """Greedy: the drafted tokens the target would have chosen itself, then its own choice. Sampled: the

@@ -37,6 +37,7 @@ class Stats:
     verify_s: float = 0.0
     llama_s: float = 0.0
     rollback_s: float = 0.0  # taking back rejected tokens: snapshots, restores, replays (within the above)
+    batched: int = 0  # Σ over rounds of the sequences verified in that round's pass (1 for a generation alone)
     memory: dict[str, dict[str, str]] = field(default_factory=dict)  # per model: kind, rollback method
     placement: dict[str, str] = field(default_factory=dict)  # per model: "CPU", or the devices it runs on
     costs: LoopCosts = field(default_factory=LoopCosts)  # each call's seconds, for the cost model
@@ -44,7 +45,7 @@ class Stats:
     def merge(self, other: Stats) -> None:
         """Add another generation's counts and times to these (a chat session's totals)."""
         for name in ("prompt_tokens", "prompt_cached", "generated_tokens", "rounds", "rejected_rounds", "drafted",
-                     "accepted",
+                     "accepted", "batched",
                      "prompt_s", "decode_s", "draft_s", "convert_s", "verify_s", "llama_s", "rollback_s"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for mine, theirs in ((self.drafted_at, other.drafted_at), (self.accepted_at, other.accepted_at),
@@ -79,6 +80,11 @@ class Stats:
         """How often draft position i (0-based) was accepted when it was drafted."""
         accepted = self.accepted_at + [0] * (len(self.drafted_at) - len(self.accepted_at))
         return [a / d for a, d in zip(accepted, self.drafted_at)]
+
+    @property
+    def batch_size(self) -> float:
+        """The mean number of sequences the rounds' verify passes served (1 for a generation run alone)."""
+        return self.batched / self.rounds if self.rounds else 1.0
 
     @property
     def tokens_per_second(self) -> float:
@@ -116,6 +122,7 @@ class Stats:
             "accepted": self.accepted,
             "acceptance_rate": self.acceptance_rate,
             "mean_accepted_length": self.mean_accepted_length,
+            "batch_size": self.batch_size,
             "position_acceptance": self.position_acceptance,
             "tokens_per_second": self.tokens_per_second,
             "prompt_tokens_per_second": self.prompt_tokens_per_second,

@@ -27,7 +27,7 @@ class RoundTimer:
     def __init__(self, stats: Stats, parts: Sequence[InLlama], books: Sequence[LoopCosts]) -> None:
         self.stats, self.parts, self.books = stats, parts, books
         self._rollback_base = 0.0  # rollback counted before this generation's rounds (the prompt's snapshot)
-        self._decode_start = self._round_start = time.perf_counter()
+        self._decode_start = self._round_start = self._prompt_start = time.perf_counter()
         self._verify_s = 0.0
 
     def _in_llama(self) -> tuple[float, float]:
@@ -37,15 +37,27 @@ class RoundTimer:
     @contextmanager
     def prompt(self) -> Iterator[None]:
         """Taking in the prompt: `prompt_s`; decoding time starts after it."""
-        started = time.perf_counter()
-        self._rollback_base = self._in_llama()[1]  # the contexts count across generations
+        self.prompt_started()
         yield
+        self.prompt_done()
+
+    def prompt_started(self) -> None:
+        self._prompt_start = time.perf_counter()
+        self._rollback_base = self._in_llama()[1]  # the contexts count across generations
+
+    def prompt_done(self) -> None:
         self._rollback_base = self._in_llama()[1]
         self._decode_start = time.perf_counter()
-        self.stats.prompt_s = self._decode_start - started
+        self.stats.prompt_s = self._decode_start - self._prompt_start
 
     def start_round(self) -> None:
         self._round_start = time.perf_counter()
+        self._verify_s = 0.0
+
+    def verified(self, seconds: float) -> None:
+        """The verify pass a scheduler ran for this round (with other sequences'): its wall time."""
+        self.stats.verify_s += seconds
+        self._verify_s += seconds
 
     @contextmanager
     def step(self, share: str | None = None) -> Iterator[None]:
@@ -60,7 +72,7 @@ class RoundTimer:
         if share is not None:
             setattr(self.stats, share, getattr(self.stats, share) + elapsed)
         if share == "verify_s":
-            self._verify_s = elapsed
+            self._verify_s += elapsed
 
     def tick(self) -> None:
         """Decoding time so far, as live views read it."""

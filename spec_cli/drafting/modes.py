@@ -189,6 +189,7 @@ MODES: dict[str, Mode] = {mode.name: mode for mode in (
          missing=lambda _s: "", book=lambda _s: "model", build=_none, pricing=FREE),
 )}
 NONE = MODES["none"]
+FED_MODES = ("eagle3", "dflash", "mtp")  # the modes whose drafters read the target's hidden states or features
 
 
 def mode(name: str) -> Mode:

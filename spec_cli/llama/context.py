@@ -5,6 +5,7 @@ with the target's hidden states are in `heads`.
 
 from __future__ import annotations
 
+import copy
 import ctypes
 import time
 from typing import Sequence
@@ -37,14 +38,18 @@ def common_prefix(held: Sequence[int], tokens: Sequence[int]) -> int:
     return keep
 
 
-def new_context(model: Model, n_ctx: int, n_batch: int, n_threads: int, what: str,
+def new_context(model: Model, n_ctx: int, n_batch: int, n_threads: int, what: str, n_seq_max: int = 1,
                 **settings: object) -> llama_cpp.llama_context_p:
-    """A llama.cpp context for one sequence over `model`, decoding batches of `n_batch` on `n_threads`;
-    `settings` are further llama_context_params fields, `what` names it in the error."""
+    """A llama.cpp context over `model` for `n_seq_max` sequences (`n_ctx` cells between them), decoding batches
+    of `n_batch` on `n_threads`; `settings` are further llama_context_params fields, `what` names it in the
+    error. Several sequences share one KV buffer (`kv_unified`): llama.cpp then computes a batch whose
+    sequences feed different numbers of tokens (a ragged verify pass) in one go, where separate buffers split
+    it into as many passes as there are lengths."""
     params = llama_cpp.llama_context_default_params()
     params.n_ctx = n_ctx
     params.n_batch = params.n_ubatch = n_batch
-    params.n_seq_max = 1
+    params.n_seq_max = n_seq_max
+    params.kv_unified = True
     params.n_threads = params.n_threads_batch = n_threads
     params.no_perf = True
     for name, value in settings.items():
@@ -58,9 +63,10 @@ def new_context(model: Model, n_ctx: int, n_batch: int, n_threads: int, what: st
 
 
 class Context:
-    """One sequence's memory over a `Model`, fed token batches at increasing positions of sequence 0.
+    """One sequence's memory over a `Model`, fed token batches at increasing positions of sequence `seq`.
 
-    `tokens` is what the memory holds. Going back (`trim`) is left to the memory's strategy (`memory`):
+    A context made for several sequences (`sequences`) is sequence 0 of them; `sequence(s)` gives the others,
+    and `decode_together` feeds several in one pass. `tokens` is what the memory holds. Going back (`trim`) is left to the memory's strategy (`memory`):
     a cut, an in-place rollback, or a snapshot restored and the kept tokens replayed; `rollback_s` is the
     time that costs (saving snapshots included). Decoding and trimming count in `busy_s`; the prompt's
     snapshot does not.
@@ -68,27 +74,33 @@ class Context:
 
     def __init__(self, model: Model, n_ctx: int, n_threads: int, n_batch: int = 512, max_rollback: int = 0,
                  hidden_states: bool = False, n_ubatch: int | None = None,
-                 feature_layers: tuple[int, ...] = ()) -> None:
+                 feature_layers: tuple[int, ...] = (), sequences: int = 1) -> None:
         """`max_rollback`: the most tokens one speculative round may discard (K); recurrent memories that
         llama.cpp can roll back in place keep that many states per sequence. `hidden_states`: keep, in
         `hidden`, the hidden state the model exports for its MTP head (llama.cpp's h_nextn; for qwen35 the
         last layer's, after the output norm) at every position decoded, replays included. `n_ubatch`: the
         tokens llama.cpp computes at once (default: the batch; 1 over a model with `one_token_batches`).
         `feature_layers`: keep, in `features`, the inputs of these layers side by side at every position
-        decoded (what an EAGLE-3 or DFlash drafter reads)."""
+        decoded (what an EAGLE-3 or DFlash drafter reads). `sequences`: how many sequences of `n_ctx` tokens
+        the llama.cpp context holds (hidden states and features are kept for one only)."""
+        if sequences > 1 and (hidden_states or feature_layers):
+            raise ValueError("hidden states and feature layers are kept for a context of one sequence")
         self.model = model
+        self.seq = 0
         self.n_batch = min(n_batch, n_ctx)
         # n_rs_seq: llama.cpp sets it to 0 for architectures it cannot roll back in place. swa_full off: a
         # sliding-window cache of window + one batch, not of the whole context, a fraction of the memory on
         # long contexts (Gemma 3 27B at 8k: ~0.8 instead of ~4 GB); `memory` handles the cuts it prunes.
         self.n_ubatch = n_ubatch or (1 if model.one_token_batches else self.n_batch)
-        handle = new_context(model, n_ctx, self.n_batch, n_threads, f"a {n_ctx}-token context",
+        what = f"a {n_ctx}-token context" + (f" for {sequences} sequences" if sequences > 1 else "")
+        handle = new_context(model, n_ctx * sequences, self.n_batch, n_threads, what, n_seq_max=sequences,
                              n_rs_seq=max_rollback, swa_full=False, n_ubatch=self.n_ubatch)
         self._handle = handle
         self.memory = memory.for_context(handle, model._handle, model.path.name)
         self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
+        self._open = [sequences]  # sequences of the llama.cpp context not yet closed, shared with `sequence`'s
         # llama.cpp rounds the size up (to 256s); the user's number is the limit we keep to.
-        self.n_ctx: int = min(n_ctx, llama_cpp.llama_n_ctx(handle))
+        self.n_ctx: int = min(n_ctx, llama_cpp.llama_n_ctx(handle) // sequences)
         self.tokens: list[int] = []
         self.busy_s = 0.0
         self._trim_s = 0.0
@@ -107,6 +119,16 @@ class Context:
             self._features = np.zeros((len(feature_layers), self.n_ctx, model.n_embd), dtype=np.float32)
             self._features_address = self._features.ctypes.data
 
+    def sequence(self, seq: int) -> Context:
+        """Sequence `seq` of this context's llama.cpp context (made with `sequences` > seq): the same model,
+        batch and sizes, a memory and tokens of its own."""
+        if not 0 < seq < llama_cpp.llama_n_seq_max(self._handle):
+            raise ValueError(f"sequence {seq} is not one of this context's")
+        other = copy.copy(self)
+        other.seq, other.tokens, other.busy_s, other._trim_s = seq, [], 0.0, 0.0
+        other.memory = memory.for_context(self._handle, self.model._handle, self.model.path.name, seq)
+        return other
+
     @property
     def n_past(self) -> int:
         return len(self.tokens)
@@ -124,11 +146,18 @@ class Context:
         rest (prompt prefill asks for none). `n_final`: how many of `tokens` are sure to be kept (default
         all); the rest are speculative, and a memory that cannot cut them away later prepares for it now.
         """
+        tokens = self._prepare(tokens, n_logits, len(tokens) if n_final is None else n_final)
+        started = time.perf_counter()
+        rows = self._decode(tokens, n_logits)
+        self.busy_s += time.perf_counter() - started
+        return rows
+
+    def _prepare(self, tokens: Sequence[int], n_logits: int, n_final: int) -> Sequence[int]:
+        """Check a batch and let the memory prepare for it; return the tokens still to decode."""
         if self.n_past + len(tokens) > self.n_ctx:
             raise RuntimeError(f"decode past the context: {self.n_past} + {len(tokens)} > {self.n_ctx}")
         if n_logits > min(len(tokens), self.n_batch):
             raise ValueError(f"cannot return {n_logits} logit rows for a batch of {len(tokens)}")
-        n_final = len(tokens) if n_final is None else n_final
         if 1 < n_final and n_logits <= len(tokens) - n_final + 1 and self.memory.saves_before(len(tokens), n_final):
             # The sure tokens before the last one are what the last restore took back (the target's
             # verify batch feeds them again). The snapshot belongs after them, or the next rollback would
@@ -137,17 +166,14 @@ class Context:
             self.decode(tokens[:n_final - 1], 0)
             self._trim_s += time.perf_counter() - started
             tokens, n_final = tokens[n_final - 1:], 1
-        started = time.perf_counter()
         self.memory.before_decode(self.n_past, len(tokens), n_final)
-        rows = self._decode(tokens, n_logits)
-        self.busy_s += time.perf_counter() - started
-        return rows
+        return tokens
 
     def _decode(self, tokens: Sequence[int], n_logits: int) -> np.ndarray:
         first_output = len(tokens) - n_logits
         for start in range(0, len(tokens), self.n_batch):
             chunk = tokens[start:start + self.n_batch]
-            self._fill_batch(chunk, first_output - start)
+            self._batch.n_tokens = self._put(0, chunk, first_output - start)
             Backend.forget()
             status = llama_cpp.llama_decode(self._handle, self._batch)
             if status != 0:
@@ -203,15 +229,17 @@ class Context:
             self.memory.after_prompt(self.n_past)
         return reused
 
-    def _fill_batch(self, chunk: Sequence[int], first_output: int) -> None:
-        batch = self._batch
-        batch.n_tokens = len(chunk)
+    def _put(self, at: int, chunk: Sequence[int], first_output: int) -> int:
+        """Write `chunk` into the batch from row `at`, at this sequence's next positions, asking for logits from
+        its row `first_output` on; return the row after it."""
+        batch, n_past, seq = self._batch, self.n_past, self.seq
         for i, token in enumerate(chunk):
-            batch.token[i] = token
-            batch.pos[i] = self.n_past + i
-            batch.n_seq_id[i] = 1
-            batch.seq_id[i][0] = 0
-            batch.logits[i] = i >= first_output
+            batch.token[at + i] = token
+            batch.pos[at + i] = n_past + i
+            batch.n_seq_id[at + i] = 1
+            batch.seq_id[at + i][0] = seq
+            batch.logits[at + i] = i >= first_output
+        return at + len(chunk)
 
     def trim(self, n_keep: int) -> None:
         """Forget every position from `n_keep` on: keep at most `n_keep` tokens.
@@ -231,7 +259,53 @@ class Context:
         self.busy_s += elapsed
 
     def close(self) -> None:
-        if self._handle:
+        """Forget this sequence; the last of a llama.cpp context's sequences to close frees it."""
+        if not self._handle:
+            return
+        self._open[0] -= 1
+        if self._open[0] == 0:
             llama_cpp.llama_batch_free(self._batch)
             llama_cpp.llama_free(self._handle)
-            self._handle = None
+        else:
+            self.memory.clear()
+        self._handle = None
+
+
+Part = tuple[Context, Sequence[int], int, int]
+"""One sequence's share of a pass: (its context, tokens to append, logit rows wanted, how many are sure)."""
+
+
+def decode_together(parts: Sequence[Part]) -> list[np.ndarray]:
+    """One llama.cpp pass for several sequences of one context (`Context.sequence`): each part appends its tokens
+    to its own sequence, as `Context.decode` would, and gets the logits of its last `n_logits`, one row each.
+
+    The pass reads the weights once for every row of every sequence: where a pass is bound by memory traffic (a
+    CPU, a GPU at small batches) N sequences' verify rows cost little more than one's. The parts' tokens
+    must fit one batch (`n_batch`); each sequence's memory prepares for its speculative tail as in `decode`.
+    """
+    first = parts[0][0]
+    todo = [(context, context._prepare(tokens, n_logits, n_final), n_logits)
+            for context, tokens, n_logits, n_final in parts]
+    total = sum(len(tokens) for _, tokens, _ in todo)
+    if total > first.n_batch or any(context._handle != first._handle for context, _, _ in todo):
+        raise ValueError(f"{len(parts)} parts of {total} tokens are not one batch of one context")
+    started, at = time.perf_counter(), 0
+    for context, tokens, n_logits in todo:
+        at = context._put(at, tokens, len(tokens) - n_logits)
+    first._batch.n_tokens = at
+    Backend.forget()
+    status = llama_cpp.llama_decode(first._handle, first._batch)
+    if status != 0:
+        for context, _, _ in todo[1:]:
+            context.memory.clear()
+            context.tokens.clear()
+        first._fail(status)
+    n_rows = sum(n_logits for _, _, n_logits in todo)
+    rows = copy_rows(llama_cpp.llama_get_logits(first._handle), n_rows, first.model.n_vocab) if n_rows else None
+    elapsed, out, row = time.perf_counter() - started, [], 0
+    for context, tokens, n_logits in todo:
+        context.tokens.extend(tokens)
+        context.busy_s += elapsed
+        out.append(rows[row:row + n_logits] if rows is not None else np.empty((0, first.model.n_vocab), np.float32))
+        row += n_logits
+    return out

@@ -47,7 +47,7 @@ def memory_kind(model: llama_cpp.llama_model_p, n_swa: int) -> str:
 
 @dataclass
 class _Snapshot:
-    """The saved part of sequence 0's state when the memory held `position` tokens."""
+    """The saved part of a sequence's state when the memory held `position` tokens."""
 
     position: int
     buffer: ctypes.Array[ctypes.c_uint8]
@@ -72,10 +72,11 @@ class Memory:
     n_swa = 0
     n_rs_seq = 0
 
-    def __init__(self, context: llama_cpp.llama_context_p, name: str) -> None:
+    def __init__(self, context: llama_cpp.llama_context_p, name: str, seq: int = 0) -> None:
         self._context = context
         self._memory = llama_cpp.llama_get_memory(context)
         self._name = name
+        self.seq = seq  # the sequence of the context this memory is
         self.saving_s = 0.0  # time spent saving snapshots
 
     @property
@@ -83,8 +84,8 @@ class Memory:
         return rollback_method(self.kind, self.n_swa, self.n_rs_seq)
 
     def held(self) -> int:
-        """How many positions llama.cpp holds for sequence 0."""
-        return llama_cpp.llama_memory_seq_pos_max(self._memory, 0) + 1
+        """How many positions llama.cpp holds for this sequence."""
+        return llama_cpp.llama_memory_seq_pos_max(self._memory, self.seq) + 1
 
     def saves_before(self, n_tokens: int, n_final: int) -> bool:
         """Whether `before_decode` would save a snapshot for such a batch."""
@@ -104,10 +105,11 @@ class Memory:
         return n_keep
 
     def clear(self) -> None:
-        llama_cpp.llama_memory_clear(self._memory, True)
+        """Forget this sequence (a context shared by several sequences keeps the others)."""
+        llama_cpp.llama_memory_seq_rm(self._memory, self.seq, -1, -1)
 
     def _cut(self, n_keep: int) -> None:
-        if not llama_cpp.llama_memory_seq_rm(self._memory, 0, n_keep, -1):
+        if not llama_cpp.llama_memory_seq_rm(self._memory, self.seq, n_keep, -1):
             raise SpecError(f"llama.cpp refused to remove positions {n_keep}… of {self._name}")
 
 
@@ -119,8 +121,8 @@ class SnapshotMemory(Memory):
     `n_keep` when no cut can serve.
     """
 
-    def __init__(self, context: llama_cpp.llama_context_p, name: str, kind: str) -> None:
-        super().__init__(context, name)
+    def __init__(self, context: llama_cpp.llama_context_p, name: str, kind: str, seq: int = 0) -> None:
+        super().__init__(context, name, seq)
         self.kind = kind
         self._round: _Snapshot | None = None
         self._prompt: _Snapshot | None = None
@@ -181,16 +183,16 @@ class SnapshotMemory(Memory):
     def _save(self, position: int, reuse: _Snapshot | None) -> _Snapshot:
         """Save the non-cuttable part of the state, reusing `reuse`'s buffer when it is large enough."""
         started = time.perf_counter()
-        size = llama_cpp.llama_state_seq_get_size_ext(self._context, 0, _PARTIAL)
+        size = llama_cpp.llama_state_seq_get_size_ext(self._context, self.seq, _PARTIAL)
         buffer = reuse.buffer if reuse is not None and len(reuse.buffer) >= size else (ctypes.c_uint8 * size)()
-        written = llama_cpp.llama_state_seq_get_data_ext(self._context, buffer, size, 0, _PARTIAL)
+        written = llama_cpp.llama_state_seq_get_data_ext(self._context, buffer, size, self.seq, _PARTIAL)
         if written == 0 and size > 0:
             raise SpecError(f"llama.cpp could not save the state of {self._name}")
         self.saving_s += time.perf_counter() - started
         return _Snapshot(position, buffer, written)
 
     def _restore(self, snapshot: _Snapshot) -> None:
-        if llama_cpp.llama_state_seq_set_data_ext(self._context, snapshot.buffer, snapshot.size, 0, _PARTIAL) == 0:
+        if llama_cpp.llama_state_seq_set_data_ext(self._context, snapshot.buffer, snapshot.size, self.seq, _PARTIAL) == 0:
             self.clear()
             raise SpecError(f"llama.cpp could not restore the saved state of {self._name}")
 
@@ -202,8 +204,8 @@ class SlidingWindowMemory(SnapshotMemory):
     n − n_swa on, one more than strictly needed, so it also holds for chunked windows.
     """
 
-    def __init__(self, context: llama_cpp.llama_context_p, name: str, n_swa: int) -> None:
-        super().__init__(context, name, SLIDING_WINDOW)
+    def __init__(self, context: llama_cpp.llama_context_p, name: str, n_swa: int, seq: int = 0) -> None:
+        super().__init__(context, name, SLIDING_WINDOW, seq)
         self.n_swa = n_swa
 
     def _covered(self, n_tokens: int, n_final: int) -> bool:
@@ -212,11 +214,11 @@ class SlidingWindowMemory(SnapshotMemory):
     def after_prompt(self, n_past: int) -> None:
         """Only once the cache has pruned cells: before that any cut is served, and the window's cells can
         be hundreds of MB on a large model, too much to copy for every prompt."""
-        if llama_cpp.llama_memory_seq_pos_min(self._memory, 0) > 0:
+        if llama_cpp.llama_memory_seq_pos_min(self._memory, self.seq) > 0:
             super().after_prompt(n_past)
 
     def _try_cut(self, n_keep: int) -> bool:
-        oldest = llama_cpp.llama_memory_seq_pos_min(self._memory, 0)
+        oldest = llama_cpp.llama_memory_seq_pos_min(self._memory, self.seq)
         if n_keep == 0 or oldest <= max(0, n_keep - self.n_swa):
             self._cut(n_keep)
             return True
@@ -231,8 +233,8 @@ class InPlaceMemory(SnapshotMemory):
     once per decode. Anything else (a draft model's one-token steps, a cut far back) uses snapshots.
     """
 
-    def __init__(self, context: llama_cpp.llama_context_p, name: str, kind: str, n_rs_seq: int) -> None:
-        super().__init__(context, name, kind)
+    def __init__(self, context: llama_cpp.llama_context_p, name: str, kind: str, n_rs_seq: int, seq: int = 0) -> None:
+        super().__init__(context, name, kind, seq)
         self.n_rs_seq = n_rs_seq
         self._n_ubatch = llama_cpp.llama_n_ubatch(context)
         self._last_batch = 0
@@ -251,19 +253,20 @@ class InPlaceMemory(SnapshotMemory):
     def _try_cut(self, n_keep: int) -> bool:
         rollback, last_batch, self._last_batch = self.held() - n_keep, self._last_batch, 0  # once per decode
         if 1 <= rollback <= min(self.n_rs_seq, last_batch - 1):
-            return bool(llama_cpp.llama_memory_seq_rm(self._memory, 0, n_keep, -1))
+            return bool(llama_cpp.llama_memory_seq_rm(self._memory, self.seq, n_keep, -1))
         return super()._try_cut(n_keep)
 
 
-def for_context(context: llama_cpp.llama_context_p, model: llama_cpp.llama_model_p, name: str) -> Memory:
-    """The rollback strategy for a freshly made context of `model`."""
+def for_context(context: llama_cpp.llama_context_p, model: llama_cpp.llama_model_p, name: str,
+                seq: int = 0) -> Memory:
+    """The rollback strategy for sequence `seq` of a freshly made context of `model`."""
     n_swa = llama_cpp.llama_model_n_swa(model)
     kind = memory_kind(model, n_swa)
     if kind == ATTENTION:
-        return Memory(context, name)
+        return Memory(context, name, seq)
     if kind == SLIDING_WINDOW:
-        return SlidingWindowMemory(context, name, n_swa)
+        return SlidingWindowMemory(context, name, n_swa, seq)
     n_rs_seq = llama_cpp.llama_n_rs_seq(context)
     if n_rs_seq > 0:
-        return InPlaceMemory(context, name, kind, n_rs_seq)
-    return SnapshotMemory(context, name, kind)
+        return InPlaceMemory(context, name, kind, n_rs_seq, seq)
+    return SnapshotMemory(context, name, kind, seq)

@@ -1,0 +1,161 @@
+"""Several generations at once: one verify pass a step for every active sequence (continuous batching).
+
+Each generation runs on its own sequence of one target context (`Pair.slots`). A step asks each generating
+sequence for its round (`Generation.plan`: its drafts, made now, with K chosen for the batch's goodput,
+`goodput`), feeds all of them to the target in one pass (`decode_together`: ragged, each sequence its own
+K + 1 rows, no padding), and hands each its rows (`Generation.settle`: it accepts, rewinds its own memory
+and emits). A newcomer's prompt rides along in chunks of `PREFILL_CHUNK` tokens so that the others wait
+little for it; a generation that finished or was stopped leaves at once, and its sequence is free.
+
+Each sequence's output is what it would be alone: its drafts, acceptance and corrections read only its own
+rows, laws and random generator, and every row of a pass is computed as it would be in a pass of its own
+(on the CPU, F16/F32 weights; quantized kernels may round a near-tie differently at another batch shape).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from spec_cli.decoding.costs import BatchCosts
+from spec_cli.decoding.draft_length import PROBE_ROUNDS, AdaptiveK
+from spec_cli.decoding.engine import Generation, TokenEvent
+from spec_cli.decoding.goodput import Candidate, choose_ks
+from spec_cli.llama.context import Part, decode_together
+
+PREFILL_CHUNK = 64  # prompt tokens a newcomer feeds a step while others generate (alone: a whole batch)
+COSTS_DECAY = 0.95  # a pass of a size weighs 5% less at the next of that size: costs follow the machine's load
+STEP_DECAY = 0.8  # the weight of the last measured draft step against the running mean
+PROBE_MAX = 1024  # the most rounds an idle sequence's drafter waits for its next probe
+
+
+@dataclass
+class _Running:
+    """A generation under the scheduler: the prompt tokens the target still lacks, and how long its drafter has
+    been idle (K = 0) and may stay so before the next probe."""
+
+    generation: Generation
+    prompt: list[int]
+    fed: int = 0
+    idle: int = 0
+    probe_after: int = PROBE_ROUNDS
+    probing: bool = field(default=False)
+
+
+class Scheduler:
+    """Runs the generations that `join` it, one step (`step`) at a time, until each finishes or `leave`s.
+
+    `pass_costs`: c(R), a verify pass's seconds by its rows, measured on passes without prompt chunks;
+    `step_s`: a drafted token's seconds by drafting mode (the draft model's step, its catch-ups included).
+    """
+
+    def __init__(self) -> None:
+        self.pass_costs = BatchCosts(COSTS_DECAY)
+        self.step_s: dict[str, float] = {}
+        self._running: list[_Running] = []
+
+    def __len__(self) -> int:
+        return len(self._running)
+
+    @property
+    def generations(self) -> list[Generation]:
+        return [r.generation for r in self._running]
+
+    def join(self, generation: Generation) -> None:
+        """Start `generation` (made by a `Slot` no other running generation uses); its prompt is fed from the
+        next step on."""
+        self._running.append(_Running(generation, generation.start()))
+
+    def leave(self, generation: Generation) -> None:
+        """Stop `generation` now (a client that went away, a stop string): it is "interrupted" unless it had
+        finished, and its sequence is free."""
+        for running in self._running:
+            if running.generation is generation:
+                self._running.remove(running)
+                generation.close()
+                return
+
+    def step(self) -> list[tuple[Generation, list[TokenEvent]]]:
+        """One pass: every generating sequence's round and the next chunk of prompts. Returns what each
+        generation emitted (those that finished included, with what they emitted last: they have left)."""
+        generating = [r for r in self._running if not r.prompt]
+        planned, parts, emitted = [], [], []
+        for running, k in zip(generating, self._ks(generating)):
+            part = running.generation.plan(k)
+            if part is None:
+                emitted.append((running.generation, []))
+                continue
+            self._book_draft(running)
+            planned.append(running)
+            parts.append(part)
+        fed = self._prompt_chunks(parts, bool(planned))
+        if parts:
+            started = time.perf_counter()
+            rows = decode_together(parts)
+            seconds = time.perf_counter() - started
+            if not fed:
+                self.pass_costs.record(sum(len(part[1]) for part in parts), seconds)
+            emitted += [(r.generation, r.generation.settle(part_rows, seconds, len(planned)))
+                        for r, part_rows in zip(planned, rows)]
+        for running, n in fed:
+            running.fed += n
+            if not running.prompt:
+                running.generation.prompt_fed(running.fed)
+        for generation, _ in emitted:
+            if generation.check_limits() is not None:
+                self.leave(generation)
+        return emitted
+
+    def _prompt_chunks(self, parts: list[Part], others: bool) -> list[tuple[_Running, int]]:
+        """Add the next chunk of each prompt still being fed to `parts`, within one batch; return how many tokens
+        of which prompt were added."""
+        room = (self._running[0].generation.target.n_batch if self._running else 0) - sum(len(p[1]) for p in parts)
+        fed = []
+        for running in self._running:
+            n = min(len(running.prompt), PREFILL_CHUNK if others else room, room)
+            if not running.prompt or n <= 0:
+                continue
+            chunk, running.prompt = running.prompt[:n], running.prompt[n:]
+            parts.append((running.generation.target, chunk, 0, len(chunk)))
+            fed.append((running, n))
+            room -= n
+        return fed
+
+    def _ks(self, generating: list[_Running]) -> list[int | None]:
+        """K for each generating sequence: a fixed K as its request asked (None: its own), and for `-k auto`
+        the batch's choice by goodput, with a probe (K = 1) for a drafter idle for long enough."""
+        candidates = [self._candidate(r) for r in generating]
+        ks: list[int | None] = list(choose_ks(candidates, self.pass_costs))
+        for i, running in enumerate(generating):
+            if candidates[i].fixed is not None:
+                ks[i] = None
+                continue
+            running.probing = ks[i] == 0 and running.idle >= running.probe_after
+            if running.probing:
+                ks[i] = 1
+            elif ks[i]:
+                running.probe_after = PROBE_ROUNDS
+            running.idle = running.idle + 1 if ks[i] == 0 else 0
+        return ks
+
+    def _candidate(self, running: _Running) -> Candidate:
+        generation = running.generation
+        length = generation.draft_length
+        cap = max(0, min(length.k_max, generation.room() - 1))
+        if generation.drafter is None or not isinstance(length, AdaptiveK):
+            return Candidate(np.zeros(0), fixed=min(length.next_k(), cap) if generation.drafter else 0)
+        return Candidate(length.acceptance.rates(cap), step_s=self.step_s.get(generation.stats.draft_mode, 0.0))
+
+    def _book_draft(self, running: _Running) -> None:
+        """The seconds per drafted token of the round just planned, into its mode's running mean; a probe that
+        the batch would not have chosen waits twice as long for the next."""
+        draft = running.generation.last_draft
+        if running.probing:
+            running.probe_after = min(PROBE_MAX, running.probe_after * 2)
+        if draft.tokens:
+            mode = running.generation.stats.draft_mode
+            seconds = sum(s for _, s in draft.steps) / len(draft.tokens)
+            known = self.step_s.get(mode)
+            self.step_s[mode] = seconds if known is None else STEP_DECAY * known + (1 - STEP_DECAY) * seconds
