@@ -178,15 +178,18 @@ class Pair:
         return generation
 
     def slots(self, n: int) -> list[Slot]:
-        """`n` sequences to generate on at once (`decoding.scheduler`): each its own sequence of one target
-        context (and of one draft context), and its own drafting state. Their memories go back by cuts or
-        snapshots (never in place: llama.cpp's in-place rollback is per batch, not per sequence).
-
-        Drafters fed with the target's hidden states or features (an MTP head, an EAGLE-3 head, a DFlash drafter)
-        draft one sequence at a time: slots draft with the draft model, n-gram lookup, both, or not at all."""
+        """`n` sequences to generate on at once (`decoding.scheduler`). One is the pair's own contexts and
+        drafting. Several are each a sequence of one new target context (and of one new draft context) with
+        drafting state of its own; their memories go back by cuts or snapshots (never in place: llama.cpp's
+        in-place rollback is per batch, not per sequence), and drafters fed with the target's hidden states
+        or features (an MTP head, an EAGLE-3 head, a DFlash drafter), which draft one sequence at a time, are
+        not among theirs: they draft with the draft model, n-gram lookup, both, or not at all."""
+        if n == 1:
+            return [Slot(self, self.target_context, self.drafting)]
         targets = self._sequences(self.target, n)
         drafts = self._sequences(self.draft, n) if self.draft_context is not None else [None] * n
-        return [Slot(self, target, draft) for target, draft in zip(targets, drafts)]
+        return [Slot(self, target, Drafting(Sources(target, draft, translation=self.translation)))
+                for target, draft in zip(targets, drafts)]
 
     def _sequences(self, model: Model, n: int) -> list[Context]:
         first = self._add(Context(model, self.n_ctx, self.n_threads, sequences=n))
@@ -213,17 +216,17 @@ class Pair:
 
 
 class Slot:
-    """One sequence of a pair's `slots`: its target and draft contexts and what its drafters learn, kept across
-    the generations it runs (a client's next turn that lands here reuses its prefix)."""
+    """One sequence of a pair's `slots`: its target's sequence and its drafting (draft sequence, what its drafters
+    learn), kept across the generations it runs (a client's next turn that lands here reuses its prefix)."""
 
-    def __init__(self, pair: Pair, target: Context, draft: Context | None) -> None:
-        self.pair, self.target = pair, target
-        self.drafting = Drafting(Sources(target, draft, translation=pair.translation))
+    def __init__(self, pair: Pair, target: Context, drafting: Drafting) -> None:
+        self.pair, self.target, self.drafting = pair, target, drafting
+        self.shared = target is not pair.target_context  # a sequence among several
 
     def generate(self, tokens: Sequence[int], request: GenerationRequest) -> Generation:
         """A generation of `tokens` on this slot, for a scheduler to run (`Pair.generate` otherwise)."""
         mode = self.pair.mode_for(request)
-        if mode in FED_MODES:
+        if self.shared and mode in FED_MODES:
             raise InvalidRequest("draft_mode", f"{{name}} {mode!r} drafts one sequence at a time, and this runs "
                                                "several at once; use model, ngram, hybrid or none")
         return self.pair._generation(list(tokens), request, self.target, self.drafting)

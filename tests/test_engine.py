@@ -203,7 +203,7 @@ PENALIZED = replace(SAMPLED, repeat_penalty=1.5, repeat_last_n=16, presence_pena
 
 @pytest.mark.parametrize("drafter, k, mode, verify, p_min", [
     ("alone", 0, "none", "block", 0.0), ("same", 2, "model", "block", 0.0), ("alone", 2, "ngram", "block", 0.0),
-    ("other", 2, "hybrid", "block", 0.0), ("alone", 2, "ngram", "token", 0.0), ("other", "auto", "model", "block", 0.0),
+    ("other", 2, "hybrid", "block", 0.0), ("alone", 2, "ngram", "token", 0.0), ("same", "auto", "model", "block", 0.0),
     ("other", 4, "model", "block", 0.3),  # the confidence stop ends blocks early, depending on the draft
     *[("other", k, "model", verify, 0.0) for k in (1, 2, 4) for verify in ("block", "token")],
 ])

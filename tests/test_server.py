@@ -180,8 +180,8 @@ def test_a_full_queue_answers_503_at_once_and_serves_again_after(pair: Pair, slo
             started = time.monotonic()
             refused = serving.post("/v1/completions", {"prompt": "the dog", "max_tokens": 4})
             assert time.monotonic() - started < 5
-            assert httpx.get(f"{serving.url}/health").json() == {"status": "ok", "model": NAME, "generating": True,
-                                                                 "waiting": 0}
+            health = httpx.get(f"{serving.url}/health").json()
+            assert health["generating"] and (health["waiting"], health["active"], health["slots"]) == (0, 1, 1)
         assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
         assert refused.json()["error"]["code"] == "server_busy"
         deadline = time.monotonic() + 10  # the worker notices the departure at its next token
@@ -237,7 +237,8 @@ def test_models_and_health_describe_the_server(live: Running, chat_target_path: 
     models = live.client().models.list().data
     assert [m.id for m in models] == [NAME] and models[0].model_extra["target"] == chat_target_path.name
     assert httpx.get(f"{live.url}/health").json() == {"status": "ok", "model": NAME, "generating": False,
-                                                      "waiting": 0}
+                                                      "waiting": 0, "slots": 1, "active": 0, "tokens_per_second": 0.0,
+                                                      "acceptance": None}
 
 
 def test_an_api_key_is_required_on_every_request_but_health(pair: Pair) -> None:

@@ -14,13 +14,16 @@ import typer
 from spec_cli import bench as benchmark
 from spec_cli.cli.common import csv_list, user_errors
 from spec_cli.cli.options import LoadOptions, largest_k, loads_pair, open_pair
+from spec_cli.decoding.scheduler import MAX_SEQUENCES
 from spec_cli.decoding.verification import DEFAULT_VERIFY
-from spec_cli.drafting.modes import MODES, mode
+from spec_cli.concurrency import compare_concurrency
+from spec_cli.concurrency import report as concurrency_report
+from spec_cli.drafting.modes import FED_MODES, MODES, mode
 from spec_cli.errors import SpecError
-from spec_cli.request import GenerationRequest, draft_max_from_text
+from spec_cli.request import AUTO, GenerationRequest, draft_max_from_text
 from spec_cli.terminal.output import note
 from spec_cli.terminal.progress import progress
-from spec_cli.terminal.tables import show_comparison
+from spec_cli.terminal.tables import show_comparison, show_concurrency
 
 BENCH_EXAMPLES = """\
 Examples:
@@ -36,6 +39,8 @@ Examples:
   spec bench --target big.gguf --draft small.gguf --prompts my-prompts.jsonl --json results.json
 
   spec bench --rpc 192.168.1.7:50052,192.168.1.8:50052 -k 4,8   # local and over RPC, side by side
+
+  spec bench --concurrency 1,2,4,8 -n 64      # several requests at once, with and without speculation
 """
 
 
@@ -52,14 +57,21 @@ def bench(
     verify: Annotated[str, typer.Option("--verify", help="Verification rules to compare at temperatures above 0, comma-separated: block, token.")] = DEFAULT_VERIFY,
     json_file: Annotated[Optional[Path], typer.Option("--json", help="Also write every figure (and each run's statistics) to this JSON file.", show_default=False)] = None,
     plot_file: Annotated[Optional[Path], typer.Option("--plot", help="Write a PNG of tokens/s and acceptance against K (needs matplotlib: pip install 'spec-cli[plot]').", show_default=False)] = None,
+    concurrency: Annotated[Optional[str], typer.Option("--concurrency", "-c", metavar="N[,N]", help="Instead, requests at once, comma-separated (e.g. 1,2,4,8): each level runs that many requests through one verify pass a step, with speculation (the first -k, default auto: K by the batch's goodput) and the target alone side by side; aggregate tok/s, time to first token and per token (p50/p95), mean K, acceptance.", show_default=False)] = None,
 ) -> None:
     """Measure speculative configurations against the target alone on the same pair, interleaved.
 
     Reports median and min-max tokens/s (decoding only), speed-up against the target alone in the same run, the speed-up the loop's cost model predicts from the measured acceptance and the run's costs, acceptance by draft position, and where the time goes.
 
     With --rpc every configuration runs twice, the target on this machine and split over the workers (the draft stays here), each against the target alone in the same place, with the time of one target pass.
+
+    With --concurrency, N requests run at once as `spec serve --parallel N` runs them, with speculation and without.
     """
     with user_errors():
+        if concurrency is not None:
+            _concurrency(load, csv_list(concurrency, parse=_level), prompts_file, task, ks, modes, max_tokens, repeat,
+                         json_file)
+            return
         mode_list = csv_list(modes, parse=_drafting_mode) if modes else []
         prompts = ({None: benchmark.load_prompts(prompts_file, notify=note)} if prompts_file
                    else benchmark.builtin_prompt_sets(list(dict.fromkeys(csv_list(task, parse=str)))))
@@ -93,6 +105,39 @@ def bench(
             if plot_file is not None:
                 benchmark.plot(result, plot_file)
                 note(f"plot written to {plot_file}")
+
+
+def _concurrency(load: LoadOptions, levels: list[int], prompts_file: Path | None, task: str, ks: str | None,
+                 modes: str | None, max_tokens: int, repeat: int, json_file: Path | None) -> None:
+    """`--concurrency`: each level's batches with speculation and without, side by side."""
+    mode_list = csv_list(modes, parse=_drafting_mode) if modes else []
+    k = csv_list(ks, parse=lambda text: GenerationRequest(draft_max=draft_max_from_text(text)).draft_max)[0] if ks \
+        else AUTO
+    needs_draft = not mode_list or MODES[mode_list[0]].loads_draft
+    with open_pair(replace(load, needs_draft=needs_draft, max_draft=largest_k([k]))) as loaded:
+        pair = loaded.pair
+        mode_name = mode_list[0] if mode_list else pair.default_draft_mode
+        if mode_name in FED_MODES:
+            raise SpecError(f"draft mode {mode_name!r} drafts one sequence at a time; --concurrency needs a draft "
+                            "model, n-gram lookup or the hybrid (--modes ngram)")
+        texts = benchmark.load_prompts(prompts_file, notify=note) if prompts_file else benchmark.builtin_prompts(task)
+        prompts = [pair.prompt_tokens(text, raw=not pair.has_chat_template) for text in texts]
+        speculative = GenerationRequest(draft_max=k, draft_mode=mode_name, max_tokens=max_tokens)
+        with progress(2 * repeat * len(levels)) as advance:
+            batches = compare_concurrency(pair, prompts, levels, speculative, repeat, progress=advance)
+        result = {**concurrency_report(batches),
+                  "settings": {"target": str(pair.target.path), "draft": str(pair.draft.path) if pair.draft else None,
+                               "draft_mode": mode_name, "draft_max": k, "max_tokens": max_tokens, "repeat": repeat,
+                               "prompts": len(prompts), "threads": load.threads or os.cpu_count()}}
+        show_concurrency(result)
+        if json_file is not None:
+            _write(json_file, json.dumps(result, indent=2) + "\n")
+
+
+def _level(value: str) -> int:
+    if not value.isdigit() or not 1 <= int(value) <= MAX_SEQUENCES:
+        raise SpecError(f"--concurrency takes whole numbers from 1 to {MAX_SEQUENCES}, got {value!r}")
+    return int(value)
 
 
 def _write(path: Path, text: str) -> None:

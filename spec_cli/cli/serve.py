@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from typing import Annotated, Optional
 
 import typer
@@ -11,18 +12,21 @@ from spec_cli import chat as conversation
 from spec_cli.cli.common import csv_list, reachable_from_outside, user_errors
 from spec_cli.cli.options import (ChatFormatOpt, DraftMaxOpt, DraftModeOpt, LoadOptions, NoDraftOpt, RequestFlags,
                                   VerifyOpt, loads_pair, open_pair)
+from spec_cli.decoding.scheduler import MAX_SEQUENCES
 from spec_cli.decoding.verification import DEFAULT_VERIFY
 from spec_cli.errors import SpecError
 from spec_cli.llama import rpc
 from spec_cli.models import registry
 from spec_cli.pair import Pair
-from spec_cli.request import GenerationRequest
+from spec_cli.drafting.modes import FED_MODES
+from spec_cli.request import AUTO, GenerationRequest
 from spec_cli.server import app as server
 from spec_cli.server.connections import MIB, Limits
 from spec_cli.server.service import DEFAULT_QUEUE, Service
 from spec_cli.terminal.output import error, note, serving
 
 API_KEY_ENV = "SPEC_API_KEY"
+DEFAULT_PARALLEL = 4
 SERVE_EXAMPLES = f"""\
 Examples:
 
@@ -31,6 +35,8 @@ Examples:
   spec serve --target big.gguf --draft small.gguf -k auto --ctx 8192
 
   spec serve --pair qwen2.5-7b --port 9000 --model-name qwen
+
+  spec serve --parallel 8                      # eight clients generate at once, one verify pass for all
 
   spec serve --host 0.0.0.0 --allow-remote --api-key "$(cat ~/.spec-key)"   # other machines, with a key
 
@@ -55,7 +61,8 @@ def serve(
     port: Annotated[int, typer.Option("--port", min=0, max=65535, help="TCP port to listen on (0: any free port, printed at start).")] = server.DEFAULT_PORT,
     allow_remote: Annotated[bool, typer.Option("--allow-remote", help="Allow a --host other machines can reach.")] = False,
     api_key: Annotated[Optional[str], typer.Option("--api-key", envvar=API_KEY_ENV, help="Require 'Authorization: Bearer KEY' on every request but /health (or set SPEC_API_KEY, which keeps the key out of the process list).", show_default=False)] = None,
-    queue: Annotated[int, typer.Option("--queue", min=0, help="Requests that may wait while one generates; more are answered 503 at once.")] = DEFAULT_QUEUE,
+    parallel: Annotated[Optional[int], typer.Option("--parallel", "-np", min=1, max=MAX_SEQUENCES, help=f"Generations that run at once, verified together in one pass a step (default {DEFAULT_PARALLEL}: on a CPU or a GPU a pass of several sequences costs little more than one; 1 for a pair that drafts with an MTP head, EAGLE-3 head or DFlash drafter, which draft one sequence at a time). Each has --ctx tokens of its own.", show_default=False)] = None,
+    queue: Annotated[int, typer.Option("--queue", min=0, help="Requests that may wait while every --parallel slot generates; more are answered 503 at once.")] = DEFAULT_QUEUE,
     cors: Annotated[Optional[str], typer.Option("--cors", metavar="ORIGIN[,ORIGIN]", help="Let web pages from these origins call the server from a browser (e.g. http://localhost:3000; * for any page).", show_default=False)] = None,
     max_body: Annotated[float, typer.Option("--max-body", min=0.001, metavar="MIB", help="Largest request body in MiB; larger ones are answered 413.")] = Limits.body_bytes / MIB,
     header_timeout: Annotated[float, typer.Option("--header-timeout", min=0.1, metavar="S", help="Seconds a request's headers may take to arrive; a connection that stalls longer is closed.")] = Limits.header_timeout_s,
@@ -68,7 +75,7 @@ def serve(
 
     Point any OpenAI-compatible client at http://HOST:PORT/v1. Requests may set temperature, top_p, top_k, min_p, penalties, seed, stop and max_tokens, response_format (json_object, json_schema), grammar, json_schema, tools and tool_choice (calls come back in message.tool_calls, forced ones by a grammar), and spec-cli's draft_max, draft_mode and verify; sampling they leave out follows what the target's GGUF recommends, as in spec chat. Every answer carries a speculation object (drafted, accepted, acceptance, tokens per target pass, tokens/s).
 
-    One generation runs at a time, in arrival order; a chat that resends its history costs only its new tokens. A client that disconnects stops its generation, waiting or running. Text in messages is always text: typed control tokens (<|im_end|>) are not parsed. One line per answer goes to stderr.
+    Up to --parallel generations run at once, in arrival order, verified together in one target pass a step; with -k auto (the default for several) each gets the K that raises the whole batch's tokens per second, 0 where drafting does not pay. A chat that resends its history costs only its new tokens, even when other clients' requests come in between. A client that disconnects stops its generation, waiting or running. GET /health reports the sequences generating, the requests waiting, tokens per second and acceptance. Text in messages is always text: typed control tokens (<|im_end|>) are not parsed. One line per answer goes to stderr.
     """
     with user_errors():
         remote = reachable_from_outside(host, allow_remote, "use this server", " (and --api-key to require a key)")
@@ -84,12 +91,16 @@ def serve(
         template = conversation.chat_template(chat_format)
         sock = server.listen(host, port)  # before the models load: a port in use is said at once
         with sock, open_pair(load.for_request(flags, no_draft, quiet)) as loaded:
-            defaults = flags.for_pair(loaded)
+            slots = _slots(loaded.pair, flags, parallel)
+            # Several at once: K by the batch's goodput, unless -k says otherwise.
+            defaults = flags.for_pair(loaded) if slots == 1 or flags.k_given else replace(
+                flags.for_pair(loaded), draft_max=AUTO)
             log = (lambda _line: None) if quiet else note
             service = Service(loaded.pair, model_name or _default_name(load), defaults, max_tokens, queue,
-                              template, log=log)
+                              template, log=log, parallel=slots)
             address = sock.getsockname()
-            serving(service.name, f"http://{_url_host(address[0])}:{address[1]}/v1", _drafting(loaded.pair, defaults))
+            serving(service.name, f"http://{_url_host(address[0])}:{address[1]}/v1",
+                    f"{_drafting(loaded.pair, defaults)}, {slots} at once")
             if remote:
                 note(f"warning: other machines can reach this server on {host}"
                      + ("" if api_key else "; anyone who can reach it can use it (--api-key requires a key)"))
@@ -105,6 +116,19 @@ def serve(
             finally:
                 service.close()
             note("server stopped")
+
+
+def _slots(pair: Pair, flags: RequestFlags, parallel: int | None) -> int:
+    """How many generations run at once: --parallel, else `DEFAULT_PARALLEL`, or 1 where the pair drafts with a
+    drafter fed by the target's own states (it drafts one sequence at a time); --parallel > 1 with one is an
+    error that says what to do."""
+    mode = pair.mode_for(flags.request)
+    if mode not in FED_MODES:
+        return parallel or DEFAULT_PARALLEL
+    if parallel is not None and parallel > 1:
+        raise SpecError(f"draft mode {mode!r} drafts one sequence at a time: serve it with --parallel 1, or draft "
+                        "with --draft-mode ngram (or --no-draft) to run several at once")
+    return 1
 
 
 def _default_name(load: LoadOptions) -> str:

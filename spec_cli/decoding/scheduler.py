@@ -29,6 +29,7 @@ PREFILL_CHUNK = 64  # prompt tokens a newcomer feeds a step while others generat
 COSTS_DECAY = 0.95  # a pass of a size weighs 5% less at the next of that size: costs follow the machine's load
 STEP_DECAY = 0.8  # the weight of the last measured draft step against the running mean
 PROBE_MAX = 1024  # the most rounds an idle sequence's drafter waits for its next probe
+MAX_SEQUENCES = 64  # the most sequences at once we offer (llama.cpp takes up to 256 in one context)
 
 
 @dataclass
@@ -66,7 +67,10 @@ class Scheduler:
     def join(self, generation: Generation) -> None:
         """Start `generation` (made by a `Slot` no other running generation uses); its prompt is fed from the
         next step on."""
-        self._running.append(_Running(generation, generation.start()))
+        running = _Running(generation, generation.start())
+        if not running.prompt:  # the target's memory holds it all
+            generation.prompt_fed(0)
+        self._running.append(running)
 
     def leave(self, generation: Generation) -> None:
         """Stop `generation` now (a client that went away, a stop string): it is "interrupted" unless it had

@@ -282,7 +282,11 @@ def decode_together(parts: Sequence[Part]) -> list[np.ndarray]:
     The pass reads the weights once for every row of every sequence: where a pass is bound by memory traffic (a
     CPU, a GPU at small batches) N sequences' verify rows cost little more than one's. The parts' tokens
     must fit one batch (`n_batch`); each sequence's memory prepares for its speculative tail as in `decode`.
+    One part is `decode` itself.
     """
+    if len(parts) == 1:  # a context of one sequence, which may keep hidden states or features
+        context, tokens, n_logits, n_final = parts[0]
+        return [context.decode(tokens, n_logits, n_final)]
     first = parts[0][0]
     todo = [(context, context._prepare(tokens, n_logits, n_final), n_logits)
             for context, tokens, n_logits, n_final in parts]

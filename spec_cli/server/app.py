@@ -214,9 +214,7 @@ def _model_entry(service: Service) -> dict[str, Any]:
 
 async def health(request: Request) -> Response:
     service: Service = request.app.state.service
-    jobs = service.jobs
-    return JSONResponse({"status": "ok", "model": service.name, "generating": jobs > 0,
-                         "waiting": max(0, jobs - 1)})
+    return JSONResponse({"status": "ok", "model": service.name, **service.health()})
 
 
 async def _request_error(_request: Request, exc: Exception) -> Response:

@@ -1,26 +1,31 @@
-"""The pair behind the API: a bounded line of jobs, served one at a time on one worker thread that alone
-touches the pair, in arrival order; at most `queue_size` more wait, and past that a request is refused at
-once. The worker hands text to the request's asyncio task through a queue and checks between tokens whether
-the client is still there. Successive chat requests that resend the history extend the exact tokens of the
-last answer (`PromptCache`), so a turn costs its new tokens.
+"""The pair behind the API: up to `parallel` generations at once, one verify pass a step for all of them
+(`decoding.scheduler`), run by one worker thread that alone touches the pair; at most `queue_size` more
+requests wait, in arrival order, and past that a request is refused at once. The worker hands text to each
+request's asyncio task through a queue, once a round, and checks between steps whether its client is still
+there. Each slot remembers its last conversation (`PromptCache`): a request goes to the free slot holding the
+longest prefix of its prompt, so a chat that resends its history costs its new tokens even when other
+clients' requests come in between.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import functools
 import threading
+import time
 import traceback
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Callable
 
-from spec_cli.decoding.engine import Generation
+from spec_cli.decoding.engine import Generation, TokenEvent
 from spec_cli.decoding.prompt_cache import PromptCache
 from spec_cli.decoding.sampling import settle
+from spec_cli.decoding.scheduler import Scheduler
 from spec_cli.errors import SpecError
+from spec_cli.llama.context import common_prefix
 from spec_cli.llama.prompt_text import PromptText
-from spec_cli.pair import Pair
+from spec_cli.pair import Pair, Slot
 from spec_cli.request import GenerationRequest, InvalidRequest, shown
 from spec_cli.server import openai_api
 from spec_cli.server.errors import RequestError
@@ -30,6 +35,7 @@ from spec_cli.server.tool_calls import THINK_OPEN, call_grammar, spelt_out, temp
 from spec_cli.summary import summary_line
 
 DEFAULT_QUEUE = 16
+RATE_WINDOW_S = 10.0  # /health's tokens per second: over the last this many seconds
 
 
 @dataclass(frozen=True)
@@ -79,28 +85,66 @@ class Job:
         self.items.put_nowait(Left())
 
 
+@dataclass
+class _Active:
+    """A job that has a slot: its generation, the stop strings that cut its text, the text waiting to be posted,
+    and its prompt (the text, None for token ids, and the tokens) for the slot's cache."""
+
+    job: Job
+    slot: Slot
+    generation: Generation
+    stops: StopStrings
+    prompt: PromptText | None
+    tokens: list[int]
+    ready: str = ""
+
+
 class Service:
-    """The pair behind the API: a bounded line of jobs, served one at a time on one thread."""
+    """The pair behind the API: `parallel` slots generating together, and a bounded line of jobs waiting."""
 
     def __init__(self, pair: Pair, name: str, defaults: GenerationRequest = GenerationRequest(),
                  max_tokens: int | None = None, queue_size: int = DEFAULT_QUEUE, template: str | None = None,
-                 log: Callable[[str], None] = lambda _line: None) -> None:
+                 log: Callable[[str], None] = lambda _line: None, parallel: int = 1) -> None:
         """`defaults`: what a request that does not say gets (the CLI's flags, or the pair's tuned settings);
-        `max_tokens`: the longest answer for requests that set none (None: until the context is full)."""
+        `max_tokens`: the longest answer for requests that set none (None: until the context is full);
+        `parallel`: how many generations run at once (`Pair.slots`)."""
         self.pair, self.name, self.defaults, self.queue_size = pair, name, defaults, queue_size
         self.max_tokens = max_tokens
         self.template, self.log = template, log
-        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="spec-serve")
-        self._lock = threading.Lock()
+        self.parallel = parallel
+        self._slots = pair.slots(parallel)
+        self._caches = {id(slot): PromptCache() for slot in self._slots}
+        self._free = list(self._slots)
+        self._scheduler = Scheduler()
+        self._active: dict[int, _Active] = {}  # by id(generation)
+        self._waiting: collections.deque[Job] = collections.deque()
+        self._lock = threading.Condition()
         self._jobs: set[Job] = set()  # admitted and not yet done
-        self._cache = PromptCache()
+        self._closing = False
+        self._emitted: collections.deque[tuple[float, int]] = collections.deque()  # (when, tokens) of recent steps
+        self._drafted = self._accepted = 0  # over finished generations
+        self._worker = threading.Thread(target=self._work, name="spec-serve", daemon=True)
+        self._worker.start()
 
     @property
     def jobs(self) -> int:
-        """Requests admitted and not yet done: the one generating and those waiting. A cancelled one (its client
-        left) no longer counts: it costs the worker a token at most, and its place in the line is free."""
+        """Requests admitted and not yet done: those generating and those waiting. A cancelled one (its client
+        left) no longer counts: it costs the worker a step at most, and its place in the line is free."""
         with self._lock:
             return sum(not job.cancelled.is_set() for job in self._jobs)
+
+    def health(self) -> dict[str, object]:
+        """What /health reports: the slots, the sequences generating and the requests waiting, the tokens per
+        second of the last `RATE_WINDOW_S` seconds, and the acceptance of every drafted token so far."""
+        with self._lock:
+            active = [a for a in self._active.values() if not a.job.cancelled.is_set()]
+            waiting = sum(not job.cancelled.is_set() for job in self._waiting)
+            now = time.monotonic()
+            recent = sum(n for when, n in self._emitted if when >= now - RATE_WINDOW_S)
+            drafted = self._drafted + sum(a.generation.stats.drafted for a in self._active.values())
+            accepted = self._accepted + sum(a.generation.stats.accepted for a in self._active.values())
+        return {"generating": bool(active), "waiting": waiting, "slots": self.parallel, "active": len(active),
+                "tokens_per_second": recent / RATE_WINDOW_S, "acceptance": accepted / drafted if drafted else None}
 
     def check_model(self, model: str | None, status: int = 400) -> None:
         if model is not None and model != self.name:
@@ -109,70 +153,168 @@ class Service:
                                kind="not_found_error" if status == 404 else "invalid_request_error")
 
     def submit(self, request: ApiRequest) -> Job:
-        """Queue a request, or refuse it at once when `queue_size` are already waiting."""
+        """Queue a request, or refuse it at once when every slot is busy and `queue_size` already wait."""
         job = Job(request, asyncio.get_running_loop())
-        if self.jobs > self.queue_size:
-            raise RequestError(f"the server is busy: one generation runs and {self.queue_size} wait; "
+        if self.jobs >= self.parallel + self.queue_size:
+            raise RequestError(f"the server is busy: {self.parallel} generating and {self.queue_size} waiting; "
                                "try again shortly", code="server_busy", status=503, kind="server_error")
         with self._lock:
             self._jobs.add(job)
-        self._worker.submit(self._serve, job)
+            self._waiting.append(job)
+            self._lock.notify()
         return job
 
     def close(self) -> None:
-        """Stop every generation at its next token and wait for the worker: the pair may be closed after."""
+        """Stop every generation at the next step and wait for the worker: the pair may be closed after."""
         with self._lock:
+            self._closing = True
             for job in self._jobs:
                 job.cancel()
-        self._worker.shutdown(wait=True, cancel_futures=True)
+            self._lock.notify()
+        self._worker.join()
 
-    def _serve(self, job: Job) -> None:
-        try:
-            if not job.cancelled.is_set():  # a client that left while waiting costs nothing
-                self._generate(job)
-        except Exception as exc:  # a bug: the client gets a 500, the server's log the traceback
-            job.post(Failed(RequestError(f"internal error ({type(exc).__name__}); the server's log has the details",
-                                         status=500, kind="server_error")))
-            self.log(f"internal error:\n{traceback.format_exc()}")
-        finally:
+    def _work(self) -> None:
+        """The worker: start waiting jobs on free slots, run a step, hand each job its text; until closed."""
+        while True:
             with self._lock:
-                self._jobs.discard(job)
+                while not (self._closing or self._waiting or self._active):
+                    self._lock.wait()
+                if self._closing:
+                    break
+                starting = self._admit()
+            for job in starting:
+                self._guarded(job, self._start, job)
+            self._drop_cancelled()
+            if self._active:
+                self._step()
+        for active in list(self._active.values()):
+            self._leave(active)
 
-    def _generate(self, job: Job) -> None:
+    def _admit(self) -> list[Job]:
+        """Waiting jobs, in arrival order, as many as there are free slots (held: lock)."""
+        starting: list[Job] = []
+        while self._waiting and len(starting) < len(self._free):
+            job = self._waiting.popleft()
+            if job.cancelled.is_set():  # a client that left while waiting costs nothing
+                self._jobs.discard(job)
+                continue
+            starting.append(job)
+        return starting
+
+    def _guarded(self, job: Job, work: Callable[..., None], *args: object) -> None:
+        """Run `work` for `job`; a bug fails the job with a 500 and the server's log has the traceback."""
+        try:
+            work(*args)
+        except Exception as exc:
+            self._fail(job, RequestError(f"internal error ({type(exc).__name__}); the server's log has the details",
+                                         status=500, kind="server_error"))
+            self.log(f"internal error:\n{traceback.format_exc()}")
+
+    def _start(self, job: Job) -> None:
+        """Make the job's generation on the best free slot for its prompt and join the scheduler; a request that
+        cannot start is answered now."""
         request = job.request
         try:
-            prompt, tokens = self._prompt(request)
+            prompt, tokens, slot = self._prompt(request)
             settings = self._request(request)
-            generation = self.pair.generate(tokens, settings)
+            generation = slot.generate(tokens, settings)
         except RequestError as exc:
-            job.post(Failed(exc))
+            self._fail(job, exc)
             return
         except InvalidRequest as exc:
             param = "messages" if exc.field == "prompt" and request.endpoint == "chat" else exc.field
-            job.post(Failed(RequestError(exc.named(PARAMS), param=param, code=exc.code)))
+            self._fail(job, RequestError(exc.named(PARAMS), param=param, code=exc.code))
             return
         except SpecError as exc:
-            job.post(Failed(RequestError(str(exc))))
+            self._fail(job, RequestError(str(exc)))
             return
-        text = prompt.text if prompt is not None else None
         # A template that opens a thought starts the answer inside it, unless a grammar decides the answer.
+        text = prompt.text if prompt is not None else None
         opened = text is not None and text.rstrip().endswith(THINK_OPEN) and settings.grammar is None
         job.post(Started(generation, thinking=opened))
-        stops = StopStrings(settings.stop)
+        with self._lock:
+            self._free.remove(slot)
+            self._active[id(generation)] = _Active(job, slot, generation, StopStrings(settings.stop), prompt, tokens)
+        self._scheduler.join(generation)
+
+    def _fail(self, job: Job, error: RequestError) -> None:
+        job.post(Failed(error))
+        with self._lock:
+            self._jobs.discard(job)
+
+    def _step(self) -> None:
+        """One scheduler step; each job gets its round's text, and those that ended leave. An error of the model
+        (a lost RPC worker) ends every generation of the step."""
         try:
-            self._hand_over(job, generation, stops)
+            emitted = self._scheduler.step()
         except SpecError as exc:
-            job.post(Failed(RequestError(str(exc), status=500, kind="server_error")))
+            self._fail_all(RequestError(str(exc), status=500, kind="server_error"))
+            return
+        except Exception as exc:
+            self._fail_all(RequestError(f"internal error ({type(exc).__name__}); the server's log has the details",
+                                        status=500, kind="server_error"))
+            self.log(f"internal error:\n{traceback.format_exc()}")
+            return
+        with self._lock:
+            self._emitted.append((time.monotonic(), sum(len(events) for _, events in emitted)))
+            while self._emitted and self._emitted[0][0] < time.monotonic() - RATE_WINDOW_S:
+                self._emitted.popleft()
+        for generation, events in emitted:
+            active = self._active.get(id(generation))
+            if active is not None:
+                self._guarded(active.job, self._hand_over, active, events)
+
+    def _hand_over(self, active: _Active, events: list[TokenEvent]) -> None:
+        """Post a round's text at once, cut at the stop strings: the event loop wakes (and a stream writes a
+        chunk, and its client parses one) once a round rather than once a token, which on a small machine takes
+        CPU time from the model. A job whose text is complete, or whose client left, leaves."""
+        for event in events:
+            active.ready += active.stops.feed(event.text)
+            if active.stops.stopped:
+                break
+        if active.stops.stopped or active.generation.finish_reason is not None:
+            active.ready += active.stops.flush()
+        if active.ready and not active.job.cancelled.is_set():
+            active.job.post(active.ready)
+        active.ready = ""
+        if active.stops.stopped or active.generation.finish_reason is not None or active.job.cancelled.is_set():
+            self._leave(active)
+
+    def _drop_cancelled(self) -> None:
+        for active in list(self._active.values()):
+            if active.job.cancelled.is_set():
+                self._leave(active)
+
+    def _fail_all(self, error: RequestError) -> None:
+        for active in list(self._active.values()):
+            active.job.post(Failed(error))
+            self._leave(active, answered=True)
+
+    def _leave(self, active: _Active, answered: bool = False) -> None:
+        """The job is over: its generation leaves the scheduler (stopped if still running), its slot is free
+        and remembers the conversation, and the job gets its finish reason (unless its client left)."""
+        generation, job = active.generation, active.job
+        self._scheduler.leave(generation)
+        stats = generation.stats
+        with self._lock:
+            del self._active[id(generation)]
+            self._free.append(active.slot)
+            self._jobs.discard(job)
+            self._drafted, self._accepted = self._drafted + stats.drafted, self._accepted + stats.accepted
+        endpoint = job.request.endpoint
+        if answered:
             return
         if job.cancelled.is_set():
-            self.log(f"{request.endpoint}: the client went away after {generation.stats.generated_tokens} "
-                     "tokens; generation stopped")
+            if not self._closing:
+                self.log(f"{endpoint}: the client went away after {stats.generated_tokens} tokens; generation stopped")
             return
-        if text is not None and not stops.stopped:  # an answer cut at a stop string is not what the model saw
-            self._cache.remember(text + generation.text, tokens + generation.token_ids)
-        reason = openai_api.finish_reason(generation.finish_reason, stops.stopped)
+        if active.prompt is not None and not active.stops.stopped:  # an answer cut at a stop string is not what
+            # the model saw
+            self._caches[id(active.slot)].remember(active.prompt.text + generation.text,
+                                                   active.tokens + generation.token_ids)
+        reason = openai_api.finish_reason(generation.finish_reason or "stop", active.stops.stopped)
         job.post(Finished(reason))
-        self.log(f"{request.endpoint}: {summary_line(generation.stats, reason)}")
+        self.log(f"{endpoint}: {summary_line(stats, reason)}")
 
     def _request(self, request: ApiRequest) -> GenerationRequest:
         """The server's defaults under what the request sets; sampling it leaves out follows what the target's
@@ -183,41 +325,24 @@ class Service:
                        sampling=settle("model", self.pair.recommended_sampling(), request.sampling),
                        max_tokens=request.max_tokens or self.max_tokens or self.pair.n_ctx)
 
-    @staticmethod
-    def _hand_over(job: Job, generation: Generation, stops: StopStrings) -> None:
-        """Post the generation's text as it comes, cut at the stop strings; stop when the client has left.
-
-        A round's tokens come at once and end with the target's own: they are handed over together, so that
-        the event loop wakes (and a stream writes a chunk, and its client parses one) once a round rather
-        than once a token, which on a small machine takes CPU time from the model."""
-        events = iter(generation)
-        ready = ""
-        try:
-            for event in events:
-                ready += stops.feed(event.text)
-                if stops.stopped or job.cancelled.is_set():
-                    break
-                if not event.from_draft and ready:
-                    job.post(ready)
-                    ready = ""
-        finally:
-            events.close()
-        ready += stops.flush()
-        if ready and not job.cancelled.is_set():
-            job.post(ready)
-
-    def _prompt(self, request: ApiRequest) -> tuple[PromptText | None, list[int]]:
-        """The prompt (None for token ids) and its tokens, extending the last answer's where they can. A chat's
-        messages are text: only the template's markers become control tokens. A completion's prompt is raw, as
-        in llama-server: control tokens spelt in it are parsed."""
+    def _prompt(self, request: ApiRequest) -> tuple[PromptText | None, list[int], Slot]:
+        """The prompt (None for token ids), its tokens, and the free slot to run it on: the one whose memory
+        holds the longest prefix of it, its tokens extending that slot's last answer's where they can. A chat's messages are text: only the template's markers become control tokens.
+        A completion's prompt is raw, as in llama-server: control tokens spelt in it are parsed."""
         model = self.pair.target
         if request.endpoint == "chat":
             prompt: PromptText | None = self._chat_prompt(request)
         else:
             prompt = PromptText(request.prompt) if isinstance(request.prompt, str) else None
-        if prompt is None:
-            return None, list(request.prompt)
-        return prompt, self._cache.tokens_for(model, prompt)
+        best: tuple[int, list[int], Slot] | None = None
+        for candidate in list(self._free):
+            tokens = (list(request.prompt) if prompt is None
+                      else self._caches[id(candidate)].tokens_for(model, prompt))
+            held = common_prefix(candidate.target.tokens, tokens)
+            if best is None or held > best[0]:
+                best = (held, tokens, candidate)
+        assert best is not None
+        return prompt, best[1], best[2]
 
     def _chat_prompt(self, request: ApiRequest) -> PromptText:
         """The chat's prompt; with tools (or calls in the history), the template's own way of showing them when

@@ -160,3 +160,28 @@ def show_facts(title: str, facts: list[tuple[str, str]]) -> None:
     for key, value in facts:
         table.add_row(key, value)
     Console(highlight=False).print(table)
+
+
+def show_concurrency(result: dict) -> None:
+    """`spec bench --concurrency`: at each concurrency, speculation and the target alone side by side."""
+    console = Console(highlight=False)
+    table = _table("Several requests at once: aggregate tokens/s and each request's latency",
+                   ("", "tok/s", "speed-up", "first token p50/p95", "per token p50/p95", "mean K",
+                    "accepted"))
+    for level in result["concurrency"]:
+        for name, side in (("speculative", level["speculative"]), ("target alone", level["target_alone"])):
+            speculative = name == "speculative"
+            table.add_row(f"{level['concurrency']} at once" if speculative else "", name, f"{side['tokens_per_second']:.1f}",
+                          f"{level['speedup']:.2f}×" if speculative else "",
+                          _latency(side["first_token_s"]), _latency(side["per_token_s"]),
+                          f"{side['mean_k']:.2f}" if speculative else "",
+                          percent(side["acceptance"]) if speculative and side["mean_k"] else "")
+    console.print(table)
+    console.print("tok/s = every request's tokens over the batch's wall time (median of the runs); speed-up = "
+                  "speculation over the target alone at the same concurrency; first token = from the batch's start; "
+                  "per token = after the first; mean K = drafted tokens per round (0 where the batch's goodput "
+                  "chose not to draft)", style="dim", markup=False)
+
+
+def _latency(percentiles: dict) -> str:
+    return f"{percentiles['p50'] * 1000:.0f} / {percentiles['p95'] * 1000:.0f} ms"

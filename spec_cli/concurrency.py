@@ -1,0 +1,111 @@
+"""`spec bench --concurrency`: N requests at once through the scheduler, with speculation and without, side by
+side in one run: aggregate tokens per second, each request's time to first token and time per token after it
+(p50 and p95), mean K and acceptance. A server sees this when N clients send at once.
+
+At each concurrency the two sides alternate `repeat` times over the same prompts (the prompt set taken in turn,
+so N may exceed it), on the same slots and one scheduler, so that both run on a machine in the same state.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+from spec_cli.decoding.scheduler import Scheduler
+from spec_cli.decoding.stats import Stats
+from spec_cli.pair import Pair, Slot
+from spec_cli.request import GenerationRequest
+
+
+@dataclass
+class Batch:
+    """The runs of one side at one concurrency: wall seconds of each batch, and each request's figures."""
+
+    concurrency: int
+    speculative: bool
+    wall_s: list[float] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+    first_token_s: list[float] = field(default_factory=list)
+    per_token_s: list[float] = field(default_factory=list)
+    totals: Stats = field(default_factory=lambda: Stats(draft_max=0))
+
+    @property
+    def tokens_per_second(self) -> float:
+        """Every request's tokens over the wall time of the batches (median of the batches' rates)."""
+        return statistics.median(n / s for n, s in zip(self.tokens, self.wall_s) if s > 0)
+
+    def as_dict(self) -> dict[str, object]:
+        t = self.totals
+        return {"concurrency": self.concurrency, "speculative": self.speculative,
+                "tokens_per_second": self.tokens_per_second,
+                "first_token_s": _percentiles(self.first_token_s), "per_token_s": _percentiles(self.per_token_s),
+                "mean_k": t.drafted / t.rounds if t.rounds else 0.0, "acceptance": t.acceptance_rate,
+                "batch_size": t.batch_size, "requests": len(self.first_token_s)}
+
+
+def _percentiles(values: Sequence[float]) -> dict[str, float]:
+    ordered = sorted(values)
+    if not ordered:
+        return {"p50": 0.0, "p95": 0.0}
+    return {"p50": statistics.median(ordered), "p95": ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]}
+
+
+def run_batch(scheduler: Scheduler, slots: Sequence[Slot], prompts: Sequence[list[int]],
+              requests: Sequence[GenerationRequest], batch: Batch) -> None:
+    """Start every prompt at once on its own slot and run the scheduler until all have finished; add the
+    figures to `batch`."""
+    started = time.perf_counter()
+    generations = [slot.generate(tokens, request) for slot, tokens, request in zip(slots, prompts, requests)]
+    first: dict[int, float] = {}
+    last: dict[int, float] = {}
+    for generation in generations:
+        scheduler.join(generation)
+    while len(scheduler):
+        for generation, events in scheduler.step():
+            if events:
+                now = time.perf_counter()
+                first.setdefault(id(generation), now)
+                last[id(generation)] = now
+    batch.wall_s.append(time.perf_counter() - started)
+    batch.tokens.append(sum(len(g.token_ids) for g in generations))
+    for generation in generations:
+        n, key = len(generation.token_ids), id(generation)
+        if key in first:
+            batch.first_token_s.append(first[key] - started)
+        if n > 1:
+            batch.per_token_s.append((last[key] - first[key]) / (n - 1))
+        batch.totals.merge(generation.stats)
+
+
+def compare_concurrency(pair: Pair, prompts: Sequence[list[int]], levels: Sequence[int],
+                        speculative: GenerationRequest, repeat: int = 1,
+                        progress: Callable[[str], None] = lambda _label: None) -> list[Batch]:
+    """For each concurrency in `levels`, `repeat` batches of that many requests with `speculative`'s drafting and
+    as many without (the target alone, the same batch), alternating. Request i of a batch takes prompt
+    i mod len(prompts) and seed i."""
+    slots = pair.slots(max(levels))
+    scheduler = Scheduler()
+    plain = GenerationRequest(sampling=speculative.sampling, draft_mode="none", max_tokens=speculative.max_tokens)
+    batches = []
+    for level in levels:
+        sides = [Batch(level, True), Batch(level, False)]
+        chosen = [prompts[i % len(prompts)] for i in range(level)]
+        for _round, side in ((r, s) for r in range(repeat) for s in sides):
+            progress(f"{level} at once, {'speculative' if side.speculative else 'target alone'}")
+            base = speculative if side.speculative else plain
+            requests = [GenerationRequest(**{**base.__dict__, "seed": i}) for i in range(level)]
+            run_batch(scheduler, slots[:level], chosen, requests, side)
+        batches += sides
+    return batches
+
+
+def report(batches: Sequence[Batch]) -> dict[str, object]:
+    """Each concurrency's two sides and speculation's speed-up over the target alone at that concurrency."""
+    levels = []
+    for speculative, plain in zip(batches[::2], batches[1::2]):
+        levels.append({"concurrency": speculative.concurrency, "speculative": speculative.as_dict(),
+                       "target_alone": plain.as_dict(),
+                       "speedup": speculative.tokens_per_second / plain.tokens_per_second})
+    return {"concurrency": levels}

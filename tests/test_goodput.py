@@ -1,0 +1,71 @@
+"""K per sequence of one verify pass, chosen for the batch's goodput, on synthetic costs and acceptance."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Callable
+
+import numpy as np
+
+from spec_cli.decoding.costs import BatchCosts
+from spec_cli.decoding.goodput import Candidate, choose_ks
+
+
+def pass_costs(seconds: Callable[[int], float], sizes: range = range(1, 65)) -> BatchCosts:
+    costs = BatchCosts()
+    for rows in sizes:
+        costs.record(rows, seconds(rows))
+    return costs
+
+
+def goodput(ks: list[int], candidates: list[Candidate], seconds: Callable[[int], float]) -> float:
+    expected = sum(1 + np.cumprod(c.rates)[:k].sum() for c, k in zip(candidates, ks))
+    return expected / (seconds(len(ks) + sum(ks)) + sum(k * c.step_s for c, k in zip(candidates, ks)))
+
+
+def cheap_rows(rows: int) -> float:
+    return 0.015 + 0.001 * rows  # a pass bound by reading the weights: a row costs little
+
+
+def test_nothing_measured_yet_drafts_nothing_but_what_requests_fix() -> None:
+    candidates = [Candidate(np.ones(8)), Candidate(np.ones(8), fixed=3)]
+    assert choose_ks(candidates, BatchCosts()) == [0, 3]
+
+
+def test_the_choice_is_the_best_allocation_of_draft_rows() -> None:
+    """Against every allocation of up to 4 tokens to each of three sequences: none has a higher goodput."""
+    candidates = [Candidate(np.full(4, 0.9), step_s=0.002), Candidate(np.full(4, 0.6), step_s=0.002),
+                  Candidate(np.array([0.95, 0.5, 0.5, 0.5]), step_s=0.004)]
+    ks = choose_ks(candidates, pass_costs(cheap_rows))
+    best = max(goodput(list(choice), candidates, cheap_rows)
+               for choice in itertools.product(range(5), repeat=3))
+    assert goodput(ks, candidates, cheap_rows) >= best * 0.999
+    assert ks[0] > ks[1]  # the sequence the target agrees with more drafts more
+
+
+def test_rows_that_cost_as_much_as_tokens_draft_nothing() -> None:
+    """Compute-bound passes (each row a whole token's work): no draft of α = 0.8 pays for its row and step."""
+    linear = lambda rows: 0.010 * rows  # noqa: E731
+    candidates = [Candidate(np.full(8, 0.8), step_s=0.004) for _ in range(4)]
+    assert choose_ks(candidates, pass_costs(linear)) == [0, 0, 0, 0]
+
+
+def test_a_draft_dearer_than_its_target_is_not_used_even_alone() -> None:
+    candidates = [Candidate(np.full(8, 0.9), step_s=0.030)]
+    assert choose_ks(candidates, pass_costs(cheap_rows)) == [0]
+
+
+def test_a_busier_batch_gives_each_sequence_fewer_drafts() -> None:
+    """Past 16 rows a row costs ten times more (the pass stops being bound by reading the weights)."""
+    def knee(rows: int) -> float:
+        return 0.015 + 0.0005 * min(rows, 16) + 0.005 * max(0, rows - 16)
+    costs = pass_costs(knee)
+    alone = choose_ks([Candidate(np.full(8, 0.8), step_s=0.001)], costs)
+    eight = choose_ks([Candidate(np.full(8, 0.8), step_s=0.001) for _ in range(8)], costs)
+    assert alone[0] > max(eight) >= 0 and sum(eight) + 8 <= 24
+
+
+def test_unmeasured_sizes_are_tried_at_most_twice_the_largest_measured() -> None:
+    costs = pass_costs(cheap_rows, sizes=range(4, 5))  # only passes of 4 rows so far
+    ks = choose_ks([Candidate(np.ones(16)) for _ in range(4)], costs)
+    assert sum(ks) + 4 == 8

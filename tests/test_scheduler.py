@@ -1,0 +1,160 @@
+"""Several generations at once on sequences of one target context: each sequence's output is what it would be
+alone, greedy token for token and sampled in law, whatever joins and leaves the batch and whatever its memory."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import pytest
+from exactness import REPETITIVE, SAMPLED, chi_square_p_value, exact_pair_distribution, finish, SIGNIFICANCE
+from tiny_models import write_model
+
+from spec_cli import GenerationRequest, Pair, load_pair
+from spec_cli.decoding.engine import Generation
+from spec_cli.decoding.sampling import SamplingParams
+from spec_cli.decoding.scheduler import Scheduler
+from spec_cli.llama.context import Context, decode_together
+
+GREEDY = SamplingParams()
+PROMPTS = [REPETITIVE, "hello there", "a b c a b c a", "zz top"]
+# Fixed K, K by the batch's goodput, n-gram lookup, the target alone, and the hybrid: all in one batch.
+REQUESTS = [GenerationRequest(sampling=GREEDY, draft_max=3, draft_mode="model", max_tokens=24),
+            GenerationRequest(sampling=GREEDY, draft_max="auto", draft_mode="model", max_tokens=24),
+            GenerationRequest(sampling=GREEDY, draft_max=2, draft_mode="ngram", max_tokens=24),
+            GenerationRequest(sampling=GREEDY, draft_max=0, draft_mode="none", max_tokens=24),
+            GenerationRequest(sampling=GREEDY, draft_max=4, draft_mode="hybrid", max_tokens=24)]
+
+
+@pytest.fixture(scope="module")
+def slots(other: Pair) -> list:
+    return other.slots(4)
+
+
+def run(scheduler: Scheduler, joining: dict[int, list[Generation]], leaving: dict[int, Generation] | None = None
+        ) -> dict[int, list[int]]:
+    """Step until no generation runs; `joining[s]` join before step s, `leaving[s]` leaves before it. Returns
+    each generation's emitted tokens, by id."""
+    emitted: dict[int, list[int]] = {}
+    step = 0
+    while len(scheduler) or any(s >= step for s in joining):
+        for generation in joining.get(step, []):
+            scheduler.join(generation)
+        if leaving and step in leaving:
+            scheduler.leave(leaving[step])
+        for generation, events in scheduler.step():
+            emitted.setdefault(id(generation), []).extend(event.token for event in events)
+        step += 1
+    return emitted
+
+
+def alone(pair: Pair, prompt: str, request: GenerationRequest) -> list[int]:
+    return finish(pair.generate(pair.prompt_tokens(prompt, raw=True), request)).token_ids
+
+
+def same_rows(together: np.ndarray, alone: np.ndarray) -> None:
+    np.testing.assert_allclose(together, alone, rtol=1e-4, atol=1e-4)
+    assert list(together.argmax(axis=1)) == list(alone.argmax(axis=1))
+
+
+def test_decoded_together_every_row_is_the_row_decoded_alone(other: Pair) -> None:
+    """A row's logits are those of the same tokens decoded alone, to float32 rounding (the kernels sum in another
+    order at another batch size, as a verify pass of K + 1 rows already does against one-token steps)."""
+    first = Context(other.target, n_ctx=64, n_threads=1, sequences=3)
+    contexts = [first, first.sequence(1), first.sequence(2)]
+    lone = Context(other.target, n_ctx=64, n_threads=1)
+    try:
+        feeds = [[5, 6, 7, 8], [9], [10, 11]]
+        rows = decode_together([(c, feed, len(feed), len(feed)) for c, feed in zip(contexts, feeds)])
+        for feed, together in zip(feeds, rows):
+            lone.trim(0)
+            same_rows(together, lone.decode(feed, len(feed)))
+        assert [c.tokens for c in contexts] == feeds
+        contexts[1].trim(0)  # one sequence's cut leaves the others
+        rows = decode_together([(contexts[0], [12], 1, 1), (contexts[2], [13], 1, 1)])
+        lone.trim(0)
+        same_rows(rows[1], lone.decode([10, 11, 13], 1))
+    finally:
+        for context in (*contexts, lone):
+            context.close()
+
+
+def test_each_sequence_gets_its_lone_greedy_text_while_others_join_and_leave(other: Pair, slots: list) -> None:
+    expected = [alone(other, p, r) for p, r in zip(PROMPTS, REQUESTS)]
+    tokens = [other.prompt_tokens(p, raw=True) for p in PROMPTS]
+    generations = [slot.generate(t, r) for slot, t, r in zip(slots, tokens, REQUESTS)]
+    emitted = run(Scheduler(), {0: generations[:2], 3: generations[2:]})
+    for generation, lone in zip(generations, expected):
+        assert emitted[id(generation)] == generation.token_ids == lone
+        assert generation.finish_reason == "length" and generation.stats.batch_size > 1
+    assert generations[0].stats.drafted > generations[0].stats.accepted  # rejections, rolled back per sequence
+    assert sum(g.stats.accepted for g in generations) > 0
+    # The hybrid on the first slot again: its memory keeps the earlier sequence's prompt, and it still agrees.
+    hybrid = slots[0].generate(tokens[1], REQUESTS[4])
+    quitter = slots[1].generate(tokens[2], REQUESTS[0])
+    emitted = run(Scheduler(), {0: [hybrid, quitter]}, leaving={2: quitter})
+    assert emitted[id(hybrid)] == alone(other, PROMPTS[1], REQUESTS[4])
+    assert quitter.finish_reason == "interrupted" and 0 < len(quitter.token_ids) < 24
+
+
+def test_a_long_prompt_is_fed_in_chunks_between_the_others_rounds(other: Pair, slots: list) -> None:
+    long_prompt = other.prompt_tokens("the cat sat on the mat " * 30, raw=True)
+    running = slots[0].generate(other.prompt_tokens(PROMPTS[1], raw=True), REQUESTS[3])
+    newcomer = slots[1].generate(long_prompt, REQUESTS[0])
+    scheduler = Scheduler()
+    scheduler.join(running)
+    scheduler.step()
+    scheduler.join(newcomer)
+    steps = 0
+    while not newcomer.token_ids:
+        emitted = dict((id(g), events) for g, events in scheduler.step())
+        assert len(emitted.get(id(running), [])) == 1  # the other goes on generating meanwhile
+        steps += 1
+    assert steps >= len(long_prompt) // 64
+    while len(scheduler):
+        scheduler.step()
+    assert newcomer.token_ids == alone(other, "the cat sat on the mat " * 30, REQUESTS[0])
+
+
+@pytest.fixture(scope="module", params=["mamba", "jamba", "lfm2"])
+def memory_pair(request: pytest.FixtureRequest, models_dir: Path) -> Iterator[Pair]:
+    target = write_model(models_dir / f"batched-{request.param}.gguf", seed=1, arch=request.param)
+    draft = write_model(models_dir / f"batched-{request.param}-draft.gguf", seed=2, arch=request.param)
+    with load_pair(target, draft) as pair:
+        yield pair
+
+
+def test_recurrent_and_hybrid_memories_go_back_per_sequence(memory_pair: Pair) -> None:
+    requests = [REQUESTS[0], REQUESTS[2], REQUESTS[0]]
+    prompts = PROMPTS[:3]
+    expected = [alone(memory_pair, p, r) for p, r in zip(prompts, requests)]
+    slots = memory_pair.slots(3)
+    generations = [slot.generate(memory_pair.prompt_tokens(p, raw=True), r)
+                   for slot, p, r in zip(slots, prompts, requests)]
+    emitted = run(Scheduler(), {0: generations[:2], 1: generations[2:]})
+    assert [emitted[id(g)] for g in generations] == expected
+    assert sum(g.stats.drafted - g.stats.accepted for g in generations) > 0
+
+
+def test_a_sequence_sampled_in_a_batch_follows_the_target_law(other: Pair, slots: list) -> None:
+    """χ² at α = 0.001: the first two tokens of a sequence batched with two others (sampled, drafted by unrelated
+    weights, so often rejected) follow p(x1, x2 | prompt) exactly."""
+    prompt = other.prompt_tokens("the cat", raw=True)
+    expected = exact_pair_distribution(other, prompt, SAMPLED)
+    observed: Counter = Counter()
+    scheduler = Scheduler()
+    n = 3000
+    for batch in range(n // 3):
+        generations = [slot.generate(prompt, GenerationRequest(sampling=SAMPLED, seed=3 * batch + i, draft_max=3,
+                                                               draft_mode="model", max_tokens=4))
+                       for i, slot in enumerate(slots[:3])]
+        run(scheduler, {0: generations})
+        observed.update(tuple(g.token_ids[:2]) for g in generations)
+    assert chi_square_p_value(observed, expected, n) > SIGNIFICANCE
+
+
+def test_a_fed_drafter_is_refused_on_a_shared_slot(other: Pair, slots: list) -> None:
+    with pytest.raises(Exception, match="drafts one sequence at a time"):
+        slots[0].generate([5, 6], GenerationRequest(draft_mode="mtp"))
