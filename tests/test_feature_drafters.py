@@ -73,7 +73,8 @@ def test_greedy_tokens_equal_the_target_alone_with_drafts_kept_and_rejected(pair
         alone = greedy(pair, prompt, draft_mode="none")
         drafted = greedy(pair, prompt, draft_max=k)
         assert drafted.token_ids == alone.token_ids
-        assert drafted.stats.accepted > 0 and drafted.stats.rejected_rounds > 0
+        # -k auto may stop drafting (K = 0): these generated drafters cost more than they save
+        assert k == "auto" or drafted.stats.accepted > 0 and drafted.stats.rejected_rounds > 0
 
 
 def test_after_rounds_with_rejections_the_drafter_holds_what_a_fresh_one_would(pair: Pair) -> None:

@@ -110,7 +110,7 @@ def test_answers_carry_usage_and_speculation() -> None:
                               "prompt_tokens_details": {"cached_tokens": 6}}
     assert whole["speculation"] | {"tokens_per_second": 0} == {
         "draft_mode": "model", "draft_max": 4, "drafted": 4, "accepted": 3, "acceptance": 0.75,
-        "tokens_per_pass": 4.0, "tokens_per_second": 0}
+        "tokens_per_pass": 4.0, "tokens_per_second": 0, "batch_size": 1.0}
     text = Answer("cmpl-1", 0, "m", "completion").chunk("x", None, stats)
     assert text["object"] == "text_completion" and text["choices"][0]["text"] == "x"
     opening = Answer("chatcmpl-1", 0, "m", "chat").chunk(None, None)

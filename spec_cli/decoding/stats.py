@@ -84,7 +84,7 @@ class Stats:
     @property
     def batch_size(self) -> float:
         """The mean number of sequences the rounds' verify passes served (1 for a generation run alone)."""
-        return self.batched / self.rounds if self.rounds else 1.0
+        return self.batched / self.rounds if self.batched and self.rounds else 1.0
 
     @property
     def tokens_per_second(self) -> float:

@@ -350,7 +350,8 @@ def speculation(stats: Stats) -> dict[str, Any]:
     """What speculation did so far: the `speculation` object of answers and stream chunks."""
     return {"draft_mode": stats.draft_mode, "draft_max": "auto" if stats.adaptive else stats.draft_max,
             "drafted": stats.drafted, "accepted": stats.accepted, "acceptance": stats.acceptance_rate,
-            "tokens_per_pass": stats.mean_accepted_length, "tokens_per_second": stats.tokens_per_second}
+            "tokens_per_pass": stats.mean_accepted_length, "tokens_per_second": stats.tokens_per_second,
+            "batch_size": stats.batch_size}
 
 
 @dataclass(frozen=True)

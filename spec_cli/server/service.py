@@ -327,20 +327,23 @@ class Service:
 
     def _prompt(self, request: ApiRequest) -> tuple[PromptText | None, list[int], Slot]:
         """The prompt (None for token ids), its tokens, and the free slot to run it on: the one whose memory
-        holds the longest prefix of it, its tokens extending that slot's last answer's where they can. A chat's messages are text: only the template's markers become control tokens.
+        holds the longest prefix of it, less half of what that memory would lose (a new conversation goes to an
+        empty slot rather than to one whose conversation merely starts with the same template markers), its
+        tokens extending that slot's last answer's where they can. A chat's messages are text: only the template's markers become control tokens.
         A completion's prompt is raw, as in llama-server: control tokens spelt in it are parsed."""
         model = self.pair.target
         if request.endpoint == "chat":
             prompt: PromptText | None = self._chat_prompt(request)
         else:
             prompt = PromptText(request.prompt) if isinstance(request.prompt, str) else None
-        best: tuple[int, list[int], Slot] | None = None
+        best: tuple[float, list[int], Slot] | None = None
         for candidate in list(self._free):
             tokens = (list(request.prompt) if prompt is None
                       else self._caches[id(candidate)].tokens_for(model, prompt))
             held = common_prefix(candidate.target.tokens, tokens)
-            if best is None or held > best[0]:
-                best = (held, tokens, candidate)
+            score = held - (candidate.target.n_past - held) / 2
+            if best is None or score > best[0]:
+                best = (score, tokens, candidate)
         assert best is not None
         return prompt, best[1], best[2]
 

@@ -1,0 +1,158 @@
+"""`spec serve --parallel N` through the official openai client: interleaved clients each get their lone-run
+greedy text, one that leaves mid-batch leaves the others untouched, each slot keeps its own conversation, and
+/health tells how busy the server is."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Iterator
+
+import httpx
+import pytest
+from exactness import finish
+from tiny_models import write_qwen35_mtp
+from typer.testing import CliRunner
+
+from spec_cli import GenerationRequest, Pair, load_pair
+from spec_cli.cli.app import app
+from spec_cli.decoding.sampling import SamplingParams
+
+from serving import NAME, Running, running
+
+PROMPTS = [f"the {word}" for word in ("cat", "dog", "sun", "sea")]
+DEFAULTS = GenerationRequest(draft_max="auto", draft_mode="model")
+
+
+@pytest.fixture(scope="module")
+def pair(chat_target_path: Path, other_draft_path: Path) -> Iterator[Pair]:
+    with load_pair(chat_target_path, other_draft_path) as loaded:
+        yield loaded
+
+
+@pytest.fixture()
+def four(pair: Pair) -> Iterator[Running]:
+    with running(pair, parallel=4, defaults=DEFAULTS) as serving:
+        yield serving
+
+
+def lone(pair: Pair, prompt: str, max_tokens: int, k: int | str = "auto") -> str:
+    return finish(pair.generate(prompt, raw=True, sampling=SamplingParams(), draft_max=k, draft_mode="model",
+                                max_tokens=max_tokens)).text
+
+
+def test_interleaved_clients_each_get_their_lone_greedy_text(four: Running, pair: Pair) -> None:
+    client = four.client()
+    barrier = threading.Barrier(len(PROMPTS))
+
+    def ask(prompt: str, k: int | str) -> tuple[str, float]:
+        barrier.wait()
+        answer = client.completions.create(model=NAME, prompt=prompt, temperature=0, max_tokens=40,
+                                           extra_body={"draft_max": k})
+        return answer.choices[0].text, answer.model_extra["speculation"]["batch_size"]
+
+    ks: list[int | str] = ["auto", 2, "auto", 0]  # K by goodput, a fixed K and no drafting share the batch
+    with ThreadPoolExecutor(len(PROMPTS)) as clients:
+        answers = list(clients.map(ask, PROMPTS, ks))
+    assert [text for text, _ in answers] == [lone(pair, p, 40, k) for p, k in zip(PROMPTS, ks)]
+    assert max(batch for _, batch in answers) > 1.5  # they were verified together
+    health = httpx.get(f"{four.url}/health").json()
+    assert (health["slots"], health["active"], health["waiting"]) == (4, 0, 0) and health["tokens_per_second"] > 0
+
+
+def test_a_client_that_leaves_mid_batch_leaves_the_others_untouched(pair: Pair,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    with running(pair, parallel=3, defaults=DEFAULTS) as serving:
+        slow_down_sequences(serving, monkeypatch)
+        client = serving.client()
+        body = {"prompt": "the box", "max_tokens": 400, "temperature": 0, "stream": True}
+        with httpx.stream("POST", f"{serving.url}/v1/completions", json=body, timeout=30) as response:
+            lines = response.iter_lines()
+            next(lines)
+            with ThreadPoolExecutor(2) as clients:
+                futures = [clients.submit(lambda p: client.completions.create(
+                    model=NAME, prompt=p, temperature=0, max_tokens=30).choices[0].text, p) for p in PROMPTS[:2]]
+                wait_until(lambda: httpx.get(f"{serving.url}/health").json()["active"] == 3)
+                response.close()  # the first client leaves while the three generate together
+                texts = [future.result() for future in futures]
+        assert texts == [lone(pair, p, 30) for p in PROMPTS[:2]]
+        wait_until(lambda: any("the client went away" in line for line in serving.lines))
+        assert not serving.uvicorn.tracebacks
+
+
+def slow_down_sequences(serving: Running, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every pass of the server's scheduler takes 20 ms longer: a batch lasts long enough to be left."""
+    scheduler = serving.service._scheduler
+    step = scheduler.step
+
+    def slowed() -> object:
+        time.sleep(0.02)
+        return step()
+
+    monkeypatch.setattr(scheduler, "step", slowed)
+
+
+def wait_until(condition, within_s: float = 10.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + within_s
+    while not condition():
+        assert time.monotonic() < deadline, "the condition never held"
+        time.sleep(0.01)
+
+
+def test_each_slot_keeps_its_own_conversation_when_clients_interleave(pair: Pair) -> None:
+    with running(pair, parallel=2, defaults=DEFAULTS) as serving:
+        client = serving.client()
+        first = [{"role": "user", "content": "hello there"}]
+        other = [{"role": "user", "content": "a different question"}]
+        answer = client.chat.completions.create(model=NAME, messages=first, temperature=0, max_tokens=12)
+        client.chat.completions.create(model=NAME, messages=other, temperature=0, max_tokens=12)
+        history = [*first, {"role": "assistant", "content": answer.choices[0].message.content},
+                   {"role": "user", "content": "and again"}]
+        second = client.chat.completions.create(model=NAME, messages=history, temperature=0, max_tokens=12)
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    assert cached == answer.usage.prompt_tokens + answer.usage.completion_tokens - 1
+
+
+def test_a_full_server_answers_503_once_every_slot_and_the_queue_are_taken(pair: Pair,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    with running(pair, parallel=2, queue_size=1, defaults=DEFAULTS) as serving:
+        slow_down_sequences(serving, monkeypatch)
+        body = {"prompt": "the cat", "max_tokens": 1000, "temperature": 0, "stream": True}
+        with httpx.Client(timeout=30) as http, \
+                http.stream("POST", f"{serving.url}/v1/completions", json=body) as a, \
+                http.stream("POST", f"{serving.url}/v1/completions", json=body) as b:
+            kept = [a.iter_lines(), b.iter_lines()]  # kept: a dropped iterator closes the connection
+            assert all(next(lines).startswith("data: {") for lines in kept)
+            threading.Thread(target=lambda: serving.post("/v1/completions", {"prompt": "x", "max_tokens": 2}),
+                             daemon=True).start()
+            wait_until(lambda: httpx.get(f"{serving.url}/health").json()["waiting"] == 1)
+            refused = serving.post("/v1/completions", {"prompt": "the dog", "max_tokens": 4})
+        assert refused.status_code == 503 and "2 generating and 1 waiting" in refused.json()["error"]["message"]
+
+
+def test_spec_serve_parallel_refuses_a_drafter_of_one_sequence(models_dir: Path) -> None:
+    target = write_qwen35_mtp(models_dir / "mtp-parallel.gguf")
+    result = CliRunner().invoke(app, ["serve", "--target", str(target), "--parallel", "2", "--port", "0"])
+    assert result.exit_code == 1
+    assert "drafts one sequence at a time: serve it with --parallel 1" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_bench_concurrency_prints_both_sides_at_each_level(chat_target_path: Path, other_draft_path: Path,
+                                                            tmp_path: Path) -> None:
+    out = tmp_path / "concurrency.json"
+    result = CliRunner().invoke(app, ["bench", "--target", str(chat_target_path), "--draft", str(other_draft_path),
+                                      "--concurrency", "1,3", "-n", "12", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "3 at once" in result.stdout and "target alone" in result.stdout
+    levels = json.loads(out.read_text())["concurrency"]
+    assert [level["concurrency"] for level in levels] == [1, 3]
+    for level in levels:
+        assert level["target_alone"]["mean_k"] == 0 and level["speedup"] > 0
+        assert level["speculative"]["requests"] == level["concurrency"]
+    assert levels[1]["target_alone"]["batch_size"] > 1.5
+    bad = CliRunner().invoke(app, ["bench", "--target", str(chat_target_path), "--concurrency", "0"])
+    assert bad.exit_code == 1 and "--concurrency takes whole numbers from 1 to 64" in bad.output
