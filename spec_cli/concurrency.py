@@ -3,7 +3,9 @@ side in one run: aggregate tokens per second, each request's time to first token
 (p50 and p95), mean K and acceptance. A server sees this when N clients send at once.
 
 At each concurrency the two sides alternate `repeat` times over the same prompts (the prompt set taken in turn,
-so N may exceed it), on the same slots and one scheduler, so that both run on a machine in the same state.
+so N may exceed it), on the same slots and one scheduler, so that both run on a machine in the same state. A
+batch of each side on every slot first warms the weights, the prompt caches and the scheduler's cost books,
+uncounted, as a server's first requests would; so each measured request finds its prompt cached.
 """
 
 from __future__ import annotations
@@ -88,15 +90,18 @@ def compare_concurrency(pair: Pair, prompts: Sequence[list[int]], levels: Sequen
     slots = pair.slots(max(levels))
     scheduler = Scheduler()
     plain = GenerationRequest(sampling=speculative.sampling, draft_mode="none", max_tokens=speculative.max_tokens)
+    chosen = [prompts[i % len(prompts)] for i in range(len(slots))]  # slot i always takes prompt i mod n
+    for warm_up in (speculative, plain):  # weights into memory, every slot's prompt cached, costs booked
+        progress("warming up")
+        run_batch(scheduler, slots, chosen, [warm_up] * len(slots), Batch(len(slots), warm_up is speculative))
     batches = []
     for level in levels:
         sides = [Batch(level, True), Batch(level, False)]
-        chosen = [prompts[i % len(prompts)] for i in range(level)]
         for _round, side in ((r, s) for r in range(repeat) for s in sides):
             progress(f"{level} at once, {'speculative' if side.speculative else 'target alone'}")
             base = speculative if side.speculative else plain
             requests = [GenerationRequest(**{**base.__dict__, "seed": i}) for i in range(level)]
-            run_batch(scheduler, slots[:level], chosen, requests, side)
+            run_batch(scheduler, slots[:level], chosen[:level], requests, side)
         batches += sides
     return batches
 

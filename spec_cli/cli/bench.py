@@ -123,7 +123,7 @@ def _concurrency(load: LoadOptions, levels: list[int], prompts_file: Path | None
         texts = benchmark.load_prompts(prompts_file, notify=note) if prompts_file else benchmark.builtin_prompts(task)
         prompts = [pair.prompt_tokens(text, raw=not pair.has_chat_template) for text in texts]
         speculative = GenerationRequest(draft_max=k, draft_mode=mode_name, max_tokens=max_tokens)
-        with progress(2 * repeat * len(levels)) as advance:
+        with progress(2 * repeat * len(levels) + 2) as advance:
             batches = compare_concurrency(pair, prompts, levels, speculative, repeat, progress=advance)
         result = {**concurrency_report(batches),
                   "settings": {"target": str(pair.target.path), "draft": str(pair.draft.path) if pair.draft else None,

@@ -49,10 +49,22 @@ class Drafter:
         the draft model's decode, (tokens fed, seconds), for the cost model: the size of a large catch-up."""
         return []
 
+    def start(self, tokens: Sequence[int]) -> None:
+        """Take in a new prompt lazily: forget what the memory holds that the prompt does not extend, and leave
+        decoding the rest to the first proposal's catch-up. A scheduler starts drafters so, where drafting may
+        not pay at all (K = 0) and should then cost nothing. By default, `prefill`: a drafter whose prompt
+        work decodes nothing does it all now."""
+        self.prefill(tokens)
+
     def propose(self, tokens: Sequence[int], k: int, sampling: SamplingParams, rng: np.random.Generator,
                 grammar: Grammar | None = None) -> Draft:
         """Propose up to `k` tokens to follow `tokens`, under `grammar` (its state after `tokens`) if any."""
         raise NotImplementedError
+
+    def pending(self, tokens: Sequence[int]) -> int:
+        """How many tokens the next proposal must feed before its first draft step (its catch-up): 0 for a
+        drafter without a memory of its own."""
+        return 0
 
     def update(self, drafted: int, accepted: int) -> None:
         """The target kept `accepted` of the `drafted` tokens last proposed."""

@@ -129,10 +129,12 @@ class Generation:
 
     def prompt_fed(self, fed: int) -> None:
         """The scheduler fed the whole prompt (`fed` tokens of it in this generation's chunks): the target's
-        memory marks the place, the drafter takes the prompt in, and the rounds may start."""
+        memory marks the place, the drafter keeps what it holds of the prompt and takes the rest in when it
+        first drafts (`Drafter.start`: under a scheduler it may never draft), and the rounds may start."""
         if fed:
             self.target.memory.after_prompt(self.target.n_past)
-        self._prefill_drafter()
+        if self.drafter is not None:
+            self.drafter.start(self._seq[:-1])
         self._timer.prompt_done()
 
     def plan(self, k: int | None = None) -> Part | None:
@@ -191,6 +193,10 @@ class Generation:
         """K for this round: the controller's choice, shrunk to leave room for K + 1 new tokens within
         max_tokens and the context."""
         return min(self.draft_length.next_k(), self.room() - 1)
+
+    def drafter_backlog(self) -> int:
+        """How many tokens the drafter must take in before it drafts again (0 for one without a memory)."""
+        return self.drafter.pending(self._seq) if self.drafter is not None else 0
 
     @property
     def last_draft(self) -> Draft:

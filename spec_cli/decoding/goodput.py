@@ -8,7 +8,8 @@ G = Σ_s E_s(K_s) / (c(N + Σ_s K_s) + Σ_s K_s·d_s) (TurboSpec/SmartSpec, arXi
 Starting from K = 0 everywhere (the batch without speculation), draft positions are added one at a time, the
 one with the most expected tokens per second of added cost first, while G grows: the next position of a
 sequence is worth a_{s,1}·…·a_{s,K+1} tokens, which only falls as K grows, so each sequence's best draft
-positions come first. A sequence the target seldom agrees with, or one whose drafter is dear, keeps K = 0;
+positions come first. A drafter that sat idle must first catch up on what it missed: its first position
+costs that too, so it drafts again only when that pays within this pass (else a probe, `scheduler`). A sequence the target seldom agrees with, or one whose drafter is dear, keeps K = 0;
 a busy batch, whose rows cost more, gives fewer draft tokens to each.
 """
 
@@ -25,11 +26,17 @@ from spec_cli.decoding.costs import BatchCosts
 @dataclass(frozen=True)
 class Candidate:
     """One sequence of the coming pass: its position rates a_1..a_cap (`rates`, cap = the most it may draft),
-    `fixed` K when its request set one (None: the batch chooses), and `step_s`, a draft token's seconds."""
+    `fixed` K when its request set one (None: the batch chooses), `step_s`, a draft token's seconds, and
+    `catch_up_s`, what its drafter must decode before it drafts again (the tokens it did not see while idle)."""
 
     rates: np.ndarray
     fixed: int | None = None
     step_s: float = 0.0
+    catch_up_s: float = 0.0
+
+    def cost(self, k: int) -> float:
+        """The drafting seconds of the (k + 1)-th draft position: a step, and the catch-up before the first."""
+        return self.step_s + (self.catch_up_s if k == 0 else 0.0)
 
 
 def choose_ks(candidates: Sequence[Candidate], pass_costs: BatchCosts) -> list[int]:
@@ -40,24 +47,25 @@ def choose_ks(candidates: Sequence[Candidate], pass_costs: BatchCosts) -> list[i
     measured (before any, no sequence the batch chooses for drafts: that pass measures the batch alone).
     """
     ks = [c.fixed if c.fixed is not None else 0 for c in candidates]
-    if not pass_costs.weight:
+    if not pass_costs.weight or all(c.fixed is not None for c in candidates):
         return ks
     gains = [np.cumprod(c.rates) for c in candidates]
     expected = sum(1.0 + float(g[:k].sum()) for g, k in zip(gains, ks))
     rows = len(candidates) + sum(ks)
-    seconds = _pass(pass_costs, rows) + sum(k * c.step_s for k, c in zip(ks, candidates))
+    seconds = _pass(pass_costs, rows) + sum(k * c.step_s + (c.catch_up_s if k else 0.0)
+                                            for k, c in zip(ks, candidates))
     most_rows = 2 * max(pass_costs.weight)
     while rows < most_rows:
         added = _pass(pass_costs, rows + 1) - _pass(pass_costs, rows)
         best, best_value = None, 0.0
         for i, (c, g) in enumerate(zip(candidates, gains)):
             if c.fixed is None and ks[i] < len(g):
-                value = g[ks[i]] / max(added + c.step_s, 1e-9)
+                value = g[ks[i]] / max(added + c.cost(ks[i]), 1e-9)
                 if value > best_value:
                     best, best_value = i, value
         if best is None:
             return ks
-        gain, cost = float(gains[best][ks[best]]), added + candidates[best].step_s
+        gain, cost = float(gains[best][ks[best]]), added + candidates[best].cost(ks[best])
         if (expected + gain) / (seconds + cost) <= expected / seconds:
             return ks
         ks[best] += 1

@@ -20,14 +20,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from spec_cli.decoding.costs import BatchCosts
-from spec_cli.decoding.draft_length import PROBE_ROUNDS, AdaptiveK
+from spec_cli.decoding.draft_length import PROBE_ROUNDS, PROBE_SHARE, AdaptiveK, PositionAcceptance
 from spec_cli.decoding.engine import Generation, TokenEvent
 from spec_cli.decoding.goodput import Candidate, choose_ks
 from spec_cli.llama.context import Part, decode_together
 
 PREFILL_CHUNK = 64  # prompt tokens a newcomer feeds a step while others generate (alone: a whole batch)
 COSTS_DECAY = 0.95  # a pass of a size weighs 5% less at the next of that size: costs follow the machine's load
-STEP_DECAY = 0.8  # the weight of the last measured draft step against the running mean
 PROBE_MAX = 1024  # the most rounds an idle sequence's drafter waits for its next probe
 MAX_SEQUENCES = 64  # the most sequences at once we offer (llama.cpp takes up to 256 in one context)
 
@@ -49,12 +48,18 @@ class Scheduler:
     """Runs the generations that `join` it, one step (`step`) at a time, until each finishes or `leave`s.
 
     `pass_costs`: c(R), a verify pass's seconds by its rows, measured on passes without prompt chunks;
-    `step_s`: a drafted token's seconds by drafting mode (the draft model's step, its catch-ups included).
+    `draft_costs`: by drafting mode, the drafter's decodes by tokens fed (one-token steps, catch-ups);
+    `acceptance`: by drafting mode, every sequence's rounds pooled: what a sequence whose own controller has
+    seen no round yet is expected to keep (a slot's first request would otherwise explore on its own).
+
+    A drafter takes its prompt in at its first round (`Drafter.start`): a sequence that never drafts costs
+    what the target alone does, and the first catch-up, priced as it is measured, is the drafter's to earn.
     """
 
     def __init__(self) -> None:
         self.pass_costs = BatchCosts(COSTS_DECAY)
-        self.step_s: dict[str, float] = {}
+        self.draft_costs: dict[str, BatchCosts] = {}
+        self.acceptance: dict[str, PositionAcceptance] = {}
         self._running: list[_Running] = []
 
     def __len__(self) -> int:
@@ -68,9 +73,9 @@ class Scheduler:
         """Start `generation` (made by a `Slot` no other running generation uses); its prompt is fed from the
         next step on."""
         running = _Running(generation, generation.start())
+        self._running.append(running)
         if not running.prompt:  # the target's memory holds it all
             generation.prompt_fed(0)
-        self._running.append(running)
 
     def leave(self, generation: Generation) -> None:
         """Stop `generation` now (a client that went away, a stop string): it is "interrupted" unless it had
@@ -101,8 +106,9 @@ class Scheduler:
             seconds = time.perf_counter() - started
             if not fed:
                 self.pass_costs.record(sum(len(part[1]) for part in parts), seconds)
-            emitted += [(r.generation, r.generation.settle(part_rows, seconds, len(planned)))
-                        for r, part_rows in zip(planned, rows)]
+            for running, part_rows in zip(planned, rows):
+                emitted.append((running.generation, self._settle(running.generation, part_rows, seconds,
+                                                                  len(planned))))
         for running, n in fed:
             running.fed += n
             if not running.prompt:
@@ -111,6 +117,16 @@ class Scheduler:
             if generation.check_limits() is not None:
                 self.leave(generation)
         return emitted
+
+    def _settle(self, generation: Generation, rows: np.ndarray, seconds: float, sequences: int) -> list[TokenEvent]:
+        """Finish a generation's round; its drafts and what was kept of them join its mode's pooled acceptance."""
+        accepted = generation.stats.accepted
+        events = generation.settle(rows, seconds, sequences)
+        drafted = len(generation.last_draft.tokens)
+        if drafted:
+            pooled = self.acceptance.setdefault(generation.stats.draft_mode, PositionAcceptance(COSTS_DECAY))
+            pooled.update(drafted, generation.stats.accepted - accepted)
+        return events
 
     def _prompt_chunks(self, parts: list[Part], others: bool) -> list[tuple[_Running, int]]:
         """Add the next chunk of each prompt still being fed to `parts`, within one batch; return how many tokens
@@ -136,7 +152,7 @@ class Scheduler:
             if candidates[i].fixed is not None:
                 ks[i] = None
                 continue
-            running.probing = ks[i] == 0 and running.idle >= running.probe_after
+            running.probing = ks[i] == 0 and self._probe_due(running, candidates[i], len(generating))
             if running.probing:
                 ks[i] = 1
             elif ks[i]:
@@ -144,22 +160,39 @@ class Scheduler:
             running.idle = running.idle + 1 if ks[i] == 0 else 0
         return ks
 
+    def _probe_due(self, running: _Running, candidate: Candidate, sequences: int) -> bool:
+        """Whether an idle drafter should draft one token now: it has sat out enough rounds, and the probe (its
+        catch-up, a step, a row) costs at most `PROBE_SHARE` of its share of the passes it sat out."""
+        if running.idle < running.probe_after:
+            return False
+        rows = sequences + 1
+        pass_s = self.pass_costs.seconds(sequences)
+        if pass_s is None:
+            return True
+        row_s = max(0.0, (self.pass_costs.seconds(rows) or pass_s) - pass_s)
+        return candidate.cost(0) + row_s <= PROBE_SHARE * running.idle * pass_s / sequences
+
     def _candidate(self, running: _Running) -> Candidate:
+        """What the goodput choice needs of a sequence: its acceptance by position, its drafter's step and its
+        catch-up on what it has not seen, as measured (unmeasured: free, so that it gets tried)."""
         generation = running.generation
         length = generation.draft_length
         cap = max(0, min(length.k_max, generation.room() - 1))
         if generation.drafter is None or not isinstance(length, AdaptiveK):
             return Candidate(np.zeros(0), fixed=min(length.next_k(), cap) if generation.drafter else 0)
-        return Candidate(length.acceptance.rates(cap), step_s=self.step_s.get(generation.stats.draft_mode, 0.0))
+        costs = self.draft_costs.get(generation.stats.draft_mode)
+        step_s = costs.seconds(1) if costs is not None else None
+        backlog = generation.drafter_backlog()
+        catch_up_s = costs.interpolated(backlog) if costs is not None and backlog > 1 else None
+        acceptance = length.acceptance if length.rounds else self.acceptance.get(generation.stats.draft_mode,
+                                                                                 length.acceptance)
+        return Candidate(acceptance.rates(cap), step_s=step_s or 0.0, catch_up_s=catch_up_s or 0.0)
 
     def _book_draft(self, running: _Running) -> None:
-        """The seconds per drafted token of the round just planned, into its mode's running mean; a probe that
-        the batch would not have chosen waits twice as long for the next."""
-        draft = running.generation.last_draft
+        """The drafter's decodes of the round just planned, into its mode's cost book; a probe that the batch
+        would not have chosen waits twice as long for the next."""
         if running.probing:
             running.probe_after = min(PROBE_MAX, running.probe_after * 2)
-        if draft.tokens:
-            mode = running.generation.stats.draft_mode
-            seconds = sum(s for _, s in draft.steps) / len(draft.tokens)
-            known = self.step_s.get(mode)
-            self.step_s[mode] = seconds if known is None else STEP_DECAY * known + (1 - STEP_DECAY) * seconds
+        mode = running.generation.stats.draft_mode
+        for n, seconds in running.generation.last_draft.steps:
+            self.draft_costs.setdefault(mode, BatchCosts(COSTS_DECAY)).record(n, seconds)

@@ -11,16 +11,15 @@ import numpy as np
 from spec_cli.decoding.constrained import constrained_greedy, constrained_probabilities
 from spec_cli.decoding.drafter import Draft, Drafter
 from spec_cli.decoding.sampling import Law, SamplingParams, penalized, probabilities, sample
-from spec_cli.llama.context import Context
+from spec_cli.llama.context import Context, common_prefix
 from spec_cli.llama.grammar import Grammar
 
 
 class CatchUpDrafter(Drafter):
     """A drafter with a memory of its own that catches up on the tokens it did not draft (a draft model, an
-    MTP head): the hybrid weighs that backlog."""
+    MTP head): the hybrid weighs that backlog (`pending`), which each implements."""
 
     def pending(self, tokens: Sequence[int]) -> int:
-        """How many tokens the next proposal must feed before its first draft step (its catch-up)."""
         raise NotImplementedError
 
 
@@ -44,6 +43,10 @@ class ContextDrafter(CatchUpDrafter):
         """Feed step i's tokens and return the logits of the next: the catch-up (step 0) is final, the draft's
         own tokens are speculative (`n_final`), so a memory that cannot cut them prepares to go back."""
         return self.context.decode(fed, 1, n_final=len(fed) if i == 0 else 0)[0]
+
+    def start(self, tokens: Sequence[int]) -> None:
+        """Keep what the cache holds of `tokens`; the first proposal's catch-up decodes the rest."""
+        self.context.trim(common_prefix(self.context.tokens, tokens))
 
     def _take_in(self, tokens: Sequence[int]) -> list[tuple[int, float]]:
         """Make the cache hold `tokens`; return the decode it took, (tokens fed, seconds), for the cost model."""

@@ -104,10 +104,18 @@ class HybridDrafter(Drafter):
 
     def prefill(self, tokens: Sequence[int]) -> list[tuple[int, float]]:
         """A new prompt, taken in whole by the model (see `HybridState.new_text`)."""
+        self._new_prompt(tokens)
+        return self.model.prefill(tokens)
+
+    def start(self, tokens: Sequence[int]) -> None:
+        """A new prompt, which the model takes in when it first drafts (its backlog, which the hybrid prices)."""
+        self._new_prompt(tokens)
+        self.model.start(tokens)
+
+    def _new_prompt(self, tokens: Sequence[int]) -> None:
         self.state.new_text()
         self._unused = None
         self.ngram.prefill(tokens)
-        return self.model.prefill(tokens)
 
     def propose(self, tokens: Sequence[int], k: int, sampling: SamplingParams, rng: np.random.Generator,
                 grammar: Grammar | None = None) -> Draft:

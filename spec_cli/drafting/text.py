@@ -57,6 +57,11 @@ class TextDrafter(ContextDrafter):
         self._sync(tokens)
         return self._take_in(self._draft)
 
+    def start(self, tokens: Sequence[int]) -> None:
+        """Only what the text already spelt of `tokens` stays valid; the first proposal re-spells the rest and
+        its catch-up feeds it."""
+        self._valid = common_prefix(self._seen, tokens)
+
     def pending(self, tokens: Sequence[int]) -> int:
         """About how many tokens the next proposal feeds before its first draft step (its catch-up): the
         target's new tokens, and what the draft's memory lacks of the text it already has."""
