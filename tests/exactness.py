@@ -18,7 +18,7 @@ from spec_cli.llama.context import Context
 SAMPLED = SamplingParams(temperature=1.0, top_k=4)
 SIGNIFICANCE = 0.001  # per χ² test; seeds are fixed, so a pass is reproducible
 REPETITIVE = "the cat sat. the cat sat. the cat"  # so that n-gram lookup proposes tokens too
-N_SAMPLES = 3000
+N_SAMPLES = 2000
 
 
 def sampled_pairs(pair: Pair, prompt: list[int], sampling: SamplingParams, k: int | str, mode: str,

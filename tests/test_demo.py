@@ -108,11 +108,11 @@ def test_real_sliding_window_model_stays_exact_after_its_cache_wraps(gemma3_pair
             rejected_at.append(stats.prompt_tokens + stats.generated_tokens)
         record(stats, drafted, accepted)
 
-    with load_pair(gemma3_pair[0], None, n_ctx=4096) as alone:
-        reference = alone.generate(prompt, raw=True, max_tokens=160, draft_mode="none")
+    with load_pair(*gemma3_pair, n_ctx=4096) as pair, pytest.MonkeyPatch.context() as patch:
+        # The target alone first; the speculative run then cuts the wrapped cache back to the prompt first.
+        reference = pair.generate(prompt, raw=True, max_tokens=160, draft_mode="none")
         for _ in reference:
             pass
-    with load_pair(*gemma3_pair, n_ctx=4096) as pair, pytest.MonkeyPatch.context() as patch:
         patch.setattr(Stats, "record_round", recording)
         speculative = pair.generate(prompt, raw=True, max_tokens=160, draft_max=5)
         for _ in speculative:

@@ -20,6 +20,7 @@ from typer.testing import CliRunner
 from spec_cli import GenerationRequest, Pair, load_pair
 from spec_cli.cli.app import app
 from spec_cli.decoding.sampling import SamplingParams
+from spec_cli.models import registry
 
 from serving import NAME, Running, running
 
@@ -156,3 +157,31 @@ def test_bench_concurrency_prints_both_sides_at_each_level(chat_target_path: Pat
     assert levels[1]["target_alone"]["batch_size"] > 1.5
     bad = CliRunner().invoke(app, ["bench", "--target", str(chat_target_path), "--concurrency", "0"])
     assert bad.exit_code == 1 and "--concurrency takes whole numbers from 1 to 64" in bad.output
+
+
+@pytest.mark.demo
+def test_four_clients_on_the_demo_pair_each_get_their_lone_greedy_text() -> None:
+    """The issue's check: four openai clients at once against --parallel 4, each answer token for token what
+    `spec run` (Pair.generate with the pair's K) writes alone, the four verified together."""
+    models = registry.load_registry()
+    entry = models.get(models.default)
+    target, draft = registry.resolve(entry)
+    questions = ["Name three uses of a paperclip.", "What is a prime number?", "Say hello in French.",
+                 "Why is the sea salty?"]
+    with load_pair(target, draft) as demo:
+        alone = [finish(demo.generate(q, sampling=SamplingParams(), draft_max=entry.draft_max, max_tokens=32)).text
+                 for q in questions]
+        with running(demo, parallel=4, defaults=GenerationRequest(draft_max="auto")) as serving:
+            client = serving.client()
+            barrier = threading.Barrier(len(questions))
+
+            def ask(question: str) -> tuple[str, float]:
+                barrier.wait()
+                answer = client.chat.completions.create(model=NAME, messages=[{"role": "user", "content": question}],
+                                                        temperature=0, max_tokens=32)
+                return answer.choices[0].message.content, answer.model_extra["speculation"]["batch_size"]
+
+            with ThreadPoolExecutor(len(questions)) as clients:
+                answers = list(clients.map(ask, questions))
+    assert [text for text, _ in answers] == alone
+    assert max(batch for _, batch in answers) > 2
