@@ -10,13 +10,13 @@ from typing import Iterator
 import numpy as np
 import pytest
 from exactness import (N_SAMPLES, REPETITIVE, SAMPLED, SIGNIFICANCE, chi_square_p_value, exact_pair_distribution,
-                        finish)
+                       finish)
 from tiny_models import write_model
 
 from spec_cli import GenerationRequest, Pair, load_pair
 from spec_cli.decoding.engine import Generation
 from spec_cli.decoding.sampling import SamplingParams
-from spec_cli.decoding.scheduler import Scheduler
+from spec_cli.decoding.scheduler import Scheduler, _batches
 from spec_cli.llama.context import Context, decode_together
 
 GREEDY = SamplingParams()
@@ -161,3 +161,9 @@ def test_a_sequence_sampled_in_a_batch_follows_the_target_law(other: Pair, slots
 def test_a_fed_drafter_is_refused_on_a_shared_slot(other: Pair, slots: list) -> None:
     with pytest.raises(Exception, match="drafts one sequence at a time"):
         slots[0].generate([5, 6], GenerationRequest(draft_mode="mtp"))
+
+
+def test_rounds_that_do_not_fit_one_batch_run_in_several_passes(other: Pair, slots: list) -> None:
+    a, b, c = slots[0].target, slots[1].target, slots[2].target
+    parts = [(a, [1] * 300, 1, 1), (b, [2] * 300, 1, 1), (c, [3] * 100, 1, 1), (a, [4] * 700, 1, 1)]
+    assert [[len(p[1]) for p in group] for group in _batches(parts, 512)] == [[300], [300, 100], [700]]

@@ -14,6 +14,7 @@ from typing import Iterator
 import httpx
 import pytest
 from exactness import finish
+from serving import NAME, Running, running
 from tiny_models import write_qwen35_mtp
 from typer.testing import CliRunner
 
@@ -21,8 +22,6 @@ from spec_cli import GenerationRequest, Pair, load_pair
 from spec_cli.cli.app import app
 from spec_cli.decoding.sampling import SamplingParams
 from spec_cli.models import registry
-
-from serving import NAME, Running, running
 
 PROMPTS = [f"the {word}" for word in ("cat", "dog", "sun", "sea")]
 DEFAULTS = GenerationRequest(draft_max="auto", draft_mode="model")

@@ -14,11 +14,11 @@ from spec_cli.cli.options import (ChatFormatOpt, DraftMaxOpt, DraftModeOpt, Load
                                   VerifyOpt, loads_pair, open_pair)
 from spec_cli.decoding.scheduler import MAX_SEQUENCES
 from spec_cli.decoding.verification import DEFAULT_VERIFY
+from spec_cli.drafting.modes import FED_MODES
 from spec_cli.errors import SpecError
 from spec_cli.llama import rpc
 from spec_cli.models import registry
 from spec_cli.pair import Pair
-from spec_cli.drafting.modes import FED_MODES
 from spec_cli.request import AUTO, GenerationRequest
 from spec_cli.server import app as server
 from spec_cli.server.connections import MIB, Limits

@@ -102,9 +102,10 @@ class Scheduler:
         fed = self._prompt_chunks(parts, bool(planned))
         if parts:
             started = time.perf_counter()
-            rows = decode_together(parts)
+            passes = _batches(parts, parts[0][0].n_batch)
+            rows = [r for group in passes for r in decode_together(group)]
             seconds = time.perf_counter() - started
-            if not fed:
+            if not fed and len(passes) == 1:
                 self.pass_costs.record(sum(len(part[1]) for part in parts), seconds)
             for running, part_rows in zip(planned, rows):
                 emitted.append((running.generation, self._settle(running.generation, part_rows, seconds,
@@ -131,7 +132,9 @@ class Scheduler:
     def _prompt_chunks(self, parts: list[Part], others: bool) -> list[tuple[_Running, int]]:
         """Add the next chunk of each prompt still being fed to `parts`, within one batch; return how many tokens
         of which prompt were added."""
-        room = (self._running[0].generation.target.n_batch if self._running else 0) - sum(len(p[1]) for p in parts)
+        n_batch = self._running[0].generation.target.n_batch if self._running else 0
+        # What the rounds leave of a batch; at least a chunk (a pass of its own), so that a prompt always moves.
+        room = max(n_batch - sum(len(p[1]) for p in parts), min(PREFILL_CHUNK, n_batch))
         fed = []
         for running in self._running:
             n = min(len(running.prompt), PREFILL_CHUNK if others else room, room)
@@ -196,3 +199,18 @@ class Scheduler:
         mode = running.generation.stats.draft_mode
         for n, seconds in running.generation.last_draft.steps:
             self.draft_costs.setdefault(mode, BatchCosts(COSTS_DECAY)).record(n, seconds)
+
+
+def _batches(parts: list[Part], n_batch: int) -> list[list[Part]]:
+    """The parts in order, in groups that each fit one batch: one pass, unless so many sequences draft so much
+    (or a memory replays so many tokens) that they do not fit; a part larger than a batch goes alone, which
+    `decode_together` decodes in several."""
+    groups: list[list[Part]] = [[]]
+    size = 0
+    for part in parts:
+        if groups[-1] and size + len(part[1]) > n_batch:
+            groups.append([])
+            size = 0
+        groups[-1].append(part)
+        size += len(part[1])
+    return groups
