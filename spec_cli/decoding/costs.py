@@ -21,6 +21,7 @@ import numpy as np
 # How a round's drafting cost grows with K (`LoopCosts.draft_seconds`): n-gram lookup costs nothing to draft;
 # a draft model or a head takes a step per drafted token; a block drafter (DFlash) one pass per round.
 FREE, PER_TOKEN, PER_ROUND = "free", "per token", "per round"
+REFIT_EVERY = 16  # calls of sizes already seen between two fits of `BatchCosts`' line
 
 
 class Acceptance(Protocol):
@@ -36,7 +37,9 @@ class BatchCosts:
 
     `decay` = 1 gives plain means (a benchmark's pooled figures); below 1 the means follow the machine's load.
     A size never seen is read off a least-squares line through the sizes seen (weighted by how often each
-    was seen). With one size n0 seen, the guess errs cheap on both sides, so that whatever depends on it gets
+    was seen), refitted when a new size is seen and every `REFIT_EVERY` calls otherwise: a loop that records a
+    call every round and reads an unseen size every round (`-k auto` at K = 0, the scheduler) would otherwise
+    fit a line a round, ~0.3 ms of Python. With one size n0 seen, the guess errs cheap on both sides, so that whatever depends on it gets
     tried and measured: proportional to n + 1 below n0, the same as n0 above (as if batching were free).
     """
 
@@ -45,11 +48,14 @@ class BatchCosts:
         self.weight: dict[int, float] = {}
         self.total: dict[int, float] = {}
         self._line: tuple[float, float] | None = None  # (slope, intercept), fitted when first needed
+        self._since_fit = 0  # calls recorded since the line was fitted
 
     def record(self, n: int, seconds: float) -> None:
+        if n not in self.weight or self._since_fit >= REFIT_EVERY:
+            self._line = None
         self.weight[n] = self.weight.get(n, 0.0) * self.decay + 1.0
         self.total[n] = self.total.get(n, 0.0) * self.decay + seconds
-        self._line = None
+        self._since_fit += 1
 
     def merge(self, other: BatchCosts) -> None:
         for n, weight in other.weight.items():
@@ -71,7 +77,7 @@ class BatchCosts:
             return float(means[0] * min(1.0, (n + 1) / (sizes[0] + 1)))
         if self._line is None:
             slope, intercept = np.polyfit(sizes, means, 1, w=np.sqrt(list(self.weight.values())))
-            self._line = (max(float(slope), 0.0), float(intercept))
+            self._line, self._since_fit = (max(float(slope), 0.0), float(intercept)), 0
         slope, intercept = self._line
         return max(intercept + slope * n, self._floor(n, sizes, means))
 

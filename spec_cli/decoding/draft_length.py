@@ -162,7 +162,10 @@ class AdaptiveK:
             return False
         idle_round = self.costs.round_seconds(0, self.acceptance, self.pricing)
         price = self.probe_price()
-        return idle_round is None or price is None or price <= PROBE_SHARE * self.idle * idle_round
+        if idle_round is None or price is None or price <= PROBE_SHARE * self.idle * idle_round:
+            return True
+        self.probe_after = self.idle + self.idle // 8  # too dear yet: asked again once the idle time has grown
+        return False
 
     def probe_price(self) -> float | None:
         """What drafting one token costs after `idle` rounds without drafting: the drafter's catch-up on them
