@@ -28,6 +28,7 @@ from spec_cli.llama.context import Part, decode_together
 PREFILL_CHUNK = 64  # prompt tokens a newcomer feeds a step while others generate (alone: a whole batch)
 COSTS_DECAY = 0.95  # a pass of a size weighs 5% less at the next of that size: costs follow the machine's load
 PROBE_MAX = 1024  # the most rounds an idle sequence's drafter waits for its next probe
+QUIET_STEPS = 4  # steps a choice of no drafts at all stands for
 MAX_SEQUENCES = 64  # the most sequences at once we offer (llama.cpp takes up to 256 in one context)
 
 
@@ -61,6 +62,7 @@ class Scheduler:
         self.draft_costs: dict[str, BatchCosts] = {}
         self.acceptance: dict[str, PositionAcceptance] = {}
         self._running: list[_Running] = []
+        self._quiet: tuple[int, list[int]] | None = None  # steps left of a choice of no drafts, and for whom
 
     def __len__(self) -> int:
         return len(self._running)
@@ -148,14 +150,28 @@ class Scheduler:
 
     def _ks(self, generating: list[_Running]) -> list[int | None]:
         """K for each generating sequence: a fixed K as its request asked (None: its own), and for `-k auto`
-        the batch's choice by goodput, with a probe (K = 1) for a drafter idle for long enough."""
-        candidates = [self._candidate(r) for r in generating]
-        ks: list[int | None] = list(choose_ks(candidates, self.pass_costs))
+        the batch's choice by goodput, with a probe (K = 1) for a drafter idle for long enough.
+
+        A choice of no drafts at all stands for `QUIET_STEPS` steps of the same sequences: the choice's Python
+        (~0.3 ms a step) between two passes slowed the batch by 2-3% where nothing drafts, the passes
+        included (llama.cpp's threads go to sleep while the host works)."""
+        chosen = [isinstance(r.generation.draft_length, AdaptiveK) and r.generation.drafter is not None
+                  for r in generating]
+        members = [id(r) for r in generating]
+        ks: list[int | None]
+        if self._quiet and self._quiet[1] == members:
+            ks = [0 if adaptive else None for adaptive in chosen]
+            self._quiet = (self._quiet[0] - 1, members) if self._quiet[0] > 1 else None
+        else:
+            ks = list(choose_ks([self._candidate(r) for r in generating], self.pass_costs))
+            ks = [k if adaptive else None for k, adaptive in zip(ks, chosen)]
+            quiet = not any(ks)
+            self._quiet = (QUIET_STEPS - 1, members) if quiet and QUIET_STEPS > 1 else None
         for i, running in enumerate(generating):
-            if candidates[i].fixed is not None:
-                ks[i] = None
+            if not chosen[i]:
                 continue
-            running.probing = ks[i] == 0 and self._probe_due(running, candidates[i], len(generating))
+            running.probing = ks[i] == 0 and running.idle >= running.probe_after and \
+                self._probe_due(running, self._candidate(running), len(generating))
             if running.probing:
                 ks[i] = 1
             elif ks[i]:
@@ -164,10 +180,8 @@ class Scheduler:
         return ks
 
     def _probe_due(self, running: _Running, candidate: Candidate, sequences: int) -> bool:
-        """Whether an idle drafter should draft one token now: it has sat out enough rounds, and the probe (its
+        """Whether an idle drafter that has sat out enough rounds should draft one token now: the probe (its
         catch-up, a step, a row) costs at most `PROBE_SHARE` of its share of the passes it sat out."""
-        if running.idle < running.probe_after:
-            return False
         rows = sequences + 1
         pass_s = self.pass_costs.seconds(sequences)
         if pass_s is None:
