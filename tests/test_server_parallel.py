@@ -147,7 +147,7 @@ def test_bench_concurrency_prints_both_sides_at_each_level(chat_target_path: Pat
     result = CliRunner().invoke(app, ["bench", "--target", str(chat_target_path), "--draft", str(other_draft_path),
                                       "--concurrency", "1,3", "-n", "12", "--json", str(out)])
     assert result.exit_code == 0, result.output
-    assert "3 at once" in result.stdout and "target alone" in result.stdout
+    assert "at once" in result.stdout and "target alone" in result.stdout and "first token" in result.stdout
     levels = json.loads(out.read_text())["concurrency"]
     assert [level["concurrency"] for level in levels] == [1, 3]
     for level in levels:

@@ -163,25 +163,29 @@ def show_facts(title: str, facts: list[tuple[str, str]]) -> None:
 
 
 def show_concurrency(result: dict) -> None:
-    """`spec bench --concurrency`: at each concurrency, speculation and the target alone side by side."""
+    """`spec bench --concurrency`: at each concurrency, speculation and the target alone side by side: their
+    throughput, then each request's latency."""
     console = Console(highlight=False)
-    table = _table("Several requests at once: aggregate tokens/s and each request's latency",
-                   ("", "tok/s", "speed-up", "first token p50/p95", "per token p50/p95", "mean K",
-                    "accepted"))
+    speed = _table("Several requests at once: tokens/s of all requests",
+                   ("speculative", "target alone", "speed-up", "mean K", "accepted"))
+    latency = _table("Each request's latency, ms p50/p95",
+                     ("first token", "target alone", "per token", "target alone"))
+    for table in (speed, latency):
+        table.columns[0].header = "at once"
     for level in result["concurrency"]:
-        for name, side in (("speculative", level["speculative"]), ("target alone", level["target_alone"])):
-            speculative = name == "speculative"
-            table.add_row(f"{level['concurrency']} at once" if speculative else "", name, f"{side['tokens_per_second']:.1f}",
-                          f"{level['speedup']:.2f}×" if speculative else "",
-                          _latency(side["first_token_s"]), _latency(side["per_token_s"]),
-                          f"{side['mean_k']:.2f}" if speculative else "",
-                          percent(side["acceptance"]) if speculative and side["mean_k"] else "")
-    console.print(table)
-    console.print("tok/s = every request's tokens over the batch's wall time (median of the runs); speed-up = "
-                  "speculation over the target alone at the same concurrency; first token = from the batch's start; "
-                  "per token = after the first; mean K = drafted tokens per round (0 where the batch's goodput "
-                  "chose not to draft)", style="dim", markup=False)
+        spec, alone = level["speculative"], level["target_alone"]
+        speed.add_row(str(level["concurrency"]), f"{spec['tokens_per_second']:.1f}", f"{alone['tokens_per_second']:.1f}",
+                      f"{level['speedup']:.2f}×", f"{spec['mean_k']:.2f}",
+                      percent(spec["acceptance"]) if spec["mean_k"] else "–")
+        latency.add_row(str(level["concurrency"]), _latency(spec["first_token_s"]), _latency(alone["first_token_s"]),
+                        _latency(spec["per_token_s"]), _latency(alone["per_token_s"]))
+    console.print(speed)
+    console.print(latency)
+    console.print("tokens/s = every request's tokens over the batch's wall time (median of the runs); speed-up = "
+                  "speculation over the target alone at the same concurrency; mean K = drafted tokens per round (0 "
+                  "where the batch's goodput chose not to draft); first token from the batch's start, per token "
+                  "after the first", style="dim", markup=False)
 
 
 def _latency(percentiles: dict) -> str:
-    return f"{percentiles['p50'] * 1000:.0f} / {percentiles['p95'] * 1000:.0f} ms"
+    return f"{percentiles['p50'] * 1000:.0f}/{percentiles['p95'] * 1000:.0f}"
