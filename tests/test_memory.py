@@ -79,7 +79,7 @@ def test_greedy_equals_target_alone_with_rejections(pair: Pair, reference: list[
     generation = finish(pair.generate(PROMPT, raw=True, max_tokens=48, draft_max=k, draft_mode=mode))
     assert generation.token_ids == reference
     assert generation.stats.rejected_rounds > 0  # the rollback path ran
-    if mode != "ngram":
+    if mode != "ngram" and k != "auto":  # -k auto may stop drafting where it does not pay (K = 0)
         assert generation.stats.accepted > 0  # and drafts were kept around it
 
 

@@ -14,6 +14,7 @@ from exactness import (N_SAMPLES, REPETITIVE, SAMPLED, SIGNIFICANCE, chi_square_
 from tiny_models import write_model
 
 from spec_cli import GenerationRequest, Pair, load_pair
+from spec_cli.decoding import scheduler as scheduling
 from spec_cli.decoding.engine import Generation
 from spec_cli.decoding.sampling import SamplingParams
 from spec_cli.decoding.scheduler import Scheduler, _batches
@@ -167,3 +168,21 @@ def test_rounds_that_do_not_fit_one_batch_run_in_several_passes(other: Pair, slo
     a, b, c = slots[0].target, slots[1].target, slots[2].target
     parts = [(a, [1] * 300, 1, 1), (b, [2] * 300, 1, 1), (c, [3] * 100, 1, 1), (a, [4] * 700, 1, 1)]
     assert [[len(p[1]) for p in group] for group in _batches(parts, 512)] == [[300], [300, 100], [700]]
+
+
+def test_the_draft_models_steps_of_several_sequences_are_one_pass(other: Pair, slots: list,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    passes: list[int] = []
+
+    def counted(parts: list) -> list:
+        if parts[0][0].model is other.draft:
+            passes.append(len(parts))
+        return decode_together(parts)
+
+    monkeypatch.setattr(scheduling, "decode_together", counted)
+    request = GenerationRequest(sampling=GREEDY, draft_max=3, draft_mode="model", max_tokens=12)
+    prompts = [other.prompt_tokens(p, raw=True) for p in PROMPTS]
+    generations = [slot.generate(tokens, request) for slot, tokens in zip(slots, prompts)]
+    emitted = run(Scheduler(), {0: generations})
+    assert [emitted[id(g)] for g in generations] == [alone(other, p, request) for p in PROMPTS]
+    assert max(passes) == len(slots) and sum(passes) >= 3 * len(slots)  # each step of all four at once

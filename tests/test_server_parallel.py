@@ -27,15 +27,9 @@ PROMPTS = [f"the {word}" for word in ("cat", "dog", "sun", "sea")]
 DEFAULTS = GenerationRequest(draft_max="auto", draft_mode="model")
 
 
-@pytest.fixture(scope="module")
-def pair(chat_target_path: Path, other_draft_path: Path) -> Iterator[Pair]:
-    with load_pair(chat_target_path, other_draft_path) as loaded:
-        yield loaded
-
-
 @pytest.fixture()
-def four(pair: Pair) -> Iterator[Running]:
-    with running(pair, parallel=4, defaults=DEFAULTS) as serving:
+def four(chat_pair: Pair) -> Iterator[Running]:
+    with running(chat_pair, parallel=4, defaults=DEFAULTS) as serving:
         yield serving
 
 
@@ -44,7 +38,7 @@ def lone(pair: Pair, prompt: str, max_tokens: int, k: int | str = "auto") -> str
                                 max_tokens=max_tokens)).text
 
 
-def test_interleaved_clients_each_get_their_lone_greedy_text(four: Running, pair: Pair) -> None:
+def test_interleaved_clients_each_get_their_lone_greedy_text(four: Running, chat_pair: Pair) -> None:
     client = four.client()
     barrier = threading.Barrier(len(PROMPTS))
 
@@ -57,15 +51,15 @@ def test_interleaved_clients_each_get_their_lone_greedy_text(four: Running, pair
     ks: list[int | str] = ["auto", 2, "auto", 0]  # K by goodput, a fixed K and no drafting share the batch
     with ThreadPoolExecutor(len(PROMPTS)) as clients:
         answers = list(clients.map(ask, PROMPTS, ks))
-    assert [text for text, _ in answers] == [lone(pair, p, 40, k) for p, k in zip(PROMPTS, ks)]
+    assert [text for text, _ in answers] == [lone(chat_pair, p, 40, k) for p, k in zip(PROMPTS, ks)]
     assert max(batch for _, batch in answers) > 1.5  # they were verified together
     health = httpx.get(f"{four.url}/health").json()
     assert (health["slots"], health["active"], health["waiting"]) == (4, 0, 0) and health["tokens_per_second"] > 0
 
 
-def test_a_client_that_leaves_mid_batch_leaves_the_others_untouched(pair: Pair,
+def test_a_client_that_leaves_mid_batch_leaves_the_others_untouched(chat_pair: Pair,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    with running(pair, parallel=3, defaults=DEFAULTS) as serving:
+    with running(chat_pair, parallel=3, defaults=DEFAULTS) as serving:
         slow_down_sequences(serving, monkeypatch)
         client = serving.client()
         body = {"prompt": "the box", "max_tokens": 400, "temperature": 0, "stream": True}
@@ -78,7 +72,7 @@ def test_a_client_that_leaves_mid_batch_leaves_the_others_untouched(pair: Pair,
                 wait_until(lambda: httpx.get(f"{serving.url}/health").json()["active"] == 3)
                 response.close()  # the first client leaves while the three generate together
                 texts = [future.result() for future in futures]
-        assert texts == [lone(pair, p, 30) for p in PROMPTS[:2]]
+        assert texts == [lone(chat_pair, p, 30) for p in PROMPTS[:2]]
         wait_until(lambda: any("the client went away" in line for line in serving.lines))
         assert not serving.uvicorn.tracebacks
 
@@ -102,8 +96,8 @@ def wait_until(condition, within_s: float = 10.0) -> None:  # type: ignore[no-un
         time.sleep(0.01)
 
 
-def test_each_slot_keeps_its_own_conversation_when_clients_interleave(pair: Pair) -> None:
-    with running(pair, parallel=2, defaults=DEFAULTS) as serving:
+def test_each_slot_keeps_its_own_conversation_when_clients_interleave(chat_pair: Pair) -> None:
+    with running(chat_pair, parallel=2, defaults=DEFAULTS) as serving:
         client = serving.client()
         first = [{"role": "user", "content": "hello there"}]
         other = [{"role": "user", "content": "a different question"}]
@@ -116,9 +110,9 @@ def test_each_slot_keeps_its_own_conversation_when_clients_interleave(pair: Pair
     assert cached == answer.usage.prompt_tokens + answer.usage.completion_tokens - 1
 
 
-def test_a_full_server_answers_503_once_every_slot_and_the_queue_are_taken(pair: Pair,
+def test_a_full_server_answers_503_once_every_slot_and_the_queue_are_taken(chat_pair: Pair,
                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    with running(pair, parallel=2, queue_size=1, defaults=DEFAULTS) as serving:
+    with running(chat_pair, parallel=2, queue_size=1, defaults=DEFAULTS) as serving:
         slow_down_sequences(serving, monkeypatch)
         body = {"prompt": "the cat", "max_tokens": 1000, "temperature": 0, "stream": True}
         with httpx.Client(timeout=30) as http, \
@@ -168,7 +162,7 @@ def test_four_clients_on_the_demo_pair_each_get_their_lone_greedy_text() -> None
     questions = ["Name three uses of a paperclip.", "What is a prime number?", "Say hello in French.",
                  "Why is the sea salty?"]
     with load_pair(target, draft) as demo:
-        alone = [finish(demo.generate(q, sampling=SamplingParams(), draft_max=entry.draft_max, max_tokens=32)).text
+        alone = [finish(demo.generate(q, sampling=SamplingParams(), draft_max=entry.draft_max, max_tokens=24)).text
                  for q in questions]
         with running(demo, parallel=4, defaults=GenerationRequest(draft_max="auto")) as serving:
             client = serving.client()
@@ -177,7 +171,7 @@ def test_four_clients_on_the_demo_pair_each_get_their_lone_greedy_text() -> None
             def ask(question: str) -> tuple[str, float]:
                 barrier.wait()
                 answer = client.chat.completions.create(model=NAME, messages=[{"role": "user", "content": question}],
-                                                        temperature=0, max_tokens=32)
+                                                        temperature=0, max_tokens=24)
                 return answer.choices[0].message.content, answer.model_extra["speculation"]["batch_size"]
 
             with ThreadPoolExecutor(len(questions)) as clients:

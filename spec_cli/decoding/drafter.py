@@ -14,11 +14,12 @@ that draws from a law masks it (`decoding.constrained`), so its q is the law it 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Generator, Sequence
 
 import numpy as np
 
 from spec_cli.decoding.sampling import Law, SamplingParams
+from spec_cli.llama.context import Context
 from spec_cli.llama.grammar import Grammar
 
 
@@ -32,6 +33,23 @@ class Draft:
     q: list[Law] = field(default_factory=list)
     steps: list[tuple[int, float]] = field(default_factory=list)
     convert_s: float = 0.0
+
+
+DraftSteps = Generator[list[int], np.ndarray, Draft]
+"""A proposal made one decode of the drafter's context at a time: it yields the tokens each decode feeds (the
+catch-up first), is sent the logits of the token after them, and returns the draft."""
+
+
+def run_steps(steps: DraftSteps, decode: Callable[[int, list[int]], np.ndarray]) -> Draft:
+    """Make a proposal step by step, `decode(i, fed)` decoding step i's tokens alone."""
+    i = 0
+    try:
+        fed = next(steps)
+        while True:
+            fed = steps.send(decode(i, fed))
+            i += 1
+    except StopIteration as done:
+        return done.value
 
 
 class Drafter:
@@ -48,6 +66,13 @@ class Drafter:
         """Take in a new prompt before the first round (work that would otherwise land in round one); return
         the draft model's decode, (tokens fed, seconds), for the cost model: the size of a large catch-up."""
         return []
+
+    def stepped(self, tokens: Sequence[int], k: int, sampling: SamplingParams, rng: np.random.Generator,
+                grammar: Grammar | None = None) -> tuple[Context, DraftSteps] | None:
+        """The proposal `propose` would make, one decode at a time on the returned context (step 0, the
+        catch-up, is sure; the rest speculative), for a scheduler that decodes several sequences' steps in one
+        pass. None (the default): this drafter proposes whole."""
+        return None
 
     def start(self, tokens: Sequence[int]) -> None:
         """Take in a new prompt lazily: forget what the memory holds that the prompt does not extend, and leave

@@ -28,7 +28,7 @@ import numpy as np
 from spec_cli.decoding.constrained import constrained_greedy, constrained_probabilities
 from spec_cli.decoding.costs import LoopCosts
 from spec_cli.decoding.draft_length import DraftLength, FixedK
-from spec_cli.decoding.drafter import Draft, Drafter
+from spec_cli.decoding.drafter import Draft, Drafter, DraftSteps
 from spec_cli.decoding.sampling import (Law, SamplingParams, greedy_token, probabilities, row_laws, sample,
                                         shares_candidates)
 from spec_cli.decoding.stats import Stats
@@ -85,6 +85,7 @@ class Generation:
         self._timer = RoundTimer(self.stats, [target, *filter(None, [drafter])],
                                  [self.stats.costs, *filter(None, [costs])])
         self._draft = Draft()  # the round `plan` began
+        self._k = 0  # the K of the round `begin_round` began
 
     def __iter__(self) -> Iterator[TokenEvent]:
         if self._started:
@@ -112,9 +113,10 @@ class Generation:
         if self.drafter is not None:
             self._timer.prefill_steps(self.drafter.prefill(self._seq[:-1]))
 
-    # A scheduler runs several generations over sequences of one target context (`batching`): it feeds each
-    # one's prompt in chunks (`start`, `prompt_left`, `prompt_fed`), then each step asks every one for its
-    # round's share of one verify pass (`plan`) and hands back its rows (`settle`). Alone, `_run` does the same.
+    # A scheduler runs several generations over sequences of one target context (`scheduler`): it feeds each
+    # one's prompt in chunks (`start`, `prompt_fed`), then each step begins every one's round (`begin_round`),
+    # decodes their drafters' steps together where they draft step by step (`draft_steps`), asks each for its
+    # share of one verify pass (`plan`) and hands back its rows (`settle`). Alone, `_run` does the same.
 
     def start(self) -> list[int]:
         """Begin under a scheduler: keep what the target's memory holds of the prompt; return what it lacks."""
@@ -137,13 +139,34 @@ class Generation:
             self.drafter.start(self._seq[:-1])
         self._timer.prompt_done()
 
-    def plan(self, k: int | None = None) -> Part | None:
-        """This generation's share of the next verify pass: its drafts, proposed now with K = `k` (None: its own
-        controller's choice), after whatever the target lacks; None once it has finished."""
+    def begin_round(self, k: int | None = None) -> bool:
+        """Start a round drafting K = `k` (None: its own controller's choice); False once it has finished."""
         if self.check_limits() is not None:
-            return None
+            return False
         self._timer.start_round()
-        self._draft = self._propose(self._next_k() if k is None else min(k, self.room() - 1))
+        self._k = self._next_k() if k is None else min(k, self.room() - 1)
+        return True
+
+    def draft_steps(self) -> tuple[Context, DraftSteps] | None:
+        """The round's proposal one decode at a time, where the drafter can make it so (`Drafter.stepped`), for
+        a scheduler to decode several sequences' steps in one pass; then `plan(draft)`. None: `plan()` makes
+        the proposal whole."""
+        if self.drafter is None or self._k == 0:
+            return None
+        grammar = self._grammar.clone() if self._grammar is not None else None
+        stepped = self.drafter.stepped(self._seq, self._k, self.sampling, self._rng, grammar)
+        if stepped is not None:
+            self._timer.begin_step()
+        return stepped
+
+    def plan(self, draft: Draft | None = None) -> Part:
+        """This generation's share of the verify pass of the round `begin_round` began: its drafts (`draft`, from
+        `draft_steps`, or proposed now) after whatever the target lacks."""
+        if draft is None:
+            self._draft = self._propose(self._k)
+        else:
+            self._draft = self._drafted(draft)
+            self._timer.end_step("draft_s")
         known = self._seq[self.target.n_past:]
         return self.target, [*known, *self._draft.tokens], len(self._draft.tokens) + 1, len(known)
 
@@ -210,12 +233,14 @@ class Generation:
     def _propose(self, k: int) -> Draft:
         if self.drafter is None or k == 0:
             return Draft()
-        grammar = self._grammar
+        grammar = self._grammar.clone() if self._grammar is not None else None
         with self._timer.step("draft_s"):
-            draft = self.drafter.propose(self._seq, k, self.sampling, self._rng,
-                                         grammar.clone() if grammar is not None else None)
-            if grammar is not None:
-                self._walk_grammar(draft)
+            return self._drafted(self.drafter.propose(self._seq, k, self.sampling, self._rng, grammar))
+
+    def _drafted(self, draft: Draft) -> Draft:
+        """A proposal made: cut where the grammar forbids, its conversion time counted."""
+        if self._grammar is not None:
+            self._walk_grammar(draft)
         self.stats.convert_s += draft.convert_s
         return draft
 

@@ -1,8 +1,9 @@
 """Several generations at once: one verify pass a step for every active sequence (continuous batching).
 
 Each generation runs on its own sequence of one target context (`Pair.slots`). A step asks each generating
-sequence for its round (`Generation.plan`: its drafts, made now, with K chosen for the batch's goodput,
-`goodput`), feeds all of them to the target in one pass (`decode_together`: ragged, each sequence its own
+sequence for its round (`Generation.plan`: its drafts, with K chosen for the batch's goodput, `goodput`; a
+draft model's steps for all sequences decoded together, one pass of the draft context a step), feeds all of
+them to the target in one pass (`decode_together`: ragged, each sequence its own
 K + 1 rows, no padding), and hands each its rows (`Generation.settle`: it accepts, rewinds its own memory
 and emits). A newcomer's prompt rides along in chunks of `PREFILL_CHUNK` tokens so that the others wait
 little for it; a generation that finished or was stopped leaves at once, and its sequence is free.
@@ -21,9 +22,10 @@ import numpy as np
 
 from spec_cli.decoding.costs import BatchCosts
 from spec_cli.decoding.draft_length import PROBE_ROUNDS, PROBE_SHARE, AdaptiveK, PositionAcceptance
+from spec_cli.decoding.drafter import Draft, DraftSteps
 from spec_cli.decoding.engine import Generation, TokenEvent
 from spec_cli.decoding.goodput import Candidate, choose_ks
-from spec_cli.llama.context import Part, decode_together
+from spec_cli.llama.context import Context, Part, decode_together
 
 PREFILL_CHUNK = 64  # prompt tokens a newcomer feeds a step while others generate (alone: a whole batch)
 COSTS_DECAY = 0.95  # a pass of a size weighs 5% less at the next of that size: costs follow the machine's load
@@ -92,15 +94,18 @@ class Scheduler:
         """One pass: every generating sequence's round and the next chunk of prompts. Returns what each
         generation emitted (those that finished included, with what they emitted last: they have left)."""
         generating = [r for r in self._running if not r.prompt]
-        planned, parts, emitted = [], [], []
+        planned, emitted = [], []
         for running, k in zip(generating, self._ks(generating)):
-            part = running.generation.plan(k)
-            if part is None:
+            if running.generation.begin_round(k):
+                planned.append(running)
+            else:
                 emitted.append((running.generation, []))
-                continue
-            self._book_draft(running)
-            planned.append(running)
-            parts.append(part)
+        drafts = self._draft_together(planned)
+        parts = []
+        for running in planned:
+            parts.append(running.generation.plan(drafts.get(id(running))))
+            if id(running) not in drafts:
+                self._book_draft(running, running.generation.last_draft.steps)
         fed = self._prompt_chunks(parts, bool(planned))
         if parts:
             started = time.perf_counter()
@@ -120,6 +125,36 @@ class Scheduler:
             if generation.check_limits() is not None:
                 self.leave(generation)
         return emitted
+
+    def _draft_together(self, planned: list[_Running]) -> dict[int, Draft]:
+        """The drafts of the sequences whose drafters draft step by step (`Generation.draft_steps`), by id of
+        their `_Running`: their steps in lockstep, each step of all of them one pass of the draft context."""
+        drafts: dict[int, Draft] = {}
+        stepping: list[tuple[_Running, Context, DraftSteps, list[int], int]] = []
+        for running in planned:
+            stepped = running.generation.draft_steps()
+            if stepped is not None:
+                self._advance(drafts, stepping, running, stepped[0], stepped[1], None, 0)
+        while stepping:
+            parts: list[Part] = [(context, fed, 1, len(fed) if i == 0 else 0) for _, context, _, fed, i in stepping]
+            started = time.perf_counter()
+            rows = [r for group in _batches(parts, parts[0][0].n_batch) for r in decode_together(group)]
+            share = (time.perf_counter() - started) / len(parts)
+            this_step, stepping = stepping, []
+            for (running, context, steps, fed, i), row in zip(this_step, rows):
+                self._book_draft(running, [(len(fed), share)])
+                self._advance(drafts, stepping, running, context, steps, row[0], i + 1)
+        return drafts
+
+    @staticmethod
+    def _advance(drafts: dict[int, Draft], stepping: list[tuple[_Running, Context, DraftSteps, list[int], int]],
+                 running: _Running, context: Context, steps: DraftSteps, logits: np.ndarray | None, i: int) -> None:
+        """Send a drafter its step's logits (none to start it); its next step goes to `stepping`, its draft, once
+        it has finished, to `drafts`."""
+        try:
+            stepping.append((running, context, steps, steps.send(logits) if logits is not None else next(steps), i))
+        except StopIteration as done:
+            drafts[id(running)] = done.value
 
     def _settle(self, generation: Generation, rows: np.ndarray, seconds: float, sequences: int) -> list[TokenEvent]:
         """Finish a generation's round; its drafts and what was kept of them join its mode's pooled acceptance."""
@@ -205,13 +240,15 @@ class Scheduler:
                                                                                  length.acceptance)
         return Candidate(acceptance.rates(cap), step_s=step_s or 0.0, catch_up_s=catch_up_s or 0.0)
 
-    def _book_draft(self, running: _Running) -> None:
-        """The drafter's decodes of the round just planned, into its mode's cost book; a probe that the batch
-        would not have chosen waits twice as long for the next."""
+    def _book_draft(self, running: _Running, steps: list[tuple[int, float]]) -> None:
+        """Drafter decodes of a sequence, (tokens fed, its seconds: its share of a pass decoded with others'),
+        into its mode's cost book; a probe that the batch would not have chosen waits twice as long for the
+        next."""
         if running.probing:
             running.probe_after = min(PROBE_MAX, running.probe_after * 2)
+            running.probing = False
         mode = running.generation.stats.draft_mode
-        for n, seconds in running.generation.last_draft.steps:
+        for n, seconds in steps:
             self.draft_costs.setdefault(mode, BatchCosts(COSTS_DECAY)).record(n, seconds)
 
 

@@ -29,6 +29,7 @@ class RoundTimer:
         self._rollback_base = 0.0  # rollback counted before this generation's rounds (the prompt's snapshot)
         self._decode_start = self._round_start = self._prompt_start = time.perf_counter()
         self._verify_s = 0.0
+        self._step_start = self._step_busy = 0.0
 
     def _in_llama(self) -> tuple[float, float]:
         """(all seconds in llama.cpp, the part spent on rollback) so far."""
@@ -63,8 +64,16 @@ class RoundTimer:
     def step(self, share: str | None = None) -> Iterator[None]:
         """One step of a round: its time in llama.cpp, and its wall time into `share` ("draft_s", "verify_s";
         None for a rewind, which counts as rollback only)."""
-        started, busy = time.perf_counter(), self._in_llama()[0]
+        self.begin_step()
         yield
+        self.end_step(share)
+
+    def begin_step(self) -> None:
+        """A step that `end_step` ends (a scheduler's drafting, which spans its other sequences' steps)."""
+        self._step_start, self._step_busy = time.perf_counter(), self._in_llama()[0]
+
+    def end_step(self, share: str | None = None) -> None:
+        started, busy = self._step_start, self._step_busy
         elapsed = time.perf_counter() - started
         busy_now, rollback = self._in_llama()
         self.stats.llama_s += busy_now - busy

@@ -9,7 +9,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from spec_cli.decoding.constrained import constrained_greedy, constrained_probabilities
-from spec_cli.decoding.drafter import Draft, Drafter
+from spec_cli.decoding.drafter import Draft, Drafter, DraftSteps, run_steps
 from spec_cli.decoding.sampling import Law, SamplingParams, penalized, probabilities, sample
 from spec_cli.llama.context import Context, common_prefix
 from spec_cli.llama.grammar import Grammar
@@ -61,15 +61,23 @@ Choose = Callable[[Draft, np.ndarray, list[int]], "int | None"]
 def draft_step_by_step(step: Callable[[int, list[int]], np.ndarray], catch_up: list[int], steps: int,
                        sampling: SamplingParams, recent: list[int], choose: Choose) -> Draft:
     """A round of a drafter that decodes one token at a time, at most `steps` decodes: `step(i, fed)` feeds
-    step i's tokens (the catch-up first, then the token drafted last) and returns the logits of the next;
-    `choose(draft, logits, recent)` adds what they draft to `draft` and returns the draft model's token to
-    feed back, or None to end the round. `recent` counts the drafted tokens for the penalties, exactly as the
-    target's p will. Each step's time (its decode and its choice) goes to the cost model."""
+    step i's tokens (the catch-up first, then the token drafted last) and returns the logits of the next
+    (`draft_steps` says the rest)."""
+    return run_steps(draft_steps(catch_up, steps, sampling, recent, choose), step)
+
+
+def draft_steps(catch_up: list[int], steps: int, sampling: SamplingParams, recent: list[int],
+                choose: Choose) -> DraftSteps:
+    """A round of at most `steps` decodes, one at a time: yields the tokens each feeds (the catch-up first,
+    then the token drafted last) and is sent the logits of the next; `choose(draft, logits, recent)` adds what
+    they draft to `draft` and returns the draft model's token to feed back, or None to end the round.
+    `recent` counts the drafted tokens for the penalties, exactly as the target's p will. Each step's time
+    (its decode and its choice) goes to the cost model."""
     draft = Draft()
     fed = catch_up
-    for i in range(steps):
+    for _ in range(steps):
         started = time.perf_counter()
-        token = choose(draft, step(i, fed), recent)
+        token = choose(draft, (yield fed), recent)
         draft.steps.append((len(fed), time.perf_counter() - started))
         if token is None:
             break

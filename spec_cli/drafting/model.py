@@ -6,9 +6,10 @@ from typing import Sequence
 
 import numpy as np
 
-from spec_cli.decoding.drafter import Draft
+from spec_cli.decoding.drafter import Draft, DraftSteps, run_steps
 from spec_cli.decoding.sampling import SamplingParams
-from spec_cli.drafting.base import ContextDrafter, draft_step_by_step, drafted_token
+from spec_cli.drafting.base import ContextDrafter, draft_steps, drafted_token
+from spec_cli.llama.context import Context
 from spec_cli.llama.grammar import Grammar
 
 
@@ -31,9 +32,13 @@ class ModelDrafter(ContextDrafter):
         draft is one token behind; the next call's catch-up covers it. Penalties count the drafted tokens
         too, exactly as the target's p will.
         """
+        return run_steps(self.stepped(tokens, k, sampling, rng, grammar)[1], self._step)
+
+    def stepped(self, tokens: Sequence[int], k: int, sampling: SamplingParams, rng: np.random.Generator,
+                grammar: Grammar | None = None) -> tuple[Context, DraftSteps]:
         catch_up = list(tokens[self.context.n_past:])
-        return draft_step_by_step(self._step, catch_up, k, sampling, sampling.recent(tokens),
-                                  drafted_token(sampling, rng, self.p_min, grammar))
+        return self.context, draft_steps(catch_up, k, sampling, sampling.recent(tokens),
+                                         drafted_token(sampling, rng, self.p_min, grammar))
 
     def pending(self, tokens: Sequence[int]) -> int:
         """How many tokens the next proposal must feed before its first draft step (its catch-up)."""
