@@ -21,12 +21,16 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from sampled_overhead import PROMPT, SETTINGS, generated_pair  # noqa: E402
 
-from spec_cli import GenerationRequest, load_pair  # noqa: E402
+from spec_cli import GenerationRequest, SamplingParams, load_pair  # noqa: E402
 from spec_cli.decoding import scheduler as scheduling  # noqa: E402
+from spec_cli.llama.context import Part  # noqa: E402
+from spec_cli.pair import Pair, Slot  # noqa: E402
 
 
 class Clock:
@@ -38,7 +42,7 @@ class Clock:
         self._decode = scheduling.decode_together
         scheduling.decode_together = self._timed
 
-    def _timed(self, parts):  # type: ignore[no-untyped-def]
+    def _timed(self, parts: list[Part]) -> list[np.ndarray]:
         started = time.perf_counter()
         rows = self._decode(parts)
         self.pass_s += time.perf_counter() - started
@@ -46,7 +50,8 @@ class Clock:
         return rows
 
 
-def measure(pair, slots, sampling, k: int, max_tokens: int, clock: Clock) -> dict[str, float]:  # type: ignore[no-untyped-def]
+def measure(pair: Pair, slots: list[Slot], sampling: SamplingParams, k: int, max_tokens: int,
+            clock: Clock) -> dict[str, float]:
     """One batch of a generation on each slot, to the end: ms of host work per verify row, and its share."""
     concurrency = len(slots)
     prompts = [pair.prompt_tokens(f"{i}. {PROMPT}", raw=True) for i in range(concurrency)]

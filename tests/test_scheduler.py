@@ -4,6 +4,7 @@ alone, greedy token for token and sampled in law, whatever joins and leaves the 
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 from typing import Iterator
 
@@ -94,10 +95,17 @@ def test_each_sequence_gets_its_lone_greedy_text_while_others_join_and_leave(oth
     assert generations[0].stats.drafted > generations[0].stats.accepted  # rejections, rolled back per sequence
     assert sum(g.stats.accepted for g in generations) > 0
     # The hybrid on the first slot again: its memory keeps the earlier sequence's prompt, and it still agrees.
+    # A grammar and sampling share the pass too.
     hybrid = slots[0].generate(tokens[1], REQUESTS[4])
     quitter = slots[1].generate(tokens[2], REQUESTS[0])
-    emitted = run(Scheduler(), {0: [hybrid, quitter]}, leaving={2: quitter})
+    constrained = replace(REQUESTS[1], grammar=r'root ::= [a-e ]+ "."', draft_mode="ngram")
+    sampled = replace(REQUESTS[0], sampling=SAMPLED, seed=7)
+    others = [slots[2].generate(tokens[0], constrained), slots[3].generate(tokens[3], sampled)]
+    emitted = run(Scheduler(), {0: [hybrid, quitter, *others]}, leaving={2: quitter})
     assert emitted[id(hybrid)] == alone(other, PROMPTS[1], REQUESTS[4])
+    assert [emitted[id(g)] for g in others] == [alone(other, PROMPTS[0], constrained),
+                                                alone(other, PROMPTS[3], sampled)]
+    assert set(others[0].text) <= set("abcde .")
     assert quitter.finish_reason == "interrupted" and 0 < len(quitter.token_ids) < 24
 
 

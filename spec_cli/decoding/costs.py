@@ -39,8 +39,9 @@ class BatchCosts:
     A size never seen is read off a least-squares line through the sizes seen (weighted by how often each
     was seen), refitted when a new size is seen and every `REFIT_EVERY` calls otherwise: a loop that records a
     call every round and reads an unseen size every round (`-k auto` at K = 0, the scheduler) would otherwise
-    fit a line a round, ~0.3 ms of Python. With one size n0 seen, the guess errs cheap on both sides, so that whatever depends on it gets
-    tried and measured: proportional to n + 1 below n0, the same as n0 above (as if batching were free).
+    fit a line a round, ~0.3 ms of Python. With one size n0 seen, the guess errs cheap on both sides, so that
+    whatever depends on it gets tried and measured: proportional to n + 1 below n0, the same as n0 above (as
+    if batching were free).
     """
 
     def __init__(self, decay: float = 1.0) -> None:

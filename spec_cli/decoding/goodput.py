@@ -9,8 +9,9 @@ Starting from K = 0 everywhere (the batch without speculation), draft positions 
 one with the most expected tokens per second of added cost first, while G grows: the next position of a
 sequence is worth a_{s,1}·…·a_{s,K+1} tokens, which only falls as K grows, so each sequence's best draft
 positions come first. A drafter that sat idle must first catch up on what it missed: its first position
-costs that too, so it drafts again only when that pays within this pass (else a probe, `scheduler`). A sequence the target seldom agrees with, or one whose drafter is dear, keeps K = 0;
-a busy batch, whose rows cost more, gives fewer draft tokens to each.
+costs that too, so it drafts again only when that pays within this pass (else a probe, `scheduler`). A
+sequence the target seldom agrees with, or one whose drafter is dear, keeps K = 0; a busy batch, whose rows
+cost more, gives fewer draft tokens to each.
 """
 
 from __future__ import annotations

@@ -329,8 +329,9 @@ class Service:
         """The prompt (None for token ids), its tokens, and the free slot to run it on: the one whose memory
         holds the longest prefix of it, less half of what that memory would lose (a new conversation goes to an
         empty slot rather than to one whose conversation merely starts with the same template markers), its
-        tokens extending that slot's last answer's where they can. A chat's messages are text: only the template's markers become control tokens.
-        A completion's prompt is raw, as in llama-server: control tokens spelt in it are parsed."""
+        tokens extending that slot's last answer's where they can. A chat's messages are text: only the
+        template's markers become control tokens. A completion's prompt is raw, as in llama-server: control
+        tokens spelt in it are parsed."""
         model = self.pair.target
         if request.endpoint == "chat":
             prompt: PromptText | None = self._chat_prompt(request)
