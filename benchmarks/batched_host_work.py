@@ -1,8 +1,8 @@
 """The host's work per verify row when several sequences share a pass, at a Qwen-size vocabulary.
 
 N sequences at once, each drafting K (fixed) with a draft model, run through the scheduler as `spec serve
---parallel N` runs them; every step's wall time is split into the target's pass, the draft model's decodes
-(inside llama.cpp) and the rest: the host's work (laws, acceptance tests, residuals, draws, bookkeeping) for
+--parallel N` runs them; every step's wall time is split into the target's pass, the draft model's passes
+and the rest: the host's work (laws, acceptance tests, residuals, draws, bookkeeping) for
 the N × (K + 1) rows. Printed per row and as a share of a step, greedy and sampled side by side.
 
 The pair is `sampled_overhead.py`'s: a 4-layer llama of width 256 over 151 936 tokens and a draft cut from it.
@@ -30,14 +30,17 @@ from sampled_overhead import PROMPT, SETTINGS, generated_pair  # noqa: E402
 from spec_cli import GenerationRequest, SamplingParams, load_pair  # noqa: E402
 from spec_cli.decoding import scheduler as scheduling  # noqa: E402
 from spec_cli.llama.context import Part  # noqa: E402
+from spec_cli.llama.model import Model  # noqa: E402
 from spec_cli.pair import Pair, Slot  # noqa: E402
 
 
 class Clock:
-    """Seconds spent in the scheduler's target passes (the module's `decode_together`, wrapped)."""
+    """Seconds spent in the scheduler's passes (the module's `decode_together`, wrapped): the target's, with
+    the rows they returned, and the draft model's (its steps of all sequences, one pass a step)."""
 
-    def __init__(self) -> None:
-        self.pass_s = 0.0
+    def __init__(self, target: Model) -> None:
+        self.target = target
+        self.pass_s = self.draft_s = 0.0
         self.rows = 0
         self._decode = scheduling.decode_together
         scheduling.decode_together = self._timed
@@ -45,8 +48,11 @@ class Clock:
     def _timed(self, parts: list[Part]) -> list[np.ndarray]:
         started = time.perf_counter()
         rows = self._decode(parts)
-        self.pass_s += time.perf_counter() - started
-        self.rows += sum(len(r) for r in rows)
+        if parts[0][0].model is self.target:
+            self.pass_s += time.perf_counter() - started
+            self.rows += sum(len(r) for r in rows)
+        else:
+            self.draft_s += time.perf_counter() - started
         return rows
 
 
@@ -63,14 +69,12 @@ def measure(pair: Pair, slots: list[Slot], sampling: SamplingParams, k: int, max
         scheduler.join(generation)
     while any(generation.token_ids == [] for generation in generations):  # the prompts first: not measured
         scheduler.step()
-    drafting_before = sum(g.drafter.busy_s for g in generations if g.drafter)
-    clock.pass_s, clock.rows = 0.0, 0
+    clock.pass_s, clock.draft_s, clock.rows = 0.0, 0.0, 0
     started = time.perf_counter()
     while len(scheduler):
         scheduler.step()
     wall = time.perf_counter() - started
-    drafting = sum(g.drafter.busy_s for g in generations if g.drafter) - drafting_before
-    host = wall - clock.pass_s - drafting
+    host = wall - clock.pass_s - clock.draft_s
     return {"host ms/row": 1000 * host / clock.rows, "host share": host / wall,
             "rows/step": clock.rows / max(1, sum(g.stats.rounds for g in generations) / concurrency),
             "tok/s": sum(len(g.token_ids) for g in generations) / wall}
@@ -87,8 +91,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.target is None:
         args.target, args.draft = generated_pair(Path(tempfile.gettempdir()) / "spec-cli-bench")
-    clock = Clock()
     with load_pair(args.target, args.draft) as pair:
+        clock = Clock(pair.target)
         slots = pair.slots(args.concurrency)
         print(f"{args.concurrency} sequences at once, K = {args.draft_max}, {args.max_tokens} tokens each, "
               f"vocabulary {pair.target.n_vocab}; median of {args.repeat}")
