@@ -3,8 +3,8 @@
 Each generation runs on its own sequence of one target context (`Pair.slots`). A step asks each generating
 sequence for its round (`Generation.plan`: its drafts, with K chosen for the batch's goodput, `goodput`; a
 draft model's steps for all sequences decoded together, one pass of the draft context a step), feeds all of
-them to the target in one pass (`decode_together`: ragged, each sequence its own
-K + 1 rows, no padding), and hands each its rows (`Generation.settle`: it accepts, rewinds its own memory
+them to the target in one pass (`decode_together`: ragged, each sequence its own K + 1 rows, no padding),
+and hands each its rows (`Generation.settle`: it accepts, rewinds its own memory
 and emits). A newcomer's prompt rides along in chunks of `PREFILL_CHUNK` tokens so that the others wait
 little for it; a generation that finished or was stopped leaves at once, and its sequence is free.
 
@@ -16,7 +16,7 @@ rows, laws and random generator, and every row of a pass is computed as it would
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -44,7 +44,7 @@ class _Running:
     fed: int = 0
     idle: int = 0
     probe_after: int = PROBE_ROUNDS
-    probing: bool = field(default=False)
+    probing: bool = False
 
 
 class Scheduler:
@@ -68,10 +68,6 @@ class Scheduler:
 
     def __len__(self) -> int:
         return len(self._running)
-
-    @property
-    def generations(self) -> list[Generation]:
-        return [r.generation for r in self._running]
 
     def join(self, generation: Generation) -> None:
         """Start `generation` (made by a `Slot` no other running generation uses); its prompt is fed from the
@@ -201,7 +197,7 @@ class Scheduler:
             ks = list(choose_ks([self._candidate(r) for r in generating], self.pass_costs))
             ks = [k if adaptive else None for k, adaptive in zip(ks, chosen)]
             quiet = not any(ks)
-            self._quiet = (QUIET_STEPS - 1, members) if quiet and QUIET_STEPS > 1 else None
+            self._quiet = (QUIET_STEPS - 1, members) if quiet else None
         for i, running in enumerate(generating):
             if not chosen[i]:
                 continue
