@@ -36,7 +36,9 @@ def summary_line(stats: Stats, finish_reason: str | None, brief: bool = False) -
         if s.convert_s:
             parts.append(f"through text: conversion {percent(s.convert_share, 1)} of the rounds")
     else:
-        parts.append("no draft")
+        parts.append("K auto: no draft paid (K = 0)" if s.adaptive else "no draft")
+    if s.batch_size > 1:
+        parts.append(f"{s.batch_size:.1f} sequences a pass")
     cached = f" ({s.prompt_cached} cached)" if s.prompt_cached else ""
     parts += [f"prompt {s.prompt_tokens} tokens{cached} in {s.prompt_s:.2f}s", f"finish: {finish_reason}"]
     if any(where != "CPU" for where in s.placement.values()):

@@ -46,3 +46,11 @@ def test_without_drafts_the_line_says_so_and_where_the_models_run() -> None:
                   placement={"target": "CUDA0 (every layer that fits; the rest on the CPU)"})
     assert summary_line(stats, "stop") == ("3 tokens · 3.0 tok/s · no draft · prompt 5 tokens in 0.50s · finish: stop · "
                                            "target on CUDA0 (every layer that fits; the rest on the CPU)")
+
+
+def test_a_generation_batched_with_others_says_how_many_a_pass_and_auto_that_stopped_drafting() -> None:
+    stats = Stats(draft_max=16, adaptive=True, draft_mode="model", prompt_tokens=5, generated_tokens=3,
+                  decode_s=1.0, prompt_s=0.5)
+    stats.rounds, stats.batched = 3, 10
+    assert summary_line(stats, "length") == ("3 tokens · 3.0 tok/s · K auto: no draft paid (K = 0) · 3.3 sequences "
+                                             "a pass · prompt 5 tokens in 0.50s · finish: length")
