@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
 
 from spec_cli.decoding.scheduler import Scheduler
@@ -100,7 +100,7 @@ def compare_concurrency(pair: Pair, prompts: Sequence[list[int]], levels: Sequen
         for _round, side in ((r, s) for r in range(repeat) for s in sides):
             progress(f"{level} at once, {'speculative' if side.speculative else 'target alone'}")
             base = speculative if side.speculative else plain
-            requests = [GenerationRequest(**{**base.__dict__, "seed": i}) for i in range(level)]
+            requests = [replace(base, seed=i) for i in range(level)]
             run_batch(scheduler, slots[:level], chosen[:level], requests, side)
         batches += sides
     return batches

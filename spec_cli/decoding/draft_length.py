@@ -162,7 +162,7 @@ class AdaptiveK:
             return False
         idle_round = self.costs.round_seconds(0, self.acceptance, self.pricing)
         price = self.probe_price()
-        if idle_round is None or price is None or price <= PROBE_SHARE * self.idle * idle_round:
+        if idle_round is None or price is None or probe_pays(price, self.idle, idle_round):
             return True
         self.probe_after = self.idle + self.idle // 8  # too dear yet: asked again once the idle time has grown
         return False
@@ -175,8 +175,11 @@ class AdaptiveK:
             return None
         if self.pricing == FREE:
             return max(0.0, verify_1 - verify_0)
-        drafting = (self.costs.draft.seconds(2) if self.pricing == PER_ROUND
-                    else _sum_or_none(self.costs.draft.interpolated(self.idle), self.costs.draft.seconds(1)))
+        if self.pricing == PER_ROUND:
+            drafting = self.costs.draft.seconds(2)
+        else:
+            catch_up, step = self.costs.draft.interpolated(self.idle), self.costs.draft.seconds(1)
+            drafting = None if catch_up is None or step is None else catch_up + step
         return None if drafting is None else drafting + max(0.0, verify_1 - verify_0)
 
     def update(self, drafted: int, accepted: int) -> None:
@@ -206,5 +209,7 @@ class AdaptiveK:
         return max(rates, key=lambda k: rates[k])
 
 
-def _sum_or_none(*seconds: float | None) -> float | None:
-    return None if None in seconds else sum(s for s in seconds if s is not None)
+def probe_pays(price: float, idle_rounds: int, round_s: float) -> bool:
+    """Whether a probe of an idle drafter costs at most `PROBE_SHARE` of the `idle_rounds` it sat out, each
+    `round_s` seconds (a round alone, or a sequence's share of a batch's pass)."""
+    return price <= PROBE_SHARE * idle_rounds * round_s

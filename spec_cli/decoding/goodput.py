@@ -35,9 +35,13 @@ class Candidate:
     step_s: float = 0.0
     catch_up_s: float = 0.0
 
+    def drafting_s(self, k: int) -> float:
+        """The drafting seconds of k draft positions: k steps, and the catch-up before the first."""
+        return k * self.step_s + (self.catch_up_s if k else 0.0)
+
     def cost(self, k: int) -> float:
-        """The drafting seconds of the (k + 1)-th draft position: a step, and the catch-up before the first."""
-        return self.step_s + (self.catch_up_s if k == 0 else 0.0)
+        """The drafting seconds the (k + 1)-th draft position adds."""
+        return self.drafting_s(k + 1) - self.drafting_s(k)
 
 
 def choose_ks(candidates: Sequence[Candidate], pass_costs: BatchCosts) -> list[int]:
@@ -53,8 +57,7 @@ def choose_ks(candidates: Sequence[Candidate], pass_costs: BatchCosts) -> list[i
     gains = [np.cumprod(c.rates) for c in candidates]
     expected = sum(1.0 + float(g[:k].sum()) for g, k in zip(gains, ks))
     rows = len(candidates) + sum(ks)
-    seconds = _pass(pass_costs, rows) + sum(k * c.step_s + (c.catch_up_s if k else 0.0)
-                                            for k, c in zip(ks, candidates))
+    seconds = _pass(pass_costs, rows) + sum(c.drafting_s(k) for k, c in zip(ks, candidates))
     most_rows = 2 * max(pass_costs.weight)
     while rows < most_rows:
         added = _pass(pass_costs, rows + 1) - _pass(pass_costs, rows)

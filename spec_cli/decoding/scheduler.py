@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from spec_cli.decoding.costs import BatchCosts
-from spec_cli.decoding.draft_length import PROBE_ROUNDS, PROBE_SHARE, AdaptiveK, PositionAcceptance
+from spec_cli.decoding.draft_length import PROBE_ROUNDS, AdaptiveK, PositionAcceptance, probe_pays
 from spec_cli.decoding.drafter import Draft, DraftSteps
 from spec_cli.decoding.engine import Generation, TokenEvent
 from spec_cli.decoding.goodput import Candidate, choose_ks
@@ -105,10 +105,9 @@ class Scheduler:
         fed = self._prompt_chunks(parts, bool(planned))
         if parts:
             started = time.perf_counter()
-            passes = _batches(parts, parts[0][0].n_batch)
-            rows = [r for group in passes for r in decode_together(group)]
+            rows, passes = _decode(parts)
             seconds = time.perf_counter() - started
-            if not fed and len(passes) == 1:
+            if not fed and passes == 1:
                 self.pass_costs.record(sum(len(part[1]) for part in parts), seconds)
             for running, part_rows in zip(planned, rows):
                 emitted.append((running.generation, self._settle(running.generation, part_rows, seconds,
@@ -134,7 +133,7 @@ class Scheduler:
         while stepping:
             parts: list[Part] = [(context, fed, 1, len(fed) if i == 0 else 0) for _, context, _, fed, i in stepping]
             started = time.perf_counter()
-            rows = [r for group in _batches(parts, parts[0][0].n_batch) for r in decode_together(group)]
+            rows, _ = _decode(parts)
             share = (time.perf_counter() - started) / len(parts)
             this_step, stepping = stepping, []
             for (running, context, steps, fed, i), row in zip(this_step, rows):
@@ -212,13 +211,13 @@ class Scheduler:
 
     def _probe_due(self, running: _Running, candidate: Candidate, sequences: int) -> bool:
         """Whether an idle drafter that has sat out enough rounds should draft one token now: the probe (its
-        catch-up, a step, a row) costs at most `PROBE_SHARE` of its share of the passes it sat out."""
+        catch-up, a step, a row) pays (`probe_pays`) against its share of the passes it sat out."""
         rows = sequences + 1
         pass_s = self.pass_costs.seconds(sequences)
         if pass_s is None:
             return True
         row_s = max(0.0, (self.pass_costs.seconds(rows) or pass_s) - pass_s)
-        return candidate.cost(0) + row_s <= PROBE_SHARE * running.idle * pass_s / sequences
+        return probe_pays(candidate.cost(0) + row_s, running.idle, pass_s / sequences)
 
     def _candidate(self, running: _Running) -> Candidate:
         """What the goodput choice needs of a sequence: its acceptance by position, its drafter's step and its
@@ -246,6 +245,12 @@ class Scheduler:
         mode = running.generation.stats.draft_mode
         for n, seconds in steps:
             self.draft_costs.setdefault(mode, BatchCosts(COSTS_DECAY)).record(n, seconds)
+
+
+def _decode(parts: list[Part]) -> tuple[list[np.ndarray], int]:
+    """Every part's rows, decoded in as few passes as fit (`_batches`), and how many passes that took."""
+    passes = _batches(parts, parts[0][0].n_batch)
+    return [rows for group in passes for rows in decode_together(group)], len(passes)
 
 
 def _batches(parts: list[Part], n_batch: int) -> list[list[Part]]:
