@@ -10,6 +10,29 @@ from spec_cli import Pair, load_pair
 from spec_cli.llama import kernels
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--threads", type=int, default=None,
+                     help="CPU threads for the real-model tests (default: all cores); the reduction order, and so "
+                          "the float ties a greedy comparison may meet, changes with it")
+    parser.addoption("--ties", action="store_true",
+                     help="also run greedy identity on every prompt of the tie set (tests/prompts.py) for each "
+                          "real target, to find float ties here rather than on users' machines")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not config.getoption("--ties"):
+        skip = pytest.mark.skip(reason="the tie set runs with --ties")
+        for item in items:
+            if "ties" in item.keywords:
+                item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def threads(request: pytest.FixtureRequest) -> int | None:
+    """The thread count the real-model tests load with (`--threads`; None: all cores)."""
+    return request.config.getoption("--threads")
+
+
 @pytest.fixture(scope="session")
 def kernels_probed(tmp_path_factory: pytest.TempPathFactory) -> str:
     """The probe of llama.cpp's kernels on this machine, run once for the session (a few seconds)."""

@@ -1,11 +1,12 @@
-"""Exactness checks shared by the engine, memory and drafting tests: the exact distribution of the first two
-sampled tokens, computed from the target's logits, the tokens seeded generations sample, and a χ²
-goodness-of-fit test of one against the other."""
+"""Exactness checks shared by the engine, memory and drafting tests: greedy identity on real models up to the
+target's own float ties, the exact distribution of the first two sampled tokens, computed from the target's
+logits, the tokens seeded generations sample, and a χ² goodness-of-fit test of one against the other."""
 
 from __future__ import annotations
 
 import math
 from collections import Counter
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -13,7 +14,9 @@ from spec_cli import Generation, Pair, SamplingParams
 from spec_cli.chat import ChatSession, Settings
 from spec_cli.decoding.sampling import probabilities
 from spec_cli.decoding.stats import Stats
+from spec_cli.decoding.ties import FLOAT_TIE, Difference, first_difference
 from spec_cli.llama.context import Context
+from spec_cli.llama.model import Model
 
 SAMPLED = SamplingParams(temperature=1.0, top_k=4)
 SIGNIFICANCE = 0.001  # per χ² test; seeds are fixed, so a pass is reproducible
@@ -57,6 +60,58 @@ def chat_turns_match_the_target_alone(pair: Pair, mode: str) -> None:
         if i:
             assert drafting.last.stats.prompt_cached > len(drafting.last.prompt) // 2
     assert drafting.totals.accepted > 0
+
+
+def greedy_agreement(target: Model, prompt: Sequence[int], speculative: Sequence[int],
+                     reference: Sequence[int], tolerance: float = FLOAT_TIE) -> tuple[int, Difference | None]:
+    """How many leading tokens two greedy outputs of `prompt` share, and where they part (None when they are the
+    same). They may part only on a float tie of the target alone's logits (`ties.first_difference`: its two best
+    logits within `tolerance`, FLOAT_TIE by default, chosen from the batched against one-row differences
+    benchmarks/float_ties.py measures); anything else fails with the position, both tokens and the margin."""
+    difference = first_difference(target, prompt, speculative, reference, tolerance)
+    if difference is None:
+        return len(reference), None
+    assert difference.tie, (
+        f"greedy output differs from the target alone's at generated token {difference.position}: "
+        f"{difference.ours} against {difference.alone}, where the target's two best logits are "
+        f"{difference.margin:.4f} apart (a float tie is within {tolerance}): not a tie, a bug")
+    return difference.position, difference
+
+
+Run = Callable[[list[int], int], tuple[list[int], list[int]]]
+
+
+def against_alone(pair: Pair, totals: Stats | None = None, **fields: object) -> Run:
+    """A `Run` of `pair`: greedy generations with `fields` (K, mode…) and with the target alone, from token ids;
+    the speculative runs' statistics are summed into `totals` if given."""
+    def run(prompt: list[int], n: int) -> tuple[list[int], list[int]]:
+        speculative = finish(pair.generate(prompt, sampling=SamplingParams(), max_tokens=n, **fields))
+        alone = finish(pair.generate(prompt, sampling=SamplingParams(), max_tokens=n, draft_mode="none"))
+        if totals is not None:
+            totals.merge(speculative.stats)
+        return speculative.token_ids, alone.token_ids
+    return run
+
+
+def assert_greedy_identity(target: Model, prompt: Sequence[int], run: Run, n: int,
+                           least: float = 0.9) -> list[Difference]:
+    """Greedy identity of a speculative run with the target alone, up to float ties: `run(prompt, n)` gives both
+    runs' `n` (or fewer, on a stop) greedy tokens. At a tie both texts legitimately differ from there, so the
+    comparison goes on from the tie with the speculative run's token forced into both prompts, until `n` tokens
+    have been compared or both stopped; at least `least` of the tokens must have been compared (not ties).
+    Returns the ties passed (for a test that wants to see them)."""
+    ties: list[Difference] = []
+    compared, prompt = 0, list(prompt)
+    while compared + len(ties) < n:
+        speculative, reference = run(prompt, n - compared - len(ties))
+        agreed, tie = greedy_agreement(target, prompt, speculative, reference)
+        compared += agreed
+        if tie is None or tie.ours is None:
+            break
+        ties.append(tie)
+        prompt += [*reference[:agreed], tie.ours]
+    assert compared > 0 and compared >= least * (compared + len(ties)), f"compared {compared} tokens, ties {ties}"
+    return ties
 
 
 REST = ("rest",)  # the pairs an expectation leaves out, as one cell
