@@ -60,8 +60,9 @@ def shown(value: object) -> str:
 class GenerationRequest:
     """What to generate with. `draft_max` is K, or "auto" to let the loop choose K each round; `draft_mode` is
     a mode of `drafting.modes` (None: the pair's own drafting model, `Pair.mode_for`); `draft_p_min` the draft
-    model's confidence stop; `verify` the rule sampled rounds are verified with ("block", Sun et al. 2025, or
-    "token", Leviathan et al. 2023; greedy rounds need none); `stop` strings end the text where the server
+    model's confidence stop; `verify` the rule sampled rounds are verified with ("block", Sun et al. 2025,
+    "token", Leviathan et al. 2023, or "gumbel", Daliri et al. 2024, whose seeded text no draft can change;
+    greedy rounds need none); `stop` strings end the text where the server
     cuts it; `seed` fixes the one random generator of a generation (None, or -1 as in llama.cpp: a random
     one); `grammar` is GBNF the output must follow (`structured` makes it from a JSON schema), parsed against
     the target's vocabulary when the generation starts."""

@@ -206,6 +206,7 @@ PENALIZED = replace(SAMPLED, repeat_penalty=1.5, repeat_last_n=16, presence_pena
     ("other", 2, "hybrid", "block", 0.0), ("alone", 2, "ngram", "token", 0.0), ("same", "auto", "model", "block", 0.0),
     ("other", 4, "model", "block", 0.3),  # the confidence stop ends blocks early, depending on the draft
     *[("other", k, "model", verify, 0.0) for k in (1, 2, 4) for verify in ("block", "token")],
+    ("other", 3, "model", "gumbel", 0.0), ("alone", 2, "ngram", "gumbel", 0.0),  # picks by the seed's noise
 ])
 def test_sampled_first_two_tokens_follow_the_target(request: pytest.FixtureRequest, alone: Pair, drafter: str,
                                                     k: int | str, mode: str, verify: str, p_min: float) -> None:
@@ -236,6 +237,7 @@ def large(models_dir: Path) -> Iterator[Pair]:
 @pytest.mark.parametrize("sampling, verify", [
     (SamplingParams(temperature=0.8), "block"),  # llama.cpp's (and `spec chat`'s) defaults
     (SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0), "token"),  # the whole vocabulary
+    (SamplingParams(temperature=0.7), "gumbel"),  # top-k, top-p and min-p, picked by the noise
 ])
 def test_sampled_first_two_tokens_follow_the_target_at_a_large_vocabulary(large: Pair, sampling: SamplingParams,
                                                                          verify: str) -> None:
@@ -278,7 +280,8 @@ def test_block_verification_keeps_more_tokens_per_round(target_path: Path, tmp_p
     assert z > NormalDist().inv_cdf(1 - SIGNIFICANCE), z
 
 
-@pytest.mark.parametrize("drafter, verify", [("same", "block"), ("same", "token"), ("other", "block")])
+@pytest.mark.parametrize("drafter, verify", [("same", "block"), ("same", "token"), ("other", "block"),
+                                             ("other", "gumbel")])
 def test_sampled_with_penalties_follows_the_penalized_target(request: pytest.FixtureRequest, alone: Pair,
                                                             reference: Generation, drafter: str,
                                                             verify: str) -> None:

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from spec_cli.decoding import sampling
-from spec_cli.decoding.verification import (RULES, THRESHOLDS, Rule, Verdict, block_verification, token_thresholds,
-                                            token_verification)
+from spec_cli.decoding.verification import (RULES, THRESHOLDS, Rule, Verdict, block_verification,
+                                            gumbel_verification, token_thresholds, token_verification)
 
 Prefix = tuple[int, ...]
 Law = Callable[[Prefix], np.ndarray]
@@ -184,3 +184,14 @@ def test_a_wrong_rule_is_caught() -> None:
     law, _ = round_law(no_residual, p_of, q_of, k)
     with pytest.raises(AssertionError):
         assert_same_law(law, target_law(p_of, k))
+
+
+def test_gumbel_verification_keeps_drafts_while_they_are_the_target_s_picks() -> None:
+    """Row i's token is the pick of p_i at i; the first draft that is not it ends the round with the pick, and a
+    block kept whole ends with p_{K+1}'s pick. The draft's q plays no part."""
+    p = [np.full(8, 1 / 8)] * 4
+    picks = [3, 5, 1, 6]
+    rounds = {(3, 5, 1): (3, 6), (3, 5, 2): (2, 1), (4, 5, 1): (0, 3), (3,): (1, 5)}
+    for draft, (kept, token) in rounds.items():
+        verdict = gumbel_verification(p[:len(draft) + 1], list(draft), lambda law, i: picks[i])
+        assert verdict.accepted == kept and sampling.Law.of(verdict.next_token)[token] == 1.0

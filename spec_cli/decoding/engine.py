@@ -3,7 +3,8 @@
 Each round the drafter proposes d1..dK, the target scores [last, d1..dK] in one batch (K + 1 rows of
 logits), a prefix d1..dn is kept and one token from the target follows it: the correction at position
 n + 1, or the bonus token when n = K. Greedy keeps the drafts the target would have chosen; sampled rounds
-let a rule from `verification` (block by default, or token by token) decide n and the next token's law.
+let a rule from `verification` (block by default, token by token, or the Gumbel rule, whose picks depend on
+the seed and the position alone) decide n and the next token's law.
 With K = 0 (no drafter) the same loop is plain target-only decoding, which is what `--no-draft` measures
 against.
 
@@ -33,7 +34,8 @@ from spec_cli.decoding.sampling import (Law, SamplingParams, greedy_token, proba
                                         shares_candidates)
 from spec_cli.decoding.stats import Stats
 from spec_cli.decoding.timing import RoundTimer
-from spec_cli.decoding.verification import DEFAULT_VERIFY, RULES, Distributions
+from spec_cli.decoding.noise import GumbelNoise, NoiseCursor
+from spec_cli.decoding.verification import DEFAULT_VERIFY, GUMBEL, RULES, Distributions, gumbel_verification
 from spec_cli.llama.context import Context, Part, common_prefix
 from spec_cli.llama.grammar import Grammar
 
@@ -68,7 +70,7 @@ class Generation:
         self.prompt = list(prompt)
         self.sampling = sampling
         self.verification = verify  # the rule's name, for reports
-        self._verify_rule = RULES[verify]
+        self._verify_rule = RULES.get(verify)
         self.seed = seed
         self.draft_length = draft_length if drafter is not None else FixedK(0)
         self.max_tokens = max_tokens
@@ -81,6 +83,7 @@ class Generation:
         self._grammar = grammar
         self._states: list[Grammar | None] = [grammar]  # the grammar's state before each row of a round
         self._rng = np.random.default_rng(seed)
+        self._noise = GumbelNoise(seed) if verify == GUMBEL else None
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._timer = RoundTimer(self.stats, [target, *filter(None, [drafter])],
                                  [self.stats.costs, *filter(None, [costs])])
@@ -154,7 +157,7 @@ class Generation:
         if self.drafter is None or self._k == 0:
             return None
         grammar = self._grammar.clone() if self._grammar is not None else None
-        stepped = self.drafter.stepped(self._seq, self._k, self.sampling, self._rng, grammar)
+        stepped = self.drafter.stepped(self._seq, self._k, self.sampling, self._draws(), grammar)
         if stepped is not None:
             self._timer.begin_step()
         return stepped
@@ -235,7 +238,12 @@ class Generation:
             return Draft()
         grammar = self._grammar.clone() if self._grammar is not None else None
         with self._timer.step("draft_s"):
-            return self._drafted(self.drafter.propose(self._seq, k, self.sampling, self._rng, grammar))
+            return self._drafted(self.drafter.propose(self._seq, k, self.sampling, self._draws(), grammar))
+
+    def _draws(self) -> np.random.Generator | NoiseCursor:
+        """What the drafter draws from: the generation's random generator, or under the Gumbel rule the noise
+        of the positions its drafts land at (so that it proposes what the target would pick, where it can)."""
+        return self._rng if self._noise is None else self._noise.from_position(len(self._seq))
 
     def _drafted(self, draft: Draft) -> Draft:
         """A proposal made: cut where the grammar forbids, its conversion time counted."""
@@ -281,7 +289,11 @@ class Generation:
                 if choice != x:
                     return n, choice
         p = _TargetLaws(rows, sampling, recent, draft.tokens, self._states if self._grammar is not None else None)
-        verdict = self._verify_rule(p, draft.q, draft.tokens, self._rng.random(len(draft.tokens)))
+        if self._noise is not None:
+            start = len(self._seq)
+            verdict = gumbel_verification(p, draft.tokens, lambda law, i: self._noise.pick(law, start + i))
+        else:
+            verdict = self._verify_rule(p, draft.q, draft.tokens, self._rng.random(len(draft.tokens)))
         return verdict.accepted, sample(verdict.next_token, self._rng)
 
     def _emit(self, kept: list[int], token: int) -> Iterator[TokenEvent]:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
@@ -415,8 +415,17 @@ def _softmax(z: np.ndarray, temperature: float) -> Law:
     return Law(e)
 
 
-def sample(law: Law | np.ndarray, rng: np.random.Generator) -> int:
-    """Draw one token id from `law` by inverting its CDF with a single uniform, over its support only."""
+class Picker(Protocol):
+    """A source of draws that chooses a token from a law by itself."""
+
+    def pick(self, law: Law | np.ndarray) -> int: ...
+
+
+def sample(law: Law | np.ndarray, rng: np.random.Generator | Picker) -> int:
+    """Draw one token id from `law` by inverting its CDF with a single uniform, over its support only; or, from
+    a `Picker` (the Gumbel rule's noise at a position, `noise.NoiseCursor`), the token it picks."""
+    if not isinstance(rng, np.random.Generator):
+        return rng.pick(law)
     law = Law.of(law)
     index = _inverse_cdf(law.probs, rng.random())
     return index if law.tokens is None else int(law.tokens[index])

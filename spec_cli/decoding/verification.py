@@ -18,6 +18,10 @@ outcome of a round exactly. Both rules keep the output distributed as p; greedy 
   worse than token verification in expected kept tokens; a rejection early in the block can be undone by
   a later position that the target favours more than the draft did. It stays exact when the draft stops
   early on its own (the confidence stop): the proof only uses the distributions along the drafted path.
+- Gumbel verification (drafter-invariant; Daliri, Musco & Suresh 2024, arXiv 2408.07978; `noise`) draws no
+  uniforms: position i's token is the target's own Gumbel-max pick argmax log p_i + g_i, and x_i is kept iff
+  it is that pick. The output is the target alone's seeded text whatever was drafted; drafts are kept less
+  often than by the rules above.
 """
 
 from __future__ import annotations
@@ -95,8 +99,22 @@ def block_verification(p: Distributions, q: Distributions, draft: Sequence[int],
     return Verdict(tau, residual(p[tau], q[tau], weights[tau]))
 
 
+def gumbel_verification(p: Distributions, draft: Sequence[int], pick: Callable[[Law | np.ndarray, int], int]) -> Verdict:
+    """Keep x_i while it equals the target's pick `pick(p_i, i)` for row i; the first pick that differs (or
+    p_{K+1}'s, when every draft is kept) is the next token, as a law with all its mass there."""
+    def picked(i: int) -> Law:
+        return Law.one_hot(pick(p[i], i), Law.of(p[i]).size)
+
+    for i, x in enumerate(draft):
+        law = picked(i)
+        if law.tokens[0] != x:
+            return Verdict(i, law)
+    return Verdict(len(draft), picked(len(draft)))
+
+
 Rule = Callable[[Distributions, Distributions, Sequence[int], Sequence[float]], Verdict]
 RULES: dict[str, Rule] = {"block": block_verification, "token": token_verification}
 THRESHOLDS = {"block": block_thresholds, "token": token_thresholds}
-VERIFY_RULES = tuple(RULES)
+GUMBEL = "gumbel"
+VERIFY_RULES = (*RULES, GUMBEL)
 DEFAULT_VERIFY = "block"
