@@ -14,7 +14,7 @@ from spec_cli import Generation, Pair, SamplingParams
 from spec_cli.chat import ChatSession, Settings
 from spec_cli.decoding.sampling import probabilities
 from spec_cli.decoding.stats import Stats
-from spec_cli.decoding.ties import FLOAT_TIE, Difference, first_difference
+from spec_cli.decoding.ties import Difference, first_difference, tie_tolerance
 from spec_cli.llama.context import Context
 from spec_cli.llama.model import Model
 
@@ -63,18 +63,20 @@ def chat_turns_match_the_target_alone(pair: Pair, mode: str) -> None:
 
 
 def greedy_agreement(target: Model, prompt: Sequence[int], speculative: Sequence[int],
-                     reference: Sequence[int], tolerance: float = FLOAT_TIE) -> tuple[int, Difference | None]:
+                     reference: Sequence[int], tolerance: float | None = None) -> tuple[int, Difference | None]:
     """How many leading tokens two greedy outputs of `prompt` share, and where they part (None when they are the
     same). They may part only on a float tie of the target alone's logits (`ties.first_difference`: its two best
-    logits within `tolerance`, FLOAT_TIE by default, chosen from the batched against one-row differences
-    benchmarks/float_ties.py measures); anything else fails with the position, both tokens and the margin."""
+    logits within `tolerance`, by default `ties.tie_tolerance` for the target's weights, chosen from the batched
+    against one-row differences benchmarks/float_ties.py measures); anything else fails with the position, both
+    tokens and the margin."""
     difference = first_difference(target, prompt, speculative, reference, tolerance)
     if difference is None:
         return len(reference), None
     assert difference.tie, (
         f"greedy output differs from the target alone's at generated token {difference.position}: "
         f"{difference.ours} against {difference.alone}, where the target's two best logits are "
-        f"{difference.margin:.4f} apart (a float tie is within {tolerance}): not a tie, a bug")
+        f"{difference.margin:.4f} apart (a float tie is within "
+        f"{tie_tolerance(target) if tolerance is None else tolerance}): not a tie, a bug")
     return difference.position, difference
 
 

@@ -22,7 +22,7 @@ from prompts import CODE, FRENCH, JAPANESE, LONG, PROSE, TIE_SET
 from spec_cli import Pair, load_pair
 from spec_cli.cli.app import app
 from spec_cli.decoding.stats import Stats
-from spec_cli.decoding.ties import logits_after
+from spec_cli.decoding.ties import logits_after, tie_tolerance
 from spec_cli.llama.gguf import quantize
 from spec_cli.llama.grammar import Grammar
 from spec_cli.llama.placement import load_model
@@ -98,11 +98,11 @@ def test_a_flipped_token_where_the_target_is_sure_is_caught_with_its_position_an
     """The mutation test of the tie-aware comparison: one token of the target alone's greedy text replaced by
     its runner-up where the two best logits are far apart fails, and says where, what and by how much."""
     prompt = demo.prompt_tokens("Name three uses of a paperclip.", False)
-    reference = against_alone(demo, draft_max=4)(prompt, 24)[1]
+    reference = against_alone(demo, draft_max=4)(prompt, 12)[1]
     rows = [logits_after(demo.target, [*prompt, *reference[:i]]) for i in range(len(reference))]
     margins = [float(np.diff(np.sort(row)[-2:])[0]) for row in rows]
     at = int(np.argmax(margins))
-    assert margins[at] > 1.0
+    assert margins[at] > 4 * tie_tolerance(demo.target)
     broken = [*reference[:at], int(np.argsort(rows[at])[-2]), *reference[at + 1:]]
     with pytest.raises(AssertionError, match=rf"at generated token {at}: {broken[at]} against {reference[at]}, "
                                              rf"where the target's two best logits are {margins[at]:.4f} apart"):
@@ -208,7 +208,7 @@ def test_spec_run_with_a_cross_family_draft_prints_the_target_s_text(gemma3_pair
     assert json.loads(fast.stdout)["stats"]["accepted"] > 0
     assert "drafting goes through text (exact)" in fast.stderr
     with load_pair(gemma3_pair[0], smollm2_f32[0], n_threads=threads) as pair:
-        assert_greedy_identity(pair.target, pair.prompt_tokens(prompt, False),
+        assert_greedy_identity(pair.target, pair.prompt_tokens(prompt, raw=not pair.has_chat_template),
                                cli_first((json.loads(fast.stdout)["token_ids"], json.loads(plain.stdout)["token_ids"]),
                                          against_alone(pair)), 40)
 

@@ -13,7 +13,7 @@ from typing import Iterator
 
 import httpx
 import pytest
-from exactness import finish
+from exactness import finish, greedy_agreement
 from serving import NAME, Running, running
 from tiny_models import write_qwen35_mtp
 from typer.testing import CliRunner
@@ -155,14 +155,16 @@ def test_bench_concurrency_prints_both_sides_at_each_level(chat_target_path: Pat
 @pytest.mark.demo
 def test_four_clients_on_the_demo_pair_each_get_their_lone_greedy_text() -> None:
     """The issue's check: four openai clients at once against --parallel 4, each answer token for token what
-    `spec run` (Pair.generate with the pair's K) writes alone, the four verified together."""
+    `spec run` (Pair.generate with the pair's K) writes alone, the four verified together, up to the target's
+    float ties: an answer whose text differs is taken back to tokens and must part from the lone one on a tie
+    (a row of a four-sequence pass rounds like a row of a verify pass)."""
     models = registry.load_registry()
     entry = models.get(models.default)
     target, draft = registry.resolve(entry)
     questions = ["Name three uses of a paperclip.", "What is a prime number?", "Say hello in French.",
                  "Why is the sea salty?"]
     with load_pair(target, draft) as demo:
-        alone = [finish(demo.generate(q, sampling=SamplingParams(), draft_max=entry.draft_max, max_tokens=24)).text
+        alone = [finish(demo.generate(q, sampling=SamplingParams(), draft_max=entry.draft_max, max_tokens=24))
                  for q in questions]
         with running(demo, parallel=4, defaults=GenerationRequest(draft_max="auto")) as serving:
             client = serving.client()
@@ -176,5 +178,8 @@ def test_four_clients_on_the_demo_pair_each_get_their_lone_greedy_text() -> None
 
             with ThreadPoolExecutor(len(questions)) as clients:
                 answers = list(clients.map(ask, questions))
-    assert [text for text, _ in answers] == alone
+        for (text, _), lone, question in zip(answers, alone, questions):
+            if text != lone.text:
+                greedy_agreement(demo.target, demo.prompt_tokens(question, False),
+                                 demo.target.tokenize(text, add_special=False), lone.token_ids)
     assert max(batch for _, batch in answers) > 2

@@ -4,8 +4,8 @@ A verify pass computes a position as one row of a K + 1-row batch; the target al
 step. llama.cpp's kernels for the two sum in another order (on some CPUs with other instructions), so the logits
 differ by rounding, and where the target's two best logits are closer than that the greedy choice can fall either
 way. llama.cpp's own speculative loop has the same property. A difference is a *float tie* when the target alone's
-two best logits there are within FLOAT_TIE of each other and both texts' tokens are among the tied ones; any
-other difference is a bug.
+two best logits there are within FLOAT_TIE of each other (by weight type) and both texts' tokens are among the
+tied ones; any other difference is a bug.
 """
 
 from __future__ import annotations
@@ -18,11 +18,21 @@ import numpy as np
 from spec_cli.llama.context import Context
 from spec_cli.llama.model import Model
 
-FLOAT_TIE = 0.1
-"""The largest margin (in logits) between the target's two best tokens that a batched and a one-row pass can
-reverse, with room to spare: benchmarks/float_ties.py measured the two paths apart by up to ~0.05 logit at the top
-on the quantized models (Q4_K_M, Q8_0; 10⁻³ on F32/F16), so a flip needs a margin below ~0.1. A verifier that
-emits a token the target ranks lower by more than this is wrong."""
+FLOAT_WEIGHTS = {0, 1, 32}  # general.file_type of all-F32, mostly-F16 and mostly-BF16 weights
+FLOAT_TIE = {"float weights": 0.25, "quantized": 1.0}
+"""The largest margin (in logits) between the target alone's two best tokens that a batched and a one-row pass
+can reverse, with room to spare, by weight type. benchmarks/float_ties.py measured how far the two paths move
+that margin apart over 256 greedy tokens on four prompts (one past a sliding window), on an AMD EPYC: up to
+0.12 with F32 and F16 weights, up to 0.96 with Q4_K_M (quantized kernels also quantize the activations, in other
+blocks for a batch than for one row), and the largest margin it saw flip was 0.37. A verifier that emits a token
+the target ranks lower by more than this is wrong."""
+
+
+def tie_tolerance(target: Model) -> float:
+    """FLOAT_TIE for the target's weights."""
+    file_type = target.metadata("general.file_type")
+    floats = file_type is not None and int(file_type) in FLOAT_WEIGHTS
+    return FLOAT_TIE["float weights" if floats else "quantized"]
 
 
 @dataclass(frozen=True)
@@ -39,15 +49,16 @@ class Difference:
 
 
 def first_difference(target: Model, prompt: Sequence[int], ours: Sequence[int], alone: Sequence[int],
-                     tolerance: float = FLOAT_TIE) -> Difference | None:
+                     tolerance: float | None = None) -> Difference | None:
     """Where `ours` first differs from `alone` (both greedy continuations of `prompt`), judged by the target
-    alone's logits there; None when they are the same. A text that ended early ended on an end-of-generation
-    token, which must be among the tied ones for a tie."""
+    alone's logits there within `tolerance` (default: `tie_tolerance`); None when they are the same. A text that
+    ended early ended on an end-of-generation token, which must be among the tied ones for a tie."""
     at = next((i for i, (a, b) in enumerate(zip(ours, alone)) if a != b), min(len(ours), len(alone)))
     if len(ours) == len(alone) == at:
         return None
     logits = logits_after(target, [*prompt, *alone[:at]])
     best = np.sort(logits)[-2:]
+    tolerance = tie_tolerance(target) if tolerance is None else tolerance
     tied = set(np.flatnonzero(logits >= best[1] - tolerance).tolist())
     mine, theirs = (text[at] if at < len(text) else None for text in (ours, alone))
     ends = any(target.is_end_of_generation(token) for token in tied)
