@@ -18,7 +18,7 @@ from __future__ import annotations
 import itertools
 import json
 import statistics
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -26,6 +26,7 @@ from spec_cli.decoding.costs import LoopCosts
 from spec_cli.decoding.draft_length import PositionAcceptance
 from spec_cli.decoding.sampling import SamplingParams
 from spec_cli.decoding.stats import Stats
+from spec_cli.decoding.ties import Difference, first_difference
 from spec_cli.decoding.verification import DEFAULT_VERIFY
 from spec_cli.drafting.modes import MODES
 from spec_cli.errors import SpecError
@@ -168,6 +169,8 @@ class Side:
 
     config: Config
     runs: list[Stats] = field(default_factory=list)
+    outputs: list[tuple[list[int], list[int]]] = field(default_factory=list)  # (prompt, tokens) of each run
+    differences: list[Difference | None] | None = None  # greedy drafted runs against the target alone's
 
     @property
     def label(self) -> str:
@@ -252,7 +255,22 @@ def compare(pair: Pair, configs: Sequence[Config], prompts: Mapping[str | None, 
                 for _event in generation:
                     pass
                 side.runs.append(generation.stats)
+                side.outputs.append((generation.prompt, generation.token_ids))
+    _compare_texts(pair, sides)
     return sides
+
+
+def _compare_texts(pair: Pair, sides: Sequence[Side]) -> None:
+    """Each greedy drafted run's text against the target alone's on the same prompt, in the same place: where it
+    first differs, with the target alone's margin there (`ties`), so a float tie shows as one and a bug as a bug."""
+    alone = {(s.config.task, s.config.where): s for s in sides
+             if s.config.draft_mode == "none" and not s.config.temperature}
+    for side in sides:
+        reference = alone.get((side.config.task, side.config.where))
+        if side.config.draft_mode == "none" or side.config.temperature or reference is None:
+            continue
+        side.differences = [first_difference(pair.target, prompt, ours, theirs)
+                            for (prompt, ours), (_, theirs) in zip(side.outputs, reference.outputs)]
 
 
 def pooled_costs(sides: Sequence[Side]) -> LoopCosts:
@@ -322,6 +340,7 @@ def report(sides: Sequence[Side], settings: dict[str, object]) -> dict[str, obje
                            "verify": side.share("verify_s"),
                            "rollback": side.share("rollback_s"), "outside_llama_cpp": side.share("overhead_s")},
             "runs": [run.as_dict() for run in side.runs],
+            "same_as_target_alone": _same_text(side),
         })
     _against_pure(configs)
     return {
@@ -329,6 +348,15 @@ def report(sides: Sequence[Side], settings: dict[str, object]) -> dict[str, obje
         "costs": {_group_name(*group): group_costs.as_dict() for group, group_costs in costs.items()},
         "configs": configs,
     }
+
+
+def _same_text(side: Side) -> dict[str, Any] | None:
+    """How many greedy runs gave the target alone's text, and where each other one first differs (run index,
+    generated token, both tokens, the target alone's margin, whether it is a float tie); None where not compared."""
+    if side.differences is None:
+        return None
+    parted = [{"run": i, **asdict(d)} for i, d in enumerate(side.differences) if d is not None]
+    return {"runs": len(side.differences), "same": len(side.differences) - len(parted), "differences": parted}
 
 
 def _against_pure(configs: list[dict[str, Any]]) -> None:

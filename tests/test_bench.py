@@ -7,15 +7,19 @@ import struct
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
+from exactness import finish
 from tiny_models import write_model
 from typer.testing import CliRunner
 
 from spec_cli import SpecError, load_pair
-from spec_cli.bench import (TARGET_ALONE, Config, Side, builtin_prompts, compare, configurations, load_prompts,
-                            pooled_costs, predicted_speedup)
+from spec_cli.bench import (TARGET_ALONE, Config, Side, _compare_texts, _same_text, builtin_prompts, compare,
+                            configurations, load_prompts, pooled_costs, predicted_speedup)
 from spec_cli.cli.app import app
 from spec_cli.decoding.stats import Stats
+from spec_cli.decoding.ties import Difference, logits_after, tie_tolerance
+from spec_cli.terminal.tables import _same_text_line
 
 runner = CliRunner()
 
@@ -130,6 +134,33 @@ def test_json_schema(target_path: Path, tmp_path: Path) -> None:
     assert data["configs"][0]["speedup"] == 1.0
     assert data["configs"][1]["predicted_speedup"] > 0 and data["configs"][3]["predicted_speedup"] is None
     assert "predicted" in result.stdout and "costs on this machine" in result.stdout
+    assert data["configs"][0]["same_as_target_alone"] is None  # the reference itself
+    assert [c["same_as_target_alone"] for c in data["configs"][1:]] == [{"runs": 4, "same": 4, "differences": []}] * 3
+    assert "model K=2: 4/4 runs gave the target alone's text" in result.stdout
+
+
+def test_a_greedy_row_that_parts_from_the_target_alone_says_where_and_whether_it_is_a_float_tie(
+        target_path: Path) -> None:
+    """A text with one token replaced by the target's runner-up where the target is sure (a broken verifier)
+    is reported with its position, both tokens and the margin there, as no float tie, in red."""
+    with load_pair(target_path, None) as pair:
+        prompt = pair.prompt_tokens("the cat", raw=True)
+        reference = finish(pair.generate(prompt, max_tokens=12)).token_ids
+        rows = [logits_after(pair.target, [*prompt, *reference[:i]]) for i in range(len(reference))]
+        margins = [float(np.diff(np.sort(row)[-2:])[0]) for row in rows]
+        at = int(np.argmax(margins))
+        broken = [*reference[:at], int(np.argsort(rows[at])[-2]), *reference[at + 1:]]
+        alone, drafted = Side(TARGET_ALONE), Side(Config("model", 2))
+        alone.outputs, drafted.outputs = [(prompt, reference)] * 2, [(prompt, reference), (prompt, broken)]
+        _compare_texts(pair, [alone, drafted])
+        assert margins[at] > tie_tolerance(pair.target)
+    assert alone.differences is None and drafted.differences[0] is None
+    assert drafted.differences[1] == Difference(at, broken[at], reference[at], pytest.approx(margins[at]), False)
+    line, style = _same_text_line({"label": "model K=2", "task": None, "same_as_target_alone": _same_text(drafted)})
+    assert line.startswith("model K=2: 1/2 runs gave the target alone's text; run 2 differs from generated token "
+                           f"{at} ({broken[at]} against {reference[at]}, the target's two best logits "
+                           f"{margins[at]:.4f} apart: NOT a float tie: a bug, please report it)")
+    assert style == "bold red"
 
 
 def test_plot_is_a_png(target_path: Path, tmp_path: Path) -> None:

@@ -54,7 +54,7 @@ def bench(
     max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", min=1, help="Tokens generated per run.")] = 128,
     repeat: Annotated[int, typer.Option("--repeat", "-r", min=1, help="Runs of each prompt in each configuration.")] = 1,
     temps: Annotated[str, typer.Option("--temp", help="Temperatures to compare, comma-separated; 0 is greedy. Each has its own target-alone baseline.")] = "0",
-    verify: Annotated[str, typer.Option("--verify", help="Verification rules to compare at temperatures above 0, comma-separated: block, token.")] = DEFAULT_VERIFY,
+    verify: Annotated[str, typer.Option("--verify", help="Verification rules to compare at temperatures above 0, comma-separated: block, token, gumbel.")] = DEFAULT_VERIFY,
     json_file: Annotated[Optional[Path], typer.Option("--json", help="Also write every figure (and each run's statistics) to this JSON file.", show_default=False)] = None,
     plot_file: Annotated[Optional[Path], typer.Option("--plot", help="Write a PNG of tokens/s and acceptance against K (needs matplotlib: pip install 'spec-cli[plot]').", show_default=False)] = None,
     concurrency: Annotated[Optional[str], typer.Option("--concurrency", "-c", metavar="N[,N]", help="Instead, requests at once, comma-separated (e.g. 1,2,4,8): each level runs that many requests through one verify pass a step, with speculation (the first -k, default auto: K by the batch's goodput) and the target alone side by side; aggregate tok/s, time to first token and per token (p50/p95), mean K, acceptance.", show_default=False)] = None,

@@ -32,6 +32,10 @@ def show_comparison(result: dict) -> None:
             where = f" ({c['task']})" if c["task"] else ""
             console.print(f"acceptance by draft position, {c['label']}{where}: {positions}", style="dim")
     for c in result["configs"]:
+        if c.get("same_as_target_alone"):
+            line, style = _same_text_line(c)
+            console.print(line, style=style, markup=False)
+    for c in result["configs"]:
         if "against_best_pure" in c:
             where = f" ({c['task']})" if c["task"] else ""
             best = c["against_best_pure"]
@@ -46,6 +50,20 @@ def show_comparison(result: dict) -> None:
                   "predicted = the cost model's tokens/s, E[tokens](K) / (draft steps with their catch-up + "
                   "c_verify(K) + o per token), over the target alone's",
                   style="dim", markup=False)
+
+
+def _same_text_line(config: dict) -> tuple[str, str]:
+    """How many greedy runs of a row gave the target alone's text, and where each other one first differs, with
+    the target alone's margin there: a float tie (its two best logits within `ties.FLOAT_TIE`) or a bug."""
+    same = config["same_as_target_alone"]
+    where = f" ({config['task']})" if config["task"] else ""
+    parts = [f"{config['label']}{where}: {same['same']}/{same['runs']} runs gave the target alone's text"]
+    for d in same["differences"]:
+        verdict = "a float tie" if d["tie"] else "NOT a float tie: a bug, please report it"
+        parts.append(f"run {d['run'] + 1} differs from generated token {d['position']} ({d['ours']} against "
+                     f"{d['alone']}, the target's two best logits {d['margin']:.4f} apart: {verdict})")
+    bad = any(not d["tie"] for d in same["differences"])
+    return "; ".join(parts), "bold red" if bad else "dim"
 
 
 def _speed_table(configs: list[dict], title: str) -> Table:
