@@ -139,7 +139,7 @@ def test_set_constrains_the_next_answers_and_off_frees_them(pair: Pair, tmp_path
     ('/set grammar root ::= "a', 'grammar does not parse: unexpected end of input'),
     ("/set json-schema {", "json-schema is not valid JSON"),
     ("/set grammar-file /nonexistent/g.gbnf", "grammar-file: file not found: /nonexistent/g.gbnf"),
-    ("/set verify joint", "unknown verify 'joint'; choose one of: block, token"),
+    ("/set verify joint", "unknown verify 'joint'; choose one of: block, token, gumbel"),
     ("/set repeat-penalty 0", "repeat-penalty must be > 0"),
     ("/set repeat-last-n 1.5", "bad value for repeat-last-n"),
     ("/draft maybe", "usage: /draft on|off"),

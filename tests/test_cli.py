@@ -143,7 +143,7 @@ def test_a_target_without_mtp_layers_needs_a_draft(target_path: Path) -> None:
 
 @pytest.mark.parametrize("args, message", [
     (["--sampling", "warm"], "unknown --sampling 'warm'; choose one of: greedy, model"),
-    (["--verify", "joint"], "unknown --verify 'joint'; choose one of: block, token"),
+    (["--verify", "joint"], "unknown --verify 'joint'; choose one of: block, token, gumbel"),
     (["--repeat-penalty", "0"], "repeat-penalty must be > 0 (1 turns it off), got 0.0"),
     (["--top-p", "0"], "top-p must be in (0, 1], got 0.0"),
 ])

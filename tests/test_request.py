@@ -29,11 +29,11 @@ HELLO = [{"role": "user", "content": "hello"}]
     ({"draft_mode": "psychic"}, "draft_mode",
      "unknown draft mode 'psychic'; choose one of: model, eagle3, dflash, mtp, ngram, hybrid, none"),
     ({"draft_p_min": 1.0}, "draft_p_min", "draft-p-min must be in [0, 1), got 1.0"),
-    ({"verify": "trust"}, "verify", "unknown verification 'trust'; choose one of: block, token"),
+    ({"verify": "trust"}, "verify", "unknown verification 'trust'; choose one of: block, token, gumbel"),
     ({"max_tokens": 0}, "max_tokens", "max-tokens must be >= 1, got 0"),
     ({"seed": -2}, "seed", "seed must be a whole number >= 0, or -1 for a random seed, got -2"),
     ({"seed": 1.5}, "seed", "seed must be a whole number >= 0, or -1 for a random seed, got 1.5"),
-    ({"verify": "x" * 100}, "verify", f"unknown verification '{'x' * 38}…; choose one of: block, token"),
+    ({"verify": "x" * 100}, "verify", f"unknown verification '{'x' * 38}…; choose one of: block, token, gumbel"),
     ({"draft_max": 10**500}, "draft_max", "draft-max must be a number from 0 to 64 or 'auto', got an integer too large"),
 ])
 def test_each_field_is_checked_with_one_message(fields: dict[str, object], field: str, message: str) -> None:

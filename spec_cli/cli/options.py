@@ -45,7 +45,7 @@ NoDraftOpt = Annotated[bool, typer.Option("--no-draft", help="Run the target alo
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No statistics, no notes: only the text.")]
 ChatFormatOpt = Annotated[Optional[str], typer.Option("--chat-format", help="Chat template when the model has none: chatml, or a Jinja template file.", show_default=False)]
 # Sampling, with llama.cpp's meaning and defaults; None means "not given", so the --sampling preset decides.
-TempOpt = Annotated[Optional[float], typer.Option("--temp", min=0.0, help=f"Temperature, applied last as in llama.cpp ({SAMPLING_ORDER}); 0 is greedy (output identical to the target alone).", show_default=False)]
+TempOpt = Annotated[Optional[float], typer.Option("--temp", min=0.0, help=f"Temperature, applied last as in llama.cpp ({SAMPLING_ORDER}); 0 is greedy (the target alone's output, up to its own float ties).", show_default=False)]
 TopKOpt = Annotated[Optional[int], typer.Option("--top-k", min=0, help="Keep the k most likely tokens (0: off) (default: 40).", show_default=False)]
 TopPOpt = Annotated[Optional[float], typer.Option("--top-p", min=0.0, max=1.0, help="Keep the smallest set of tokens with this much probability, at temperature 1 (default: 0.95).", show_default=False)]
 MinPOpt = Annotated[Optional[float], typer.Option("--min-p", min=0.0, max=1.0, help="Drop tokens below this fraction of the top token's probability, at temperature 1 (default: 0.05).", show_default=False)]
@@ -59,7 +59,7 @@ GrammarOpt = Annotated[Optional[str], typer.Option("--grammar", help="GBNF gramm
 GrammarFileOpt = Annotated[Optional[Path], typer.Option("--grammar-file", help="File holding a GBNF grammar.", show_default=False)]
 JsonSchemaOpt = Annotated[Optional[str], typer.Option("--json-schema", "-j", help="JSON Schema the output must follow (made into a grammar by llama.cpp's converter), e.g. '{\"type\": \"object\"}'.", show_default=False)]
 JsonSchemaFileOpt = Annotated[Optional[Path], typer.Option("--json-schema-file", help="File holding a JSON Schema.", show_default=False)]
-SeedOpt = Annotated[Optional[int], typer.Option("--seed", help="Random seed; the same seed gives the same text (default, or -1: random, as in llama.cpp).", show_default=False)]
+SeedOpt = Annotated[Optional[int], typer.Option("--seed", help="Random seed; the same seed gives the same text with the same draft and K, and with --verify gumbel whatever drafts it or none (default, or -1: random, as in llama.cpp).", show_default=False)]
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Protocol, Sequence
+from typing import Callable, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
@@ -415,6 +415,7 @@ def _softmax(z: np.ndarray, temperature: float) -> Law:
     return Law(e)
 
 
+@runtime_checkable
 class Picker(Protocol):
     """A source of draws that chooses a token from a law by itself."""
 
@@ -424,7 +425,7 @@ class Picker(Protocol):
 def sample(law: Law | np.ndarray, rng: np.random.Generator | Picker) -> int:
     """Draw one token id from `law` by inverting its CDF with a single uniform, over its support only; or, from
     a `Picker` (the Gumbel rule's noise at a position, `noise.NoiseCursor`), the token it picks."""
-    if not isinstance(rng, np.random.Generator):
+    if isinstance(rng, Picker):
         return rng.pick(law)
     law = Law.of(law)
     index = _inverse_cdf(law.probs, rng.random())

@@ -99,7 +99,8 @@ def block_verification(p: Distributions, q: Distributions, draft: Sequence[int],
     return Verdict(tau, residual(p[tau], q[tau], weights[tau]))
 
 
-def gumbel_verification(p: Distributions, draft: Sequence[int], pick: Callable[[Law | np.ndarray, int], int]) -> Verdict:
+def gumbel_verification(p: Distributions, draft: Sequence[int],
+                        pick: Callable[[Law | np.ndarray, int], int]) -> Verdict:
     """Keep x_i while it equals the target's pick `pick(p_i, i)` for row i; the first pick that differs (or
     p_{K+1}'s, when every draft is kept) is the next token, as a law with all its mass there."""
     def picked(i: int) -> Law:
