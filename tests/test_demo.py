@@ -7,6 +7,7 @@ pass and a one-row step round differently on some CPUs, and these tests must pas
 from __future__ import annotations
 
 import json
+import warnings
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Callable, Iterator
@@ -223,5 +224,8 @@ def test_greedy_identity_up_to_float_ties_on_every_prompt_of_the_tie_set(
     up to its float ties: where the kernels of this machine round a tie the other way, it shows here."""
     pairs = {"gemma-f16": gemma3_pair, "gemma-q4_k_m": (gemma3, gemma3_pair[1])}
     with (load_pair(*pairs[kind], n_ctx=4096, n_threads=threads) if kind in pairs else nullcontext(demo)) as pair:
-        assert_greedy_identity(pair.target, pair.prompt_tokens(TIE_SET[prompt], True),
-                               against_alone(pair, draft_max=4), 96)
+        ties = assert_greedy_identity(pair.target, pair.prompt_tokens(TIE_SET[prompt], True),
+                                      against_alone(pair, draft_max=4), 96)
+    for tie in ties:  # listed in pytest's warnings summary: where this machine's kernels round a tie
+        warnings.warn(f"{kind}, {prompt}: a float tie at generated token {tie.position} ({tie.ours} against "
+                      f"{tie.alone}, margin {tie.margin:.4f})", stacklevel=1)
