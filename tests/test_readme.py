@@ -101,3 +101,9 @@ def test_every_documented_command_names_commands_and_options_that_exist(page: Pa
 
 
 PAGES_WITHOUT_COMMANDS = {"how-it-works.md", "python-api.md", "development.md"}  # code, the loop, pytest
+
+
+@pytest.mark.parametrize("page", [ROOT / "README.md", *DOCS], ids=lambda page: page.name)
+def test_every_link_between_the_pages_leads_to_a_page(page: Path) -> None:
+    targets = re.findall(r"\]\(([^)#\s]+\.md)(?:#[\w-]+)?\)", page.read_text())
+    assert all((page.parent / target).is_file() for target in targets), targets
