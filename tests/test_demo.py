@@ -162,7 +162,7 @@ def test_real_sliding_window_model_stays_exact_after_its_cache_wraps(gemma3_pair
         prompt = pair.prompt_tokens(LONG, True)
         patch.setattr(Stats, "record_round", recording)
         # Each comparison runs the speculative pass after the target alone: it cuts the wrapped cache back first.
-        assert_greedy_identity(pair.target, prompt, against_alone(pair, draft_max=5), 120)
+        assert_greedy_identity(pair.target, prompt, against_alone(pair, draft_max=5), 80)
         assert pair.memory()["target"]["kind"] == "sliding window"
     assert len(prompt) > 1024 and len([p for p in rejected_at if p > 1024]) > 5
 
