@@ -34,7 +34,6 @@ class GumbelNoise:
     """g_t(x) for one seed: `pick(p, t)` is the token position t takes under law p."""
 
     def __init__(self, seed: int) -> None:
-        self.seed = seed
         self._key = int(_mix(np.array([seed & _MASK], dtype=np.uint64))[0])
 
     def gumbel(self, position: int, tokens: np.ndarray) -> np.ndarray:

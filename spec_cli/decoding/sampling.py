@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Protocol, Sequence, runtime_checkable
+from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
@@ -415,7 +415,6 @@ def _softmax(z: np.ndarray, temperature: float) -> Law:
     return Law(e)
 
 
-@runtime_checkable
 class Picker(Protocol):
     """A source of draws that chooses a token from a law by itself."""
 
@@ -425,8 +424,9 @@ class Picker(Protocol):
 def sample(law: Law | np.ndarray, rng: np.random.Generator | Picker) -> int:
     """Draw one token id from `law` by inverting its CDF with a single uniform, over its support only; or, from
     a `Picker` (the Gumbel rule's noise at a position, `noise.NoiseCursor`), the token it picks."""
-    if isinstance(rng, Picker):
-        return rng.pick(law)
+    pick = getattr(rng, "pick", None)  # cheaper than isinstance against a Protocol, once per drafted token
+    if pick is not None:
+        return pick(law)
     law = Law.of(law)
     index = _inverse_cdf(law.probs, rng.random())
     return index if law.tokens is None else int(law.tokens[index])
