@@ -87,8 +87,10 @@ def against_alone(pair: Pair, totals: Stats | None = None, **fields: object) -> 
     """A `Run` of `pair`: greedy generations with `fields` (K, mode…) and with the target alone, from token ids;
     the speculative runs' statistics are summed into `totals` if given."""
     def run(prompt: list[int], n: int) -> tuple[list[int], list[int]]:
-        speculative = finish(pair.generate(prompt, sampling=SamplingParams(), max_tokens=n, **fields))
+        # The target alone first: the speculative run then starts from the memory it left (a sliding window
+        # wrapped past the prompt is cut back before the rounds begin).
         alone = finish(pair.generate(prompt, sampling=SamplingParams(), max_tokens=n, draft_mode="none"))
+        speculative = finish(pair.generate(prompt, sampling=SamplingParams(), max_tokens=n, **fields))
         if totals is not None:
             totals.merge(speculative.stats)
         return speculative.token_ids, alone.token_ids

@@ -10,14 +10,14 @@ import json
 import warnings
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Iterator
 
 import jsonschema
 import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from exactness import against_alone, assert_greedy_identity, greedy_agreement
+from exactness import Run, against_alone, assert_greedy_identity, greedy_agreement
 from prompts import CODE, FRENCH, JAPANESE, LONG, PROSE, TIE_SET
 
 from spec_cli import Pair, load_pair
@@ -45,8 +45,7 @@ def demo(threads: int | None) -> Iterator[Pair]:
         yield pair
 
 
-def cli_first(first: tuple[list[int], list[int]], then: Callable[[list[int], int], tuple[list[int], list[int]]]
-              ) -> Callable[[list[int], int], tuple[list[int], list[int]]]:
+def cli_first(first: tuple[list[int], list[int]], then: Run) -> Run:
     """A `Run` whose first answer is what two `spec run` calls printed, and `then` after a tie."""
     answers = [first]
     return lambda prompt, n: answers.pop() if answers else then(prompt, n)
@@ -161,7 +160,6 @@ def test_real_sliding_window_model_stays_exact_after_its_cache_wraps(gemma3_pair
     with load_pair(*gemma3_pair, n_ctx=4096, n_threads=threads) as pair, pytest.MonkeyPatch.context() as patch:
         prompt = pair.prompt_tokens(LONG, True)
         patch.setattr(Stats, "record_round", recording)
-        # Each comparison runs the speculative pass after the target alone: it cuts the wrapped cache back first.
         assert_greedy_identity(pair.target, prompt, against_alone(pair, draft_max=5), 80)
         assert pair.memory()["target"]["kind"] == "sliding window"
     assert len(prompt) > 1024 and len([p for p in rejected_at if p > 1024]) > 5
