@@ -241,7 +241,7 @@ def _set(settings: Settings, argument: str) -> tuple[Settings, str]:
             kind = CONSTRAINT_FIELDS[key]
             given = Path(value).expanduser() if kind.endswith("_file") else value
             what = "JSON schema" if kind.startswith("json") else "grammar"
-            return (replace(settings, grammar=Constraint(**{kind: given}).gbnf()),
+            return (replace(settings, grammar=Constraint(**{kind: given}).compiled()),
                     f"output constrained by the {what} ({CLEAR} clears it)")
         else:
             field_name, parse = REQUEST_FIELDS[key]

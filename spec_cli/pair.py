@@ -25,7 +25,7 @@ from spec_cli.drafting.translation import Translation
 from spec_cli.errors import SpecError
 from spec_cli.llama import features
 from spec_cli.llama.context import Context
-from spec_cli.llama.grammar import Grammar, GrammarError
+from spec_cli.llama.grammar import Constraints, Grammar, GrammarError
 from spec_cli.llama.heads import BlockContext, HeadContext
 from spec_cli.llama.model import Model
 from spec_cli.llama.placement import load_model
@@ -48,6 +48,7 @@ class Pair:
         vocabularies side by side when they differ (the draft drafts through text), None when they match."""
         self.target = target
         self.draft = draft
+        self.constraints = Constraints(target)  # grammars over the target's vocabulary, compiled once each
         self.translation = translation
         self.n_threads = n_threads
         self._contexts: list[Context | HeadContext | BlockContext] = []
@@ -195,10 +196,11 @@ class Pair:
         first = self._add(Context(model, self.n_ctx, self.n_threads, sequences=n))
         return [first, *(self._add(first.sequence(seq)) for seq in range(1, n))]
 
-    def grammar(self, gbnf: str) -> Grammar:
-        """The start state of GBNF `gbnf` over the target's vocabulary; InvalidRequest when it does not parse."""
+    def grammar(self, text: str) -> Grammar:
+        """The start state of grammar `text` (GBNF, Lark, or llguidance's JSON grammar) over the target's
+        vocabulary; InvalidConstraint when it does not compile or allows nothing."""
         try:
-            return Grammar.compile(self.target, gbnf)
+            return self.constraints.start(text)
         except GrammarError as exc:
             raise InvalidConstraint("grammar", f"{{name}} {exc.reason}") from None
 

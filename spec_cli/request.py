@@ -40,8 +40,8 @@ class InvalidRequest(SpecError):
 
 
 class InvalidConstraint(InvalidRequest):
-    """A grammar or JSON schema that cannot constrain anything: it does not parse, or the converter cannot take
-    it. The command line treats it as a bad option value (exit 2, as Click's usage errors)."""
+    """A grammar or JSON schema that cannot constrain anything: it does not parse, allows nothing, or uses a
+    keyword that cannot be enforced. The command line treats it as a bad option value (exit 2, as Click's usage errors)."""
 
 
 SHOWN_AT_MOST = 40  # characters of a client's value quoted back in an error message
@@ -64,8 +64,8 @@ class GenerationRequest:
     "token", Leviathan et al. 2023, or "gumbel", Daliri et al. 2024, whose seeded text no draft can change;
     greedy rounds need none); `stop` strings end the text where the server
     cuts it; `seed` fixes the one random generator of a generation (None, or -1 as in llama.cpp: a random
-    one); `grammar` is GBNF the output must follow (`structured` makes it from a JSON schema), parsed against
-    the target's vocabulary when the generation starts."""
+    one); `grammar` is the grammar the output must follow: GBNF, Lark, or llguidance's JSON grammar (what
+    `structured` makes from a JSON schema), compiled over the target's vocabulary once per grammar."""
 
     sampling: SamplingParams = field(default_factory=SamplingParams)
     seed: int | None = None
@@ -95,7 +95,7 @@ class GenerationRequest:
             raise InvalidRequest("verify",
                                  f"unknown {{name}} {shown(self.verify)}; choose one of: {', '.join(VERIFY_RULES)}")
         if self.grammar is not None and (not isinstance(self.grammar, str) or not self.grammar.strip()):
-            raise InvalidRequest("grammar", f"{{name}} must be GBNF text, got {shown(self.grammar)}")
+            raise InvalidRequest("grammar", f"{{name}} must be grammar text (GBNF or Lark), got {shown(self.grammar)}")
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
             raise InvalidRequest("max_tokens", f"{{name}} must be >= 1, got {shown(self.max_tokens)}")
 

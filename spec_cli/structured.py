@@ -1,39 +1,58 @@
-"""Structured output: the GBNF grammar a face's constraint stands for (a grammar as written, or a JSON schema
-turned into one by llama-cpp-python's own converter, the Python port of llama.cpp's), so that `--grammar` and
-`--json-schema` mean what they mean to llama.cpp. The grammar then runs on llama.cpp's grammar sampler
-(`llama.grammar`), parsed against the target's vocabulary when a generation starts.
+"""Structured output: the grammar a face's constraint stands for, as llguidance takes it (`llama.grammar`).
+
+A grammar is GBNF as llama.cpp writes it, or a Lark grammar; a JSON schema goes through llguidance's own
+compiler, which enforces every keyword it accepts. A keyword it cannot enforce is never silently dropped:
+a strict schema (the default for the CLI and tools, OpenAI's `strict: true`) is refused naming the keyword
+and where it stands; a non-strict one is enforced in every other keyword and the answer lists what was not
+(`Structure.unenforced`). Everything here runs without a model, so a face refuses a mistake before any loads.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
-from llama_cpp.llama_grammar import json_schema_to_gbnf
+import llguidance
 
 from spec_cli.llama import grammar
-from spec_cli.llama.grammar import GrammarError
+from spec_cli.llama.grammar import GrammarError, one_line
 from spec_cli.request import InvalidConstraint, shown
 
 # OpenAI's `{"type": "json_object"}`: any JSON object, as llama-server constrains it.
 ANY_OBJECT: dict[str, Any] = {"type": "object"}
+# Whitespace between JSON tokens as llama.cpp's converter allows it: a space, or a new line and an indent of
+# up to 20, so that a grammar never lets a model pad an answer with blanks until max_tokens. Escapes such as \u00e9 (json.dumps writes them) are
+# allowed in strings that have no pattern; raw control characters never are.
+JSON_OPTIONS = {"whitespace_pattern": r"(?: |\n[ \t]{0,20})", "json_allow_general_unicode_escapes": True}
+UNIMPLEMENTED = re.compile(r"Unimplemented keys: (\[.*?\])")
+ONE_OF = "oneOf constraints are not supported"
+
+
+@dataclass(frozen=True)
+class Structure:
+    """A constraint ready for a `GenerationRequest`: llguidance's grammar, and the keywords of a non-strict
+    schema it leaves unenforced (`"uniqueItems at /properties/tags"`)."""
+
+    grammar: str
+    unenforced: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
 class Constraint:
     """A constraint as a face takes it (flags, `/set`): a grammar, a grammar file, a JSON schema or a schema
-    file; one of them, or none."""
+    file; one of them, or none. Schemas are strict here: the command line has no answer to list what a
+    schema left unenforced in."""
 
     grammar: str | None = None
     grammar_file: Path | None = None
     json_schema: str | None = None
     json_schema_file: Path | None = None
 
-    def gbnf(self) -> str | None:
-        """The grammar this stands for (None: no constraint), checked before any model loads: a grammar that
-        does not parse, or a schema the converter cannot take, is refused naming its field."""
+    def compiled(self) -> str | None:
+        """The grammar this stands for (None: no constraint), checked before any model loads."""
         given = [(name, value) for name, value in vars(self).items() if value is not None]
         if len(given) > 1:
             raise InvalidConstraint(given[1][0], "{name} cannot be given with another constraint: give one")
@@ -42,19 +61,43 @@ class Constraint:
         (name, value), = given
         if name.endswith("_file"):
             value = read_text(value, name)
-        gbnf = schema_grammar(value, name) if name.startswith("json_schema") else value
-        try:
-            grammar.check(gbnf)
-        except GrammarError as exc:
-            raise InvalidConstraint(name, f"{{name}} {exc.reason}") from None
-        return gbnf
+        if name.startswith("json_schema"):
+            return schema_grammar(value, name).grammar
+        return grammar_structure(value, name)
 
 
-def schema_grammar(schema: object, field: str = "json_schema") -> str:
-    """GBNF for the JSON values `schema` (a JSON Schema: a dict, or its JSON text) accepts.
+def grammar_structure(text: str, field: str = "grammar") -> str:
+    """llguidance's grammar for GBNF or Lark `text`, checked; one line naming `field` when it cannot be used."""
+    try:
+        compiled = grammar.llguidance_grammar(text)
+        grammar.check(compiled)
+    except GrammarError as exc:
+        raise InvalidConstraint(field, f"{{name}} {exc.reason}") from None
+    return compiled
 
-    The converter's refusals (a type it does not know, a `$ref` it cannot resolve, a remote `$ref`, a pattern
-    without ^…$) become one line naming `field`."""
+
+def schema_grammar(schema: object, field: str = "json_schema", strict: bool = True) -> Structure:
+    """The grammar of the JSON values `schema` (a JSON Schema: a dict, or its JSON text) accepts.
+
+    Strict: a keyword llguidance cannot enforce is refused by name and path. Not strict: `oneOf` is read as
+    `anyOf` and keywords it cannot enforce are left out, each listed in `Structure.unenforced`."""
+    schema = _schema_object(schema, field)
+    options = {**JSON_OPTIONS, "lenient": not strict, "coerce_one_of": not strict}
+    try:
+        compiled = llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=options)
+    except ValueError as exc:
+        raise InvalidConstraint(field, f"{{name}} is not a JSON Schema: {one_line(str(exc))}") from None
+    failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(compiled, None)
+    if failed:
+        raise InvalidConstraint(field, f"{{name}} {_refusal(schema, one_line(messages[0]))}")
+    unenforced = [f"{keyword} at {path}" for message in messages for keyword in _unimplemented(message)
+                  for path in keyword_paths(schema, keyword)]
+    if not strict:
+        unenforced += [f"oneOf at {path} (read as anyOf)" for path in keyword_paths(schema, "oneOf")]
+    return Structure(compiled, tuple(unenforced))
+
+
+def _schema_object(schema: object, field: str) -> dict[str, Any]:
     if isinstance(schema, str):
         try:
             schema = json.loads(schema)
@@ -63,14 +106,54 @@ def schema_grammar(schema: object, field: str = "json_schema") -> str:
                                         f"{exc.colno}") from None
     if not isinstance(schema, dict):
         raise InvalidConstraint(field, f"{{name}} must be a JSON object (a JSON Schema), got {shown(schema)}")
-    try:
-        return json_schema_to_gbnf(json.dumps(schema))
-    except (AssertionError, ValueError, KeyError, TypeError, AttributeError, IndexError, RecursionError) as exc:
-        reason = " ".join(str(exc).split()) or type(exc).__name__
-        if reason.startswith("Fetching remote schemas is not allowed"):
-            reason = "a $ref to a remote schema; nothing is fetched: put that schema in place of the $ref"
-        raise InvalidConstraint(field, f"{{name}} is not a JSON Schema this converter supports: "
-                                    f"{reason if len(reason) <= 200 else reason[:199] + '…'}") from None
+    return schema
+
+
+def _refusal(schema: dict[str, Any], message: str) -> str:
+    """Why llguidance refused `schema`, in words that name the keyword and where it stands."""
+    keywords = _unimplemented(message) or (["oneOf"] if message.startswith(ONE_OF) else [])
+    if keywords:
+        places = [f"{keyword} at {path}" for keyword in keywords for path in keyword_paths(schema, keyword)]
+        read = " (it would be read as anyOf)" if keywords == ["oneOf"] else ""
+        return (f"uses {', '.join(places or keywords)}, which cannot be enforced{read}: remove it, or send the "
+                "schema as not strict to have the rest enforced and this listed as unenforced")
+    if message.startswith("Resource ") and "retrieving it failed" in message:
+        return "has a $ref to a remote schema; nothing is fetched: put that schema in place of the $ref"
+    return f"cannot be used: {message}"
+
+
+def _unimplemented(message: str) -> list[str]:
+    found = UNIMPLEMENTED.search(message)
+    return json.loads(found.group(1)) if found else []
+
+
+# Where JSON Schema keeps subschemas: one under the keyword, a list of them, or a map of names to them.
+ONE_SCHEMA = ("items", "additionalProperties", "additionalItems", "not", "if", "then", "else", "contains",
+              "propertyNames", "unevaluatedItems", "unevaluatedProperties")
+SCHEMA_LIST = ("allOf", "anyOf", "oneOf", "prefixItems", "items")
+SCHEMA_MAP = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+
+
+def keyword_paths(schema: object, keyword: str, at: str = "") -> list[str]:
+    """JSON pointers to the subschemas of `schema` that use `keyword` ("/" for the root)."""
+    return [path or "/" for path in _keyword_paths(schema, keyword, at)]
+
+
+def _keyword_paths(schema: object, keyword: str, at: str) -> Iterator[str]:
+    if not isinstance(schema, dict):
+        return
+    if keyword in schema:
+        yield at
+    for name, value in schema.items():
+        if name in ONE_SCHEMA:
+            yield from _keyword_paths(value, keyword, f"{at}/{name}")
+        if name in SCHEMA_LIST and isinstance(value, list):
+            for i, item in enumerate(value):
+                yield from _keyword_paths(item, keyword, f"{at}/{name}/{i}")
+        if name in SCHEMA_MAP and isinstance(value, dict):
+            for key, item in value.items():
+                escaped = str(key).replace("~", "~0").replace("/", "~1")
+                yield from _keyword_paths(item, keyword, f"{at}/{name}/{escaped}")
 
 
 def read_text(path: Path, field: str) -> str:

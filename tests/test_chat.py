@@ -136,7 +136,7 @@ def test_set_constrains_the_next_answers_and_off_frees_them(pair: Pair, tmp_path
     ("/set colour red", "usage: /set k|temp|top-k|top-p|min-p|repeat-penalty|repeat-last-n|presence-penalty|"
                         "frequency-penalty|verify|max-tokens|mode|p-min|grammar|grammar-file|json-schema|"
                         "json-schema-file VALUE"),
-    ('/set grammar root ::= "a', 'grammar does not parse: unexpected end of input'),
+    ('/set grammar root ::= "a', 'grammar does not parse: Unexpected end of input'),
     ("/set json-schema {", "json-schema is not valid JSON"),
     ("/set grammar-file /nonexistent/g.gbnf", "grammar-file: file not found: /nonexistent/g.gbnf"),
     ("/set verify joint", "unknown verify 'joint'; choose one of: block, token, gumbel"),

@@ -152,9 +152,9 @@ def test_sampling_mistakes(pair_args: list[str], args: list[str], message: str) 
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--grammar", 'root ::= "a'], "--grammar does not parse: unexpected end of input"),
+    (["--grammar", 'root ::= "a'], "--grammar does not parse: Unexpected end of input"),
     (["--json-schema", "{"], "--json-schema is not valid JSON: Expecting property name enclosed in double quotes"),
-    (["-j", '{"type": "strng"}'], "--json-schema is not a JSON Schema this converter supports: Unrecognized schema"),
+    (["-j", '{"type": "strng"}'], "--json-schema cannot be used: Invalid type: strng"),
     (["--grammar", 'root ::= "a"', "-j", "{}"], "--json-schema cannot be given with another constraint: give one"),
     (["--json-schema-file", "/nonexistent/s.json"], "--json-schema-file: file not found: /nonexistent/s.json"),
 ])

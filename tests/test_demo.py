@@ -25,10 +25,7 @@ from spec_cli.cli.app import app
 from spec_cli.decoding.stats import Stats
 from spec_cli.decoding.ties import logits_after, tie_tolerance
 from spec_cli.llama.gguf import quantize
-from spec_cli.llama.grammar import Grammar
-from spec_cli.llama.placement import load_model
 from spec_cli.models import registry
-from spec_cli.structured import schema_grammar
 
 pytestmark = pytest.mark.demo
 
@@ -108,23 +105,6 @@ def test_a_flipped_token_where_the_target_is_sure_is_caught_with_its_position_an
                                              rf"where the target's two best logits are {margins[at]:.4f} apart"):
         greedy_agreement(demo.target, prompt, broken, reference)
     assert greedy_agreement(demo.target, prompt, reference, reference) == (len(reference), None)
-
-
-def test_the_grammar_mask_equals_asking_about_every_token_of_smollm2s_vocabulary() -> None:
-    """The mask found by first bytes (`llama.grammar`) on a real 49k byte-level BPE vocabulary, along JSON with
-    escapes and multi-byte characters, equals llama.cpp's answer for every token."""
-    models = registry.load_registry()
-    _, draft = registry.resolve(models.get(models.default))
-    model = load_model(draft, 0, [], [])
-    try:
-        state = Grammar.compile(model, schema_grammar(AUTHOR_SCHEMA))
-        every = np.arange(model.n_vocab)
-        for token in model.tokenize('{ "name": "Zoë \\u00e9 Ω", "born": -1564, "country": "England", '
-                                    '"famous_play": "Hamlet" }', add_special=False):
-            np.testing.assert_array_equal(state.clone().mask(), state.allowed(every))
-            state.accept(token)
-    finally:
-        model.close()
 
 
 @pytest.fixture(scope="module")

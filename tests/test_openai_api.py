@@ -6,8 +6,8 @@ import pytest
 
 from spec_cli.decoding.stats import Stats
 from spec_cli.server.errors import RequestError
-from spec_cli.server.openai_api import Answer, finish_reason, parse_chat, parse_completion
-from spec_cli.structured import schema_grammar
+from spec_cli.server.openai_api import Answer, finish_reason, parse_chat, parse_completion, structure
+from spec_cli.structured import grammar_structure, schema_grammar
 
 HELLO = [{"role": "user", "content": "hi"}]
 
@@ -144,14 +144,43 @@ def test_a_seed_of_minus_one_is_passed_on_for_a_random_seed() -> None:
 
 def test_each_way_of_asking_for_structure_becomes_the_grammar() -> None:
     schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
-    by_openai = parse_chat({"messages": HELLO, "response_format": {"type": "json_schema",
-                                                                    "json_schema": {"name": "n", "schema": schema}}})
-    assert by_openai.grammar == schema_grammar(schema)
-    assert parse_chat({"messages": HELLO, "json_schema": schema}).grammar == schema_grammar(schema)
-    assert parse_chat({"messages": HELLO, "response_format": {"type": "json_object"}}).grammar == \
-        schema_grammar({"type": "object"})
-    assert parse_chat({"messages": HELLO, "grammar": 'root ::= "a"'}).grammar == 'root ::= "a"'
-    assert parse_completion({"prompt": "x", "response_format": {"type": "text"}}).grammar is None
+    by_openai = structure(parse_chat({"messages": HELLO, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "n", "schema": schema, "strict": True}}}))
+    assert by_openai.grammar == schema_grammar(schema).grammar
+    lenient = schema_grammar(schema, strict=False).grammar  # llama-server's forms, and OpenAI's default
+    assert structure(parse_chat({"messages": HELLO, "json_schema": schema})).grammar == lenient
+    assert structure(parse_chat({"messages": HELLO, "response_format": {"type": "json_object"}})).grammar == \
+        schema_grammar({"type": "object"}, strict=False).grammar
+    # llama-server's json_object with a schema beside it: the schema, not any object
+    assert structure(parse_chat({"messages": HELLO, "response_format": {"type": "json_object", "schema": schema}}
+                                )).grammar == lenient
+    assert structure(parse_chat({"messages": HELLO, "grammar": 'root ::= "a"'})).grammar == \
+        grammar_structure('root ::= "a"')
+    assert structure(parse_completion({"prompt": "x", "response_format": {"type": "text"}})).grammar is None
+
+
+@pytest.mark.parametrize("body, message", [
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "u", "strict": True, "schema": {
+        "type": "array", "uniqueItems": True}}}},
+     "'response_format.json_schema.schema' uses uniqueItems at /, which cannot be enforced"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "r", "schema": {
+        "type": "array", "minItems": 3, "maxItems": 1}}}},
+     "'response_format.json_schema.schema' cannot be used: Unsatisfiable schema: minItems (3) is greater than "
+     "maxItems (1)"),
+    ({"grammar": "root ::= [z-a]"}, "'grammar' does not parse: at 3(8): invalid regex \"[z-a]\""),
+    ({"json_schema": {"type": "object", "required": "name"}},
+     "'json_schema' cannot be used: Expected array for 'required', got \"name\""),
+])
+def test_a_constraint_that_cannot_be_kept_is_a_400_naming_it(body: dict, message: str) -> None:
+    with pytest.raises(RequestError) as caught:
+        structure(parse_chat({"messages": HELLO, **body}))
+    assert caught.value.status == 400 and str(caught.value).startswith(message)
+
+
+def test_a_schema_that_is_not_strict_says_what_it_leaves_unenforced() -> None:
+    asked = parse_chat({"messages": HELLO, "response_format": {"type": "json_schema", "json_schema": {
+        "name": "u", "schema": {"type": "array", "uniqueItems": True}}}})
+    assert structure(asked).unenforced == ("uniqueItems at /",)
 
 
 def test_tools_are_checked_into_what_may_be_called() -> None:

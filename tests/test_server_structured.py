@@ -99,9 +99,9 @@ def test_tool_results_in_the_history_are_accepted(live: Running) -> None:
 
 
 @pytest.mark.parametrize("body, param, words", [
-    ({"grammar": 'root ::= "a'}, "grammar", "'grammar' does not parse: unexpected end of input"),
+    ({"grammar": 'root ::= "a'}, "grammar", "'grammar' does not parse: Unexpected end of input"),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "strng"}}}},
-     "response_format", "not a JSON Schema this converter supports: Unrecognized schema"),
+     "response_format", "'response_format.json_schema.schema' cannot be used: Invalid type: strng"),
     ({"response_format": {"type": "xml"}}, "response_format", "'response_format' must be"),
     ({"tools": [LOOKUP], "tool_choice": {"type": "function", "function": {"name": "fly"}}}, "tool_choice",
      "names the function 'fly', which 'tools' does not list (it lists lookup)"),
@@ -111,7 +111,7 @@ def test_tool_results_in_the_history_are_accepted(live: Running) -> None:
     ({"tools": {"lookup": {}}}, "tools", "'tools' must be a list"),
     ({"tools": [LOOKUP, LOOKUP]}, "tools", "names the function 'lookup' twice"),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "strng"}}}]},
-     "tools[0].function.parameters", "tools[0].function.parameters is not a JSON Schema"),
+     "tools[0].function.parameters", "tools[0].function.parameters of the tool 'f' must be an object schema"),
     ({"tools": [LOOKUP], "response_format": {"type": "json_object"}}, "response_format", "cannot be combined"),
     ({"tool_choice": "required"}, "tool_choice", "'tool_choice' needs 'tools'"),
     ({"tools": [LOOKUP], "tool_choice": "sometimes"}, "tool_choice", "must be one of auto, none, required"),

@@ -6,12 +6,14 @@ from __future__ import annotations
 import json
 
 import pytest
-from tiny_models import FIRST_BYTE_TOKEN
+import numpy as np
 
 from spec_cli import Pair
-from spec_cli.llama.grammar import Grammar
+from spec_cli.llama.grammar import Constraints
 from spec_cli.llama.model import Model
-from spec_cli.server.tool_calls import AnswerSplitter, Tools, call_grammar, spelt_out, template_messages
+from spec_cli.server.errors import RequestError
+from spec_cli.server.tool_calls import (MAX_CALLS, AnswerSplitter, Tools, call_grammar, checked_parameters, parse_tools,
+                                        spelt_out, template_messages)
 
 WEATHER = {"name": "get_weather", "description": "The weather in a city.",
            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
@@ -67,28 +69,75 @@ def test_a_call_left_open_at_the_end_is_read_if_whole() -> None:
     assert [call["function"]["name"] for delta in deltas for call in delta.get("tool_calls", [])] == ["get_time"]
 
 
+def test_a_call_cut_by_max_tokens_is_neither_a_call_nor_content() -> None:
+    splitter = AnswerSplitter(TOOLS)
+    deltas = [*splitter.feed('<tool_call>\n{"name": "'), *splitter.flush(cut=True)]
+    assert deltas == [] and splitter.calls == []
+
+
+def test_calls_past_a_turns_most_are_not_read() -> None:
+    call = '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>\n'
+    splitter = AnswerSplitter(Tools((WEATHER, TIME), "auto", parallel=False))
+    deltas = [*splitter.feed(call * 3 + "and more"), *splitter.flush()]
+    assert splitter.full and len(splitter.calls) == 1 and not joined(deltas, "content")
+    assert len(split(call * (MAX_CALLS + 2))) == MAX_CALLS
+
+
 @pytest.mark.parametrize("choice, parallel, names", [
     ("get_weather", True, ["get_weather"]), ("required", False, ["get_weather", "get_time"]),
 ])
 def test_a_forced_call_grammar_admits_only_calls_of_the_chosen_functions(alone: Pair, choice: str, parallel: bool,
                                                                          names: list[str]) -> None:
-    gbnf = call_grammar(Tools((WEATHER, TIME), choice, parallel))
-    assert gbnf.startswith("root ::= tool-call\n")
+    grammar = call_grammar(Tools((WEATHER, TIME), choice, parallel))
     for function in (WEATHER, TIME):
         call = json.dumps({"name": function["name"], "arguments": {"city": "Oslo"} if function is WEATHER else {}})
-        assert (function["name"] in names) == accepts(alone.target, gbnf, f"<tool_call>\n{call}\n</tool_call>")
+        assert (function["name"] in names) == accepts(alone.target, grammar, f"<tool_call>\n{call}\n</tool_call>")
     wrong = '<tool_call>\n{"name": "get_weather", "arguments": {"town": "Oslo"}}\n</tool_call>'
-    assert not accepts(alone.target, gbnf, wrong)
+    assert not accepts(alone.target, grammar, wrong)
 
 
-def accepts(model: Model, gbnf: str, text: str) -> bool:
-    """Whether llama.cpp's grammar takes `text` whole, fed byte by byte, and is then complete."""
-    state = Grammar.compile(model, gbnf)
-    for byte in text.encode():
-        if not state.allows(FIRST_BYTE_TOKEN + byte):
+@pytest.mark.parametrize("parallel, most", [(True, MAX_CALLS), (False, 1)])
+def test_a_forced_turn_holds_at_most_its_most_calls(alone: Pair, parallel: bool, most: int) -> None:
+    grammar = call_grammar(Tools((WEATHER, TIME), "required", parallel))
+    call = '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>'
+    assert accepts(alone.target, grammar, "\n".join([call] * most))
+    assert not accepts(alone.target, grammar, "\n".join([call] * (most + 1)))
+
+
+def accepts(model: Model, grammar: str, text: str) -> bool:
+    """Whether the grammar takes `text` whole, each step the longest allowed token that spells its next bytes,
+    and is then complete."""
+    state = Constraints(model).start(grammar)
+    rest = text.encode()
+    while rest:
+        allowed = [int(t) for t in np.flatnonzero(state.mask()) if model.piece(int(t))
+                   and rest.startswith(model.piece(int(t)))]
+        if not allowed:
             return False
-        state.accept(FIRST_BYTE_TOKEN + byte)
+        token = max(allowed, key=lambda t: len(model.piece(t)))
+        state.accept(token)
+        rest = rest[len(model.piece(token)):]
     return state.allows(model.vocab_info().eos)
+
+
+def test_parameters_that_are_not_an_object_schema_are_refused_naming_the_tool() -> None:
+    tool = {"type": "function", "function": {"name": "echo", "parameters": {"type": "string"}}}
+    with pytest.raises(RequestError) as caught:
+        parse_tools([tool], "required", None)
+    assert caught.value.param == "tools[0].function.parameters"
+    assert str(caught.value).startswith("tools[0].function.parameters of the tool 'echo' must be an object schema")
+
+
+def test_a_strict_tool_with_a_keyword_that_cannot_be_enforced_is_refused_by_name() -> None:
+    def tag_tool(**strict: bool) -> dict:
+        return {"type": "function", "function": {"name": "tag", **strict, "parameters": {
+            "type": "object", "properties": {"tags": {"type": "array", "uniqueItems": True}}}}}
+
+    tools = parse_tools([tag_tool()], "required", None)
+    with pytest.raises(RequestError, match=r"tools\[0\].function.parameters \(tool 'tag'\) uses uniqueItems at "
+                                           r"/properties/tags, which cannot be enforced"):
+        checked_parameters(tools.functions[0], "tools[0]")
+    checked_parameters(parse_tools([tag_tool(strict=False)], "required", None).functions[0], "tools[0]")
 
 
 def test_the_history_is_spelt_out_for_a_template_without_tools() -> None:

@@ -62,7 +62,7 @@ def chat(
         # --no-draft starts with drafting off and keeps the mode for /draft on.
         flags = RequestFlags.from_flags(draft_max, draft_mode, False, sampling.checked("model"), seed=seed,
                                         verify=verify, draft_p_min=draft_p_min, max_tokens=max_tokens,
-                                        grammar=constraint.gbnf())
+                                        grammar=constraint.compiled())
         template = conversation.chat_template(chat_format)
         with open_pair(load.for_request(flags, no_draft, quiet)) as loaded:
             # Fail now rather than at the first message when there is no template to use.

@@ -78,7 +78,7 @@ def run(
         text = _read_prompt(prompt, quiet)
         flags = RequestFlags.from_flags(draft_max, draft_mode, no_draft, sampling.checked("greedy"), seed=seed,
                                         verify=verify, draft_p_min=draft_p_min, max_tokens=max_tokens,
-                                        grammar=constraint.gbnf())
+                                        grammar=constraint.compiled())
         with open_pair(load.for_request(flags, no_draft, quiet)) as loaded:
             if not raw and not loaded.pair.has_chat_template:
                 if not quiet:

@@ -55,7 +55,8 @@ class Generation:
 
     finish_reason is "stop" (end-of-generation token), "length" (max_tokens), "context" (the context is
     full), "interrupted" (the consumer stopped early, e.g. on Ctrl-C) or "error" (set by the consumer when
-    the run cannot go on, e.g. an RPC worker was lost).
+    the run cannot go on, e.g. an RPC worker was lost; under a scheduler, with `error` set, when this
+    generation's own work failed and it left alone).
     """
 
     def __init__(self, target: Context, drafter: Drafter | None, prompt: Sequence[int],
@@ -78,6 +79,7 @@ class Generation:
         self.token_ids: list[int] = []
         self.text = ""
         self.finish_reason: str | None = None
+        self.error: Exception | None = None
         self._started = False
         self._seq = list(self.prompt)
         self._grammar = grammar

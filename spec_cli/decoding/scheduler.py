@@ -6,7 +6,9 @@ draft model's steps for all sequences decoded together, one pass of the draft co
 them to the target in one pass (`decode_together`: ragged, each sequence its own K + 1 rows, no padding),
 and hands each its rows (`Generation.settle`: it accepts, rewinds its own memory
 and emits). A newcomer's prompt rides along in chunks of `PREFILL_CHUNK` tokens so that the others wait
-little for it; a generation that finished or was stopped leaves at once, and its sequence is free.
+little for it; a generation that finished or was stopped leaves at once, and its sequence is free. A
+generation whose own work fails (drafting, planning or settling its round: its grammar, its drafter) leaves
+alone with the error (`Generation.error`); the others go on untouched. Only a failed pass fails them all.
 
 Each sequence's output is what it would be alone: its drafts, acceptance and corrections read only its own
 rows, laws and random generator, and every row of a pass is computed as it would be in a pass of its own
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Callable, TypeVar
 
 import numpy as np
 
@@ -31,6 +34,7 @@ PREFILL_CHUNK = 64  # prompt tokens a newcomer feeds a step while others generat
 COSTS_DECAY = 0.95  # a pass of a size weighs 5% less at the next of that size: costs follow the machine's load
 PROBE_MAX = 1024  # the most rounds an idle sequence's drafter waits for its next probe
 QUIET_STEPS = 4  # steps a choice of no drafts at all stands for
+T = TypeVar("T")
 MAX_SEQUENCES = 64  # the most sequences at once we offer (llama.cpp takes up to 256 in one context)
 
 
@@ -92,26 +96,32 @@ class Scheduler:
         generating = [r for r in self._running if not r.prompt]
         planned, emitted = [], []
         for running, k in zip(generating, self._ks(generating)):
-            if running.generation.begin_round(k):
+            if self._own(running, running.generation.begin_round, k) is True:
                 planned.append(running)
             else:
                 emitted.append((running.generation, []))
         drafts = self._draft_together(planned)
-        parts = []
+        parts, verified = [], []
         for running in planned:
-            parts.append(running.generation.plan(drafts.get(id(running))))
+            part = None if running.generation.error else self._own(running, running.generation.plan,
+                                                                   drafts.get(id(running)))
+            if part is None:
+                emitted.append((running.generation, []))
+                continue
+            parts.append(part)
+            verified.append(running)
             if id(running) not in drafts:
                 self._book_draft(running, running.generation.last_draft.steps)
-        fed = self._prompt_chunks(parts, bool(planned))
+        fed = self._prompt_chunks(parts, bool(verified))
         if parts:
             started = time.perf_counter()
             rows, passes = _decode(parts)
             seconds = time.perf_counter() - started
             if not fed and passes == 1:
                 self.pass_costs.record(sum(len(part[1]) for part in parts), seconds)
-            for running, part_rows in zip(planned, rows):
-                emitted.append((running.generation, self._settle(running.generation, part_rows, seconds,
-                                                                  len(planned))))
+            for running, part_rows in zip(verified, rows):
+                events = self._own(running, self._settle, running.generation, part_rows, seconds, len(verified))
+                emitted.append((running.generation, events or []))
         for running, n in fed:
             running.fed += n
             if not running.prompt:
@@ -121,13 +131,26 @@ class Scheduler:
                 self.leave(generation)
         return emitted
 
+    def _own(self, running: _Running, work: Callable[..., T], *args: object) -> T | None:
+        """`work` for one generation; should it fail, the generation leaves with the error (None)."""
+        try:
+            return work(*args)
+        except Exception as exc:
+            self._fail(running, exc)
+            return None
+
+    def _fail(self, running: _Running, error: Exception) -> None:
+        running.generation.error = error
+        running.generation.finish_reason = "error"
+        self.leave(running.generation)
+
     def _draft_together(self, planned: list[_Running]) -> dict[int, Draft]:
         """The drafts of the sequences whose drafters draft step by step (`Generation.draft_steps`), by id of
         their `_Running`: their steps in lockstep, each step of all of them one pass of the draft context."""
         drafts: dict[int, Draft] = {}
         stepping: list[tuple[_Running, Context, DraftSteps, list[int], int]] = []
         for running in planned:
-            stepped = running.generation.draft_steps()
+            stepped = self._own(running, running.generation.draft_steps)
             if stepped is not None:
                 self._advance(drafts, stepping, running, stepped[0], stepped[1], None, 0)
         while stepping:
@@ -141,15 +164,16 @@ class Scheduler:
                 self._advance(drafts, stepping, running, context, steps, row[0], i + 1)
         return drafts
 
-    @staticmethod
-    def _advance(drafts: dict[int, Draft], stepping: list[tuple[_Running, Context, DraftSteps, list[int], int]],
+    def _advance(self, drafts: dict[int, Draft], stepping: list[tuple[_Running, Context, DraftSteps, list[int], int]],
                  running: _Running, context: Context, steps: DraftSteps, logits: np.ndarray | None, i: int) -> None:
         """Send a drafter its step's logits (none to start it); its next step goes to `stepping`, its draft, once
-        it has finished, to `drafts`."""
+        it has finished, to `drafts` (a drafter that fails takes its generation out)."""
         try:
             stepping.append((running, context, steps, steps.send(logits) if logits is not None else next(steps), i))
         except StopIteration as done:
             drafts[id(running)] = done.value
+        except Exception as exc:
+            self._fail(running, exc)
 
     def _settle(self, generation: Generation, rows: np.ndarray, seconds: float, sequences: int) -> list[TokenEvent]:
         """Finish a generation's round; its drafts and what was kept of them join its mode's pooled acceptance."""

@@ -207,16 +207,6 @@ class Model:
         return ControlTokens(found)
 
     @functools.cached_property
-    def piece_starts(self) -> np.ndarray:
-        """The first two bytes of each token's piece as llama.cpp's grammar reads it (special tokens spelt
-        out), shape (n_vocab, 2), −1 past the piece's end: `grammar` sorts the vocabulary by them."""
-        starts = np.full((self.n_vocab, 2), -1, dtype=np.int16)
-        for token in range(self.n_vocab):
-            head = self.piece(token, special=True)[:2]
-            starts[token, :len(head)] = list(head)
-        return starts
-
-    @functools.cached_property
     def end_of_generation_tokens(self) -> np.ndarray:
         return np.array([t for t in range(self.n_vocab) if self.is_end_of_generation(t)], dtype=np.int64)
 

@@ -114,6 +114,7 @@ async def completions(request: Request) -> Response:
 async def _answer(request: Request, api_request: ApiRequest, id_prefix: str) -> Response:
     service: Service = request.app.state.service
     service.check_model(api_request.model)
+    api_request = await service.prepare(api_request)
     job = service.submit(api_request)
     try:
         async with _watching(request, job):
@@ -121,25 +122,35 @@ async def _answer(request: Request, api_request: ApiRequest, id_prefix: str) -> 
             if isinstance(first, Failed):
                 raise first.error
             assert isinstance(first, Started)
-            answer = Answer(f"{id_prefix}-{uuid.uuid4().hex}", int(time.time()), service.name, api_request.endpoint)
+            answer = Answer(f"{id_prefix}-{uuid.uuid4().hex}", int(time.time()), service.name, api_request.endpoint,
+                            api_request.unenforced)
             # A chat's answer is read for a thought and tool calls; a completion's text is the answer.
             splitter = AnswerSplitter(api_request.tools, first.thinking) if api_request.endpoint == "chat" else None
             if api_request.stream:
                 return StreamingResponse(_stream(job, answer, first, splitter), media_type="text/event-stream",
                                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-            pieces = []
+            deltas: list[dict[str, Any]] = []
             while not isinstance(item := await _next(job), Finished):
                 if isinstance(item, Failed):
                     raise item.error
-                pieces.append(item)
+                deltas += splitter.feed(item) if splitter is not None else [{"content": item}]
+                if splitter is not None and splitter.full:
+                    item = _enough(job)
+                    break
         stats = first.generation.stats
         if splitter is None:
-            return JSONResponse(answer.whole("".join(pieces), item.reason, stats))
-        message = _message([*splitter.feed("".join(pieces)), *splitter.flush()])
+            return JSONResponse(answer.whole("".join(d["content"] for d in deltas), item.reason, stats))
+        message = _message([*deltas, *splitter.flush(cut=item.reason == "length")])
         return JSONResponse(answer.whole(message, openai_api.called(item.reason, splitter.calls), stats))
     except BaseException:
         job.cancel()
         raise
+
+
+def _enough(job: Job) -> Finished:
+    """The answer holds a turn's most tool calls: its generation stops, and it ends as a model's own stop would."""
+    job.stop()
+    return Finished("stop")
 
 
 def _message(deltas: list[dict[str, Any]]) -> dict[str, Any]:
@@ -171,13 +182,15 @@ async def _stream(job: Job, answer: Answer, started: Started, splitter: AnswerSp
             if isinstance(item, str):
                 for delta in splitter.feed(item) if splitter is not None else [item]:
                     yield _event(answer.chunk(delta, None, stats))
-            elif isinstance(item, Failed):
+                if splitter is not None and splitter.full:
+                    item = _enough(job)
+            if isinstance(item, Failed):
                 yield _event(item.error.body())
                 break
             elif isinstance(item, Finished):
                 reason = item.reason
                 if splitter is not None:
-                    for delta in splitter.flush():
+                    for delta in splitter.flush(cut=reason == "length"):
                         yield _event(answer.chunk(delta, None, stats))
                     reason = openai_api.called(reason, splitter.calls)
                 yield _event(answer.chunk("", reason, stats))

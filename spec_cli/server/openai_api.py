@@ -10,14 +10,15 @@ llama-server users know (top_k, min_p, repeat_penalty, repeat_last_n, grammar, j
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from spec_cli.decoding.stats import Stats
 from spec_cli.request import GenerationRequest, InvalidConstraint, InvalidRequest, shown
 from spec_cli.server.errors import RequestError, unicode_text
 from spec_cli.server.tool_calls import Tools, parse_tools
-from spec_cli.structured import ANY_OBJECT, Constraint, schema_grammar
+from spec_cli.server.tool_calls import call_grammar, checked_parameters
+from spec_cli.structured import ANY_OBJECT, grammar_structure, schema_grammar
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 # Request fields as a client names them, for messages; extensions spec-cli adds to OpenAI's API.
@@ -43,6 +44,17 @@ UNSUPPORTED: dict[str, object] = {
 
 
 @dataclass(frozen=True)
+class Asked:
+    """The constraint a request asks for, as sent: `field` ("response_format", "grammar" or "json_schema"),
+    `value` (a schema, or grammar text) and whether a schema is strict. Compiling it is `structure`'s work,
+    done off the event loop."""
+
+    field: str
+    value: object
+    strict: bool = False
+
+
+@dataclass(frozen=True)
 class ApiRequest:
     """A checked request: `messages` for chat, `prompt` (text or token ids) for completions."""
 
@@ -59,8 +71,10 @@ class ApiRequest:
     draft_max: int | str | None = None
     draft_mode: str | None = None
     verify: str | None = None
-    grammar: str | None = None  # GBNF from response_format, grammar or json_schema
+    asked: Asked | None = None  # response_format, grammar or json_schema, as sent
     tools: Tools | None = None  # the functions the answer may call (none: tool_choice "none")
+    grammar: str | None = None  # llguidance's grammar for `asked` or a forced call, once `structure` made it
+    unenforced: tuple[str, ...] = ()  # the keywords of a non-strict schema left unenforced
 
     @property
     def fields(self) -> dict[str, object]:
@@ -73,7 +87,7 @@ def parse_chat(body: object) -> ApiRequest:
     fields = _object(body)
     common = _common(fields)
     tools = parse_tools(fields.get("tools"), fields.get("tool_choice"), fields.get("parallel_tool_calls"))
-    if tools is not None and common["grammar"] is not None:
+    if tools is not None and common["asked"] is not None:
         raise RequestError("'tools' cannot be combined with a constrained 'response_format' (or 'grammar', "
                            "'json_schema'): a grammar leaves no room for a call; send one of them",
                            param="response_format")
@@ -113,14 +127,15 @@ def _common(fields: dict[str, Any]) -> dict[str, Any]:
         "max_tokens": max_tokens if max_tokens is not None else _integer(fields, "max_tokens", minimum=1),
         "sampling": _sampling(fields),
         "stop": _stop(fields.get("stop")),
-        "grammar": _grammar(fields),
+        "asked": _asked(fields),
         **given,
     }
 
 
-def _grammar(fields: dict[str, Any]) -> str | None:
-    """The GBNF the answer must follow: from OpenAI's `response_format` ("json_object": any JSON object,
-    "json_schema": its schema, strict or not) or llama-server's `grammar` and `json_schema`; one of them."""
+def _asked(fields: dict[str, Any]) -> Asked | None:
+    """The constraint the answer must follow, as sent: OpenAI's `response_format` ("json_object": any JSON
+    object, or llama-server's `"schema"` beside it; "json_schema": its schema, strict or not) or llama-server's
+    `grammar` and `json_schema` (not strict); one of them. Only its shape is checked here."""
     given = [name for name in ("response_format", "grammar", "json_schema") if fields.get(name) is not None]
     given = [name for name in given if not (name == "response_format" and fields[name] == {"type": "text"})]
     if len(given) > 1:
@@ -128,37 +143,64 @@ def _grammar(fields: dict[str, Any]) -> str | None:
     if not given:
         return None
     name = given[0]
-    try:
-        if name == "json_schema":
-            return schema_grammar(fields[name], "json_schema")
-        if name == "grammar":
-            return _checked_gbnf(fields[name])
-        return _response_format(fields[name])
-    except InvalidConstraint as exc:
-        raise RequestError(exc.named({"json_schema": "'json_schema'", "grammar": "'grammar'",
-                                      "response_format": "'response_format.json_schema.schema'"}),
-                           param=name) from None
+    value = fields[name]
+    if name == "grammar":
+        if not isinstance(value, str) or not value.strip():
+            raise RequestError("'grammar' must be grammar text (GBNF or Lark)", param="grammar")
+        return Asked(name, value)
+    if name == "json_schema":
+        return Asked(name, _schema_shape(value, "'json_schema'", name))
+    return _response_format(value)
 
 
-def _checked_gbnf(value: object) -> str:
-    if not isinstance(value, str) or not value.strip():
-        raise RequestError("'grammar' must be GBNF text", param="grammar")
-    return Constraint(grammar=value).gbnf()
+def _schema_shape(schema: object, where: str, param: str) -> object:
+    """A schema as sent: a JSON object, or its JSON text (what it says is `structure`'s to read)."""
+    if not isinstance(schema, (dict, str)):
+        raise RequestError(f"{where} must be a JSON object (a JSON Schema), got {shown(schema)}", param=param)
+    return schema
 
 
-def _response_format(value: object) -> str:
+def _response_format(value: object) -> Asked:
     kind = value.get("type") if isinstance(value, dict) else None
-    if kind == "json_object":
-        return schema_grammar(ANY_OBJECT)
+    if kind == "json_object":  # llama-server's "schema" beside it is honoured
+        return Asked("response_format", _schema_shape(value.get("schema", ANY_OBJECT),
+                                                      "'response_format.schema'", "response_format"))
     if kind == "json_schema":
         spec = value.get("json_schema")
         if not isinstance(spec, dict) or "schema" not in spec:
             raise RequestError("'response_format.json_schema' must be an object with a 'schema'",
                                param="response_format")
-        return schema_grammar(spec["schema"], "response_format")
+        strict = spec.get("strict", False)
+        if not isinstance(strict, bool):
+            raise RequestError("'response_format.json_schema.strict' must be true or false", param="response_format")
+        return Asked("response_format", spec["schema"], strict)
     raise RequestError("'response_format' must be {\"type\": \"text\"}, {\"type\": \"json_object\"} or "
                        "{\"type\": \"json_schema\", \"json_schema\": {\"name\": …, \"schema\": {…}}}",
                        param="response_format")
+
+
+def structure(request: ApiRequest) -> ApiRequest:
+    """`request` with its constraint compiled: llguidance's grammar for what it asked (or for the call its
+    `tool_choice` forces) and the keywords a non-strict schema leaves unenforced. Every tool's parameters are
+    checked here too. This is the costly part of checking a request (a large schema takes milliseconds to
+    seconds): the server runs it off its event loop."""
+    tools, asked = request.tools, request.asked
+    if tools is not None:
+        for i, function in enumerate(tools.functions):
+            checked_parameters(function, f"tools[{i}]")
+        return replace(request, grammar=call_grammar(tools)) if tools.forced else request
+    if asked is None:
+        return request
+    param = {"response_format": "'response_format.json_schema.schema'", "json_schema": "'json_schema'",
+             "grammar": "'grammar'"}
+    try:
+        if asked.field == "grammar":
+            assert isinstance(asked.value, str)
+            return replace(request, grammar=grammar_structure(asked.value))
+        compiled = schema_grammar(asked.value, asked.field, asked.strict)
+    except InvalidConstraint as exc:
+        raise RequestError(exc.named(param), param=asked.field) from None
+    return replace(request, grammar=compiled.grammar, unenforced=compiled.unenforced)
 
 
 def _messages(value: object) -> list[dict[str, Any]]:
@@ -362,6 +404,11 @@ class Answer:
     created: int
     model: str
     endpoint: str  # "chat" or "completion"
+    unenforced: tuple[str, ...] = ()  # what a non-strict schema left unenforced: said in `speculation`
+
+    def _speculation(self, stats: Stats) -> dict[str, Any]:
+        said = speculation(stats)
+        return {**said, "unenforced": list(self.unenforced)} if self.unenforced else said
 
     def _head(self, object_name: str) -> dict[str, Any]:
         return {"id": self.id, "object": object_name, "created": self.created, "model": self.model}
@@ -377,7 +424,7 @@ class Answer:
         else:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
             head = self._head("text_completion")
-        return {**head, "choices": [choice], "usage": usage(stats), "speculation": speculation(stats)}
+        return {**head, "choices": [choice], "usage": usage(stats), "speculation": self._speculation(stats)}
 
     def chunk(self, text: str | dict[str, Any] | None, reason: str | None,
               stats: Stats | None = None) -> dict[str, Any]:
@@ -395,7 +442,7 @@ class Answer:
             chunk = {**self._head("text_completion"),
                      "choices": [{"index": 0, "text": text or "", "logprobs": None, "finish_reason": reason}]}
         if stats is not None:
-            chunk["speculation"] = speculation(stats)
+            chunk["speculation"] = self._speculation(stats)
         return chunk
 
     def usage_chunk(self, stats: Stats) -> dict[str, Any]:

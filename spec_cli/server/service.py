@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
 import functools
 import threading
 import time
@@ -23,6 +24,7 @@ from spec_cli.decoding.prompt_cache import PromptCache
 from spec_cli.decoding.sampling import settle
 from spec_cli.decoding.scheduler import Scheduler
 from spec_cli.errors import SpecError
+from spec_cli.llama.grammar import GrammarError
 from spec_cli.llama.context import common_prefix
 from spec_cli.llama.prompt_text import PromptText
 from spec_cli.pair import Pair, Slot
@@ -31,10 +33,12 @@ from spec_cli.server import openai_api
 from spec_cli.server.errors import RequestError
 from spec_cli.server.openai_api import PARAMS, ApiRequest
 from spec_cli.server.stop_strings import StopStrings
-from spec_cli.server.tool_calls import THINK_OPEN, call_grammar, spelt_out, template_messages
+from spec_cli.server.tool_calls import THINK_OPEN, spelt_out, template_messages
 from spec_cli.summary import summary_line
 
 DEFAULT_QUEUE = 16
+COMPILERS = 2  # grammars compiled at once, off the event loop and the generation worker
+COMPILE_LIMIT_S = 10.0  # a constraint that takes longer to compile is refused as too complex
 RATE_WINDOW_S = 10.0  # /health's tokens per second: over the last this many seconds
 
 
@@ -68,6 +72,7 @@ class Job:
         self.request = request
         self.items: asyncio.Queue[Started | str | Finished | Failed | Left] = asyncio.Queue()
         self.cancelled = threading.Event()
+        self.enough = False  # the face stopped it with all it wanted (a turn's most tool calls)
         self._loop = loop
 
     def post(self, item: Started | str | Finished | Failed) -> None:
@@ -78,6 +83,11 @@ class Job:
 
     def cancel(self) -> None:
         self.cancelled.set()
+
+    def stop(self) -> None:
+        """The face has all it wants of the answer: the generation stops at its next step."""
+        self.enough = True
+        self.cancel()
 
     def leave(self) -> None:
         """The client has gone (called on the event loop): stop the generation and the request's task."""
@@ -125,6 +135,33 @@ class Service:
         self._drafted = self._accepted = 0  # over finished generations
         self._worker = threading.Thread(target=self._work, name="spec-serve", daemon=True)
         self._worker.start()
+        self._compilers = concurrent.futures.ThreadPoolExecutor(COMPILERS, thread_name_prefix="spec-compile")
+        self._compilers.submit(lambda: pair.constraints.tokenizer)  # built once, before the first schema comes
+
+    async def prepare(self, request: ApiRequest) -> ApiRequest:
+        """`request` with its constraint compiled (`openai_api.structure`, then over the target's vocabulary,
+        where the compiled grammar is kept for the worker) in the bounded pool of compilers, never on the event
+        loop or the generation worker: a large schema delays no other request. One that takes longer than
+        `COMPILE_LIMIT_S` is refused as too complex."""
+        if request.asked is None and (request.tools is None or not request.tools.functions):
+            return request
+        work = asyncio.get_running_loop().run_in_executor(self._compilers, self._compile, request)
+        try:
+            return await asyncio.wait_for(asyncio.shield(work), COMPILE_LIMIT_S)
+        except asyncio.TimeoutError:
+            raise RequestError(f"the constraint is too complex: compiling it took more than {COMPILE_LIMIT_S:g} s",
+                               param=request.asked.field if request.asked else "tools",
+                               code="constraint_too_complex") from None
+
+    def _compile(self, request: ApiRequest) -> ApiRequest:
+        request = openai_api.structure(request)
+        if request.grammar is not None:
+            try:
+                self.pair.constraints.compile(request.grammar)
+            except GrammarError as exc:
+                field = request.asked.field if request.asked is not None else "tools"
+                raise RequestError(f"'{field}': {exc}", param=field) from None
+        return request
 
     @property
     def jobs(self) -> int:
@@ -172,6 +209,7 @@ class Service:
                 job.cancel()
             self._lock.notify()
         self._worker.join()
+        self._compilers.shutdown(wait=True, cancel_futures=True)  # a compile reads the model, closed after
 
     def _work(self) -> None:
         """The worker: start waiting jobs on free slots, run a step, hand each job its text; until closed."""
@@ -267,7 +305,11 @@ class Service:
     def _hand_over(self, active: _Active, events: list[TokenEvent]) -> None:
         """Post a round's text at once, cut at the stop strings: the event loop wakes (and a stream writes a
         chunk, and its client parses one) once a round rather than once a token, which on a small machine takes
-        CPU time from the model. A job whose text is complete, or whose client left, leaves."""
+        CPU time from the model. A job whose text is complete, or whose client left, leaves; one whose own work
+        failed (its grammar asked for text no token spells) is answered with the error, alone."""
+        if active.generation.error is not None:
+            self._failed_alone(active, active.generation.error)
+            return
         for event in events:
             active.ready += active.stops.feed(event.text)
             if active.stops.stopped:
@@ -279,6 +321,21 @@ class Service:
         active.ready = ""
         if active.stops.stopped or active.generation.finish_reason is not None or active.job.cancelled.is_set():
             self._leave(active)
+
+    def _failed_alone(self, active: _Active, error: Exception) -> None:
+        endpoint = active.job.request.endpoint
+        if isinstance(error, SpecError):
+            answer = RequestError(f"the generation failed: {error}", status=400 if isinstance(error, GrammarError)
+                                  else 500, kind="invalid_request_error" if isinstance(error, GrammarError)
+                                  else "server_error")
+            self.log(f"{endpoint}: failed after {active.generation.stats.generated_tokens} tokens, alone: {error}")
+        else:
+            answer = RequestError(f"internal error ({type(error).__name__}); the server's log has the details",
+                                  status=500, kind="server_error")
+            self.log(f"{endpoint}: internal error, this request alone:\n"
+                     f"{''.join(traceback.format_exception(error))}")
+        active.job.post(Failed(answer))
+        self._leave(active, answered=True)
 
     def _drop_cancelled(self) -> None:
         for active in list(self._active.values()):
@@ -305,7 +362,10 @@ class Service:
         if answered:
             return
         if job.cancelled.is_set():
-            if not self._closing:
+            if job.enough:
+                self.log(f"{endpoint}: stopped after the most tool calls a turn may hold "
+                         f"({stats.generated_tokens} tokens)")
+            elif not self._closing:
                 self.log(f"{endpoint}: the client went away after {stats.generated_tokens} tokens; generation stopped")
             return
         if active.prompt is not None and not active.stops.stopped:  # an answer cut at a stop string is not what
@@ -318,10 +378,8 @@ class Service:
 
     def _request(self, request: ApiRequest) -> GenerationRequest:
         """The server's defaults under what the request sets; sampling it leaves out follows what the target's
-        GGUF recommends, as in spec chat. A forced tool call is a grammar like any other."""
-        tools = request.tools
-        forced = call_grammar(tools) if tools is not None and tools.forced else None
-        return replace(self.defaults, **request.fields, stop=request.stop, grammar=request.grammar or forced,
+        GGUF recommends, as in spec chat. A forced tool call is a grammar like any other (`openai_api.structure`)."""
+        return replace(self.defaults, **request.fields, stop=request.stop, grammar=request.grammar,
                        sampling=settle("model", self.pair.recommended_sampling(), request.sampling),
                        max_tokens=request.max_tokens or self.max_tokens or self.pair.n_ctx)
 

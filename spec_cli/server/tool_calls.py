@@ -5,8 +5,10 @@ Hermes 2/3 and SmolLM3 are trained on; a thought is a `<think>…</think>` block
 (or after a template that opens it), as DeepSeek-R1, Qwen3 and SmolLM3 write it. A template that takes
 `tools` gets them as they are; one that knows nothing of tools gets them described in the system message,
 with the convention spelt out (llama-server's generic handler does the same with its own format).
-`tool_choice` "required" or a named function forces the call with a grammar: the converter's grammar for the
-functions' parameters, inside the tags, so the arguments always parse and match their schema.
+`tool_choice` "required" or a named function forces the call with a grammar: a Lark grammar whose calls hold
+llguidance's JSON grammar for the functions' parameters (`%json`), inside the tags, so the arguments always
+parse and match their schema. A turn holds at most `MAX_CALLS` calls (one when `parallel_tool_calls` is
+false): a model cannot loop on calls until its context is full.
 
 A request's `tools`, `tool_choice` and `parallel_tool_calls` are checked here into `Tools`; `AnswerSplitter`
 reads the answer as it streams and hands out OpenAI's delta fields: `reasoning_content`, `content`, and each
@@ -21,14 +23,17 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+import llguidance
+
 from spec_cli.request import InvalidConstraint, shown
 from spec_cli.server.errors import RequestError, unicode_text
-from spec_cli.structured import schema_grammar
+from spec_cli.structured import JSON_OPTIONS, schema_grammar
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 TOOL_CHOICES = ("auto", "none", "required")
 FUNCTION_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's rule for a function's name
+MAX_CALLS = 8  # tool calls a turn may hold at most
 
 
 @dataclass(frozen=True)
@@ -43,6 +48,10 @@ class Tools:
     @property
     def forced(self) -> bool:
         return self.choice != "auto"
+
+    @property
+    def most_calls(self) -> int:
+        return MAX_CALLS if self.parallel else 1
 
     def as_template_takes_them(self) -> list[dict[str, Any]]:
         return [{"type": "function", "function": function} for function in self.functions]
@@ -83,12 +92,15 @@ def _function(tool: object, where: str) -> dict[str, Any]:
     if description is not None and not isinstance(description, str):
         raise RequestError(f"{where}.function.description must be a string", param=f"{where}.function.description")
     parameters = function.get("parameters", {"type": "object", "properties": {}})
-    try:
-        schema_grammar(parameters, "parameters")
-    except InvalidConstraint as exc:
-        raise RequestError(exc.named({"parameters": f"{where}.function.parameters"}),
-                           param=f"{where}.function.parameters") from None
-    checked = {"name": name, **({"description": description} if description else {}), "parameters": parameters}
+    if not isinstance(parameters, dict) or parameters.get("type", "object") != "object":
+        raise RequestError(f"{where}.function.parameters of the tool {name!r} must be an object schema "
+                           "({\"type\": \"object\", \"properties\": {…}}): a call's arguments are an object; got "
+                           f"{shown(parameters)}", param=f"{where}.function.parameters")
+    strict = function.get("strict", True)
+    if not isinstance(strict, bool):
+        raise RequestError(f"{where}.function.strict must be true or false", param=f"{where}.function.strict")
+    checked = {"name": name, **({"description": description} if description else {}),
+               "parameters": {"type": "object", **parameters}, **({} if strict else {"strict": False})}
     unicode_text(json.dumps(checked, ensure_ascii=False), where)  # its text goes into the prompt
     return checked
 
@@ -115,18 +127,32 @@ def _choice(tool_choice: object, names: list[str]) -> str:
 
 
 
+def checked_parameters(function: dict[str, Any], where: str) -> None:
+    """A 400 naming the tool unless its parameters schema can be enforced (every keyword, when the function is
+    strict, OpenAI's default for tools here)."""
+    try:
+        schema_grammar(function["parameters"], "parameters", function.get("strict", True))
+    except InvalidConstraint as exc:
+        raise RequestError(exc.named({"parameters": f"{where}.function.parameters (tool {function['name']!r})"}),
+                           param=f"{where}.function.parameters") from None
+
+
 def call_grammar(tools: Tools) -> str:
-    """GBNF for the calls `tools.choice` forces: one call (or several, when parallel calls are allowed) of the
-    named function or of any, each `<tool_call>\\n{"name": …, "arguments": {…}}\\n</tool_call>` with the
-    arguments the function's parameters schema describes."""
+    """llguidance's grammar for the calls `tools.choice` forces: one call (up to `MAX_CALLS` when parallel
+    calls are allowed and any function may be called) of the named function or of any, each
+    `<tool_call>\\n{"name": …, "arguments": {…}}\\n</tool_call>` with the arguments the function's parameters
+    schema describes (each schema checked by `checked_parameters` first)."""
     chosen = [f for f in tools.functions if tools.choice in ("required", f["name"])]
     calls = [{"type": "object", "properties": {"name": {"const": f["name"]}, "arguments": f["parameters"]},
-              "required": ["name", "arguments"]} for f in chosen]
-    body = schema_grammar(calls[0] if len(calls) == 1 else {"anyOf": calls}, "tools")
-    body = re.sub(r"^root ::=", "tool-call-json ::=", body, flags=re.MULTILINE)
-    repeat = ' ("\\n" tool-call)*' if tools.parallel and tools.choice == "required" else ""
-    return (f"root ::= tool-call{repeat}\n"
-            f'tool-call ::= "{CALL_OPEN}\\n" tool-call-json "\\n{CALL_CLOSE}"\n{body}')
+              "required": ["name", "arguments"], "additionalProperties": False} for f in chosen]
+    schema = {**(calls[0] if len(calls) == 1 else {"anyOf": calls}),
+              "x-guidance": {**JSON_OPTIONS, "lenient": True, "coerce_one_of": True}}
+    more = tools.most_calls - 1 if tools.choice == "required" else 0
+    repeat = f' ("\\n" call){{0,{more}}}' if more else ""
+    lark = (f"start: call{repeat}\n"
+            f"call: {json.dumps(CALL_OPEN + chr(10))} arguments {json.dumps(chr(10) + CALL_CLOSE)}\n"
+            f"arguments: %json {json.dumps(schema)}\n")
+    return llguidance.LLMatcher.grammar_from_lark(lark)
 
 
 def described(tools: Tools) -> str:
@@ -186,10 +212,12 @@ class AnswerSplitter:
     Text that may be the start of a tag is held back until it is known. Whitespace around the parts is
     dropped once there is more than content (a thought, tools); plain content is the text as written. A
     `<tool_call>` whose text is not a call of a listed function stays in the content as written.
-    `thinking`: the prompt opened the thought already (the template ends with `<think>`)."""
+    `thinking`: the prompt opened the thought already (the template ends with `<think>`). Once `full` (the turn
+    holds its most calls), the face stops the generation."""
 
     def __init__(self, tools: Tools | None, thinking: bool = False) -> None:
         self._names = tools.names() if tools is not None else []
+        self._most = tools.most_calls if tools is not None else 0
         self._state = "think" if thinking else "start"
         self._trim = thinking or bool(self._names)
         self._buffer = ""
@@ -204,21 +232,33 @@ class AnswerSplitter:
             pass
         return deltas
 
-    def flush(self) -> list[dict[str, Any]]:
-        """What is left at the end: a thought or a call never closed, held-back text."""
+    @property
+    def full(self) -> bool:
+        """The answer holds as many calls as a turn may."""
+        return bool(self._names) and len(self.calls) >= self._most
+
+    def flush(self, cut: bool = False) -> list[dict[str, Any]]:
+        """What is left at the end: a thought or a call never closed, held-back text. `cut`: the answer ran out
+        of tokens, so a call never closed is half a call, neither a call nor content: it is dropped."""
         deltas: list[dict[str, Any]] = []
         rest, self._buffer = self._buffer, ""
+        if self.full:
+            return deltas
         if self._state == "think":
             self._say(deltas, "reasoning_content", rest)
         elif self._state == "call":
-            self._call(deltas, rest, closed=False)
+            if not cut:
+                self._call(deltas, rest, closed=False)
         else:
             self._say(deltas, "content", rest)
         return deltas
 
     def _step(self, deltas: list[dict[str, Any]]) -> bool:
-        """Move past one part of the buffer; False when what is left must wait for more text."""
+        """Move past one part of the buffer; False when what is left must wait for more text (or the turn holds
+        its most calls: what follows them is not read)."""
         buffer = self._buffer
+        if self.full:
+            return False
         if self._state == "start":
             stripped = buffer.lstrip()
             if THINK_OPEN.startswith(stripped):
