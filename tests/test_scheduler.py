@@ -20,6 +20,7 @@ from spec_cli.decoding.engine import Generation
 from spec_cli.decoding.sampling import SamplingParams
 from spec_cli.decoding.scheduler import Scheduler, _batches
 from spec_cli.llama.context import Context, decode_together
+from spec_cli.llama.grammar import Grammar, GrammarError
 
 GREEDY = SamplingParams()
 PROMPTS = [REPETITIVE, "hello there", "a b c a b c a", "zz top"]
@@ -107,6 +108,30 @@ def test_each_sequence_gets_its_lone_greedy_text_while_others_join_and_leave(oth
                                                 alone(other, PROMPTS[3], sampled)]
     assert set(others[0].text) <= set("abcde .")
     assert quitter.finish_reason == "interrupted" and 0 < len(quitter.token_ids) < 24
+
+
+def test_a_sequence_whose_own_work_fails_leaves_alone_and_the_others_go_on(other: Pair, slots: list,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its grammar fails at its 6th mask (as one that meets a text no token spells would): it leaves with the
+    error, after what it had emitted; the sequence beside it gets its lone text, untouched."""
+    expected = alone(other, PROMPTS[1], REQUESTS[0])
+    masks = Counter()
+    real_mask = Grammar.mask
+
+    def failing_mask(state: Grammar) -> np.ndarray:
+        masks["asked"] += 1
+        if masks["asked"] > 5:
+            raise GrammarError("allows nothing here (a test's failure)")
+        return real_mask(state)
+
+    monkeypatch.setattr(Grammar, "mask", failing_mask)
+    constrained = replace(REQUESTS[2], grammar=r'root ::= [a-e ]+ "."')
+    failing = slots[0].generate(other.prompt_tokens(PROMPTS[0], raw=True), constrained)
+    going_on = slots[1].generate(other.prompt_tokens(PROMPTS[1], raw=True), REQUESTS[0])
+    emitted = run(Scheduler(), {0: [failing, going_on]})
+    assert isinstance(failing.error, GrammarError) and failing.finish_reason == "error"
+    assert 0 < len(emitted[id(failing)]) < 24
+    assert emitted[id(going_on)] == going_on.token_ids == expected and going_on.error is None
 
 
 def test_a_long_prompt_is_fed_in_chunks_between_the_others_rounds(other: Pair, slots: list) -> None:

@@ -55,9 +55,9 @@ PresencePenaltyOpt = Annotated[Optional[float], typer.Option("--presence-penalty
 FrequencyPenaltyOpt = Annotated[Optional[float], typer.Option("--frequency-penalty", help="Subtract this times the number of times a token was seen in the last --repeat-last-n (default: 0).", show_default=False)]
 SamplingPresetOpt = Annotated[Optional[str], typer.Option("--sampling", help="greedy (temperature 0 unless --temp is given) or model (what the target's GGUF recommends, else llama.cpp's temp 0.8, top-k 40, top-p 0.95, min-p 0.05); flags given always win (default: greedy for run, model for chat).", show_default=False)]
 # Structured output, with llama.cpp's flag names.
-GrammarOpt = Annotated[Optional[str], typer.Option("--grammar", help="GBNF grammar the output must follow, as in llama.cpp (exact under speculation).", show_default=False)]
-GrammarFileOpt = Annotated[Optional[Path], typer.Option("--grammar-file", help="File holding a GBNF grammar.", show_default=False)]
-JsonSchemaOpt = Annotated[Optional[str], typer.Option("--json-schema", "-j", help="JSON Schema the output must follow (made into a grammar by llama.cpp's converter), e.g. '{\"type\": \"object\"}'.", show_default=False)]
+GrammarOpt = Annotated[Optional[str], typer.Option("--grammar", help="Grammar the output must follow: GBNF as in llama.cpp, or Lark (exact under speculation).", show_default=False)]
+GrammarFileOpt = Annotated[Optional[Path], typer.Option("--grammar-file", help="File holding a GBNF or Lark grammar.", show_default=False)]
+JsonSchemaOpt = Annotated[Optional[str], typer.Option("--json-schema", "-j", help="JSON Schema the output must follow (compiled by llguidance; a keyword it cannot enforce is refused by name), e.g. '{\"type\": \"object\"}'.", show_default=False)]
 JsonSchemaFileOpt = Annotated[Optional[Path], typer.Option("--json-schema-file", help="File holding a JSON Schema.", show_default=False)]
 SeedOpt = Annotated[Optional[int], typer.Option("--seed", help="Random seed; the same seed gives the same text with the same draft and K, and with --verify gumbel whatever drafts it or none (default, or -1: random, as in llama.cpp).", show_default=False)]
 

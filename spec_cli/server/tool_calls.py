@@ -242,7 +242,7 @@ class AnswerSplitter:
         of tokens, so a call never closed is half a call, neither a call nor content: it is dropped."""
         deltas: list[dict[str, Any]] = []
         rest, self._buffer = self._buffer, ""
-        if self.full:
+        if self.full or (cut and self._names and CALL_OPEN.startswith(rest)):  # past the most calls, or a call's tag cut
             return deltas
         if self._state == "think":
             self._say(deltas, "reasoning_content", rest)
