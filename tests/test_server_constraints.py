@@ -11,6 +11,7 @@ import jsonschema
 import pytest
 
 from spec_cli import Pair
+from spec_cli.server import service
 
 from serving import HELLO, Running, running
 
@@ -152,3 +153,11 @@ def test_a_tool_whose_parameters_are_not_an_object_is_a_400_naming_it(live: Runn
     answer = live.post("/v1/chat/completions", {"messages": HELLO, "tools": [tool], "tool_choice": "required"})
     assert answer.status_code == 400
     assert "the tool 'echo' must be an object schema" in answer.json()["error"]["message"]
+
+
+def test_a_constraint_that_takes_too_long_to_compile_is_a_400_too_complex(live: Running,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(service, "COMPILE_LIMIT_S", 1e-6)
+    answer = ask(live, {"enum": [f"w{i}" for i in range(5000)]})
+    assert answer["error"]["code"] == "constraint_too_complex"
+    assert answer["error"]["message"].startswith("the constraint is too complex: compiling it took more than")

@@ -12,7 +12,10 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import contextlib
 import functools
+import os
+import sys
 import threading
 import time
 import traceback
@@ -39,7 +42,16 @@ from spec_cli.summary import summary_line
 DEFAULT_QUEUE = 16
 COMPILERS = 2  # grammars compiled at once, off the event loop and the generation worker
 COMPILE_LIMIT_S = 10.0  # a constraint that takes longer to compile is refused as too complex
+COMPILE_NICE = 10  # the compiling threads' nice value: a tenth of a decoding thread's share where both wait
 RATE_WINDOW_S = 10.0  # /health's tokens per second: over the last this many seconds
+
+
+def _yield_to_generation() -> None:
+    """A compiling thread gives way to llama.cpp's: on a machine whose cores all decode, a compile that competes
+    with them as an equal stretches every step of every stream (Linux: a thread's own nice value)."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), COMPILE_NICE)
 
 
 @dataclass(frozen=True)
@@ -135,7 +147,8 @@ class Service:
         self._drafted = self._accepted = 0  # over finished generations
         self._worker = threading.Thread(target=self._work, name="spec-serve", daemon=True)
         self._worker.start()
-        self._compilers = concurrent.futures.ThreadPoolExecutor(COMPILERS, thread_name_prefix="spec-compile")
+        self._compilers = concurrent.futures.ThreadPoolExecutor(COMPILERS, thread_name_prefix="spec-compile",
+                                                                initializer=_yield_to_generation)
         self._compilers.submit(lambda: pair.constraints.tokenizer)  # built once, before the first schema comes
 
     async def prepare(self, request: ApiRequest) -> ApiRequest:
