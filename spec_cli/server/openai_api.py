@@ -46,12 +46,17 @@ UNSUPPORTED: dict[str, object] = {
 @dataclass(frozen=True)
 class Asked:
     """The constraint a request asks for, as sent: `field` ("response_format", "grammar" or "json_schema"),
-    `value` (a schema, or grammar text) and whether a schema is strict. Compiling it is `structure`'s work,
-    done off the event loop."""
+    `value` (a schema, or grammar text), whether a schema is strict, and how messages name it. Compiling it
+    is `structure`'s work, done off the event loop."""
 
     field: str
     value: object
     strict: bool = False
+    named: str = ""
+
+    @property
+    def name(self) -> str:
+        return self.named or f"'{self.field}'"
 
 
 @dataclass(frozen=True)
@@ -163,8 +168,8 @@ def _schema_shape(schema: object, where: str, param: str) -> object:
 def _response_format(value: object) -> Asked:
     kind = value.get("type") if isinstance(value, dict) else None
     if kind == "json_object":  # llama-server's "schema" beside it is honoured
-        return Asked("response_format", _schema_shape(value.get("schema", ANY_OBJECT),
-                                                      "'response_format.schema'", "response_format"))
+        return Asked("response_format", _schema_shape(value.get("schema", ANY_OBJECT), "'response_format.schema'",
+                                                      "response_format"), named="'response_format.schema'")
     if kind == "json_schema":
         spec = value.get("json_schema")
         if not isinstance(spec, dict) or "schema" not in spec:
@@ -173,7 +178,7 @@ def _response_format(value: object) -> Asked:
         strict = spec.get("strict", False)
         if not isinstance(strict, bool):
             raise RequestError("'response_format.json_schema.strict' must be true or false", param="response_format")
-        return Asked("response_format", spec["schema"], strict)
+        return Asked("response_format", spec["schema"], strict, "'response_format.json_schema.schema'")
     raise RequestError("'response_format' must be {\"type\": \"text\"}, {\"type\": \"json_object\"} or "
                        "{\"type\": \"json_schema\", \"json_schema\": {\"name\": …, \"schema\": {…}}}",
                        param="response_format")
@@ -191,15 +196,13 @@ def structure(request: ApiRequest) -> ApiRequest:
         return replace(request, grammar=call_grammar(tools)) if tools.forced else request
     if asked is None:
         return request
-    param = {"response_format": "'response_format.json_schema.schema'", "json_schema": "'json_schema'",
-             "grammar": "'grammar'"}
     try:
         if asked.field == "grammar":
             assert isinstance(asked.value, str)
             return replace(request, grammar=grammar_structure(asked.value))
         compiled = schema_grammar(asked.value, asked.field, asked.strict)
     except InvalidConstraint as exc:
-        raise RequestError(exc.named(param), param=asked.field) from None
+        raise RequestError(exc.named({asked.field: asked.name}), param=asked.field) from None
     return replace(request, grammar=compiled.grammar, unenforced=compiled.unenforced)
 
 

@@ -27,8 +27,8 @@ from spec_cli.decoding.prompt_cache import PromptCache
 from spec_cli.decoding.sampling import settle
 from spec_cli.decoding.scheduler import Scheduler
 from spec_cli.errors import SpecError
-from spec_cli.llama.grammar import GrammarError
 from spec_cli.llama.context import common_prefix
+from spec_cli.llama.grammar import GrammarError
 from spec_cli.llama.prompt_text import PromptText
 from spec_cli.pair import Pair, Slot
 from spec_cli.request import GenerationRequest, InvalidRequest, shown
@@ -156,7 +156,7 @@ class Service:
         where the compiled grammar is kept for the worker) in the bounded pool of compilers, never on the event
         loop or the generation worker: a large schema delays no other request. One that takes longer than
         `COMPILE_LIMIT_S` is refused as too complex."""
-        if request.asked is None and (request.tools is None or not request.tools.functions):
+        if request.asked is None and request.tools is None:
             return request
         work = asyncio.get_running_loop().run_in_executor(self._compilers, self._compile, request)
         try:
@@ -172,8 +172,9 @@ class Service:
             try:
                 self.pair.constraints.compile(request.grammar)
             except GrammarError as exc:
-                field = request.asked.field if request.asked is not None else "tools"
-                raise RequestError(f"'{field}': {exc}", param=field) from None
+                asked = request.asked
+                raise RequestError(f"{asked.name if asked else 'tools'}: {exc}",
+                                   param=asked.field if asked else "tools") from None
         return request
 
     @property
@@ -336,11 +337,11 @@ class Service:
             self._leave(active)
 
     def _failed_alone(self, active: _Active, error: Exception) -> None:
+        """Answer a job whose own work failed with its error (a 400 when its grammar is at fault), and log it."""
         endpoint = active.job.request.endpoint
         if isinstance(error, SpecError):
-            answer = RequestError(f"the generation failed: {error}", status=400 if isinstance(error, GrammarError)
-                                  else 500, kind="invalid_request_error" if isinstance(error, GrammarError)
-                                  else "server_error")
+            answer = (RequestError(f"the generation failed: {error}") if isinstance(error, GrammarError)
+                      else RequestError(f"the generation failed: {error}", status=500, kind="server_error"))
             self.log(f"{endpoint}: failed after {active.generation.stats.generated_tokens} tokens, alone: {error}")
         else:
             answer = RequestError(f"internal error ({type(error).__name__}); the server's log has the details",
