@@ -155,6 +155,7 @@ def test_sampling_mistakes(pair_args: list[str], args: list[str], message: str) 
     (["--grammar", 'root ::= "a'], "--grammar does not parse: Unexpected end of input"),
     (["--json-schema", "{"], "--json-schema is not valid JSON: Expecting property name enclosed in double quotes"),
     (["-j", '{"type": "strng"}'], "--json-schema cannot be used: Invalid type: strng"),
+    (["-j", '{"type": "array", "uniqueItems": true}'], "--json-schema uses uniqueItems at /, which cannot be enforced"),
     (["--grammar", 'root ::= "a"', "-j", "{}"], "--json-schema cannot be given with another constraint: give one"),
     (["--json-schema-file", "/nonexistent/s.json"], "--json-schema-file: file not found: /nonexistent/s.json"),
 ])

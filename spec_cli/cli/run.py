@@ -72,7 +72,7 @@ def run(
 
     Greedy output (the default, --temp 0) is token for token what the target alone would write, except where the target's two best tokens tie within float rounding between a batched and a one-row pass (llama.cpp's own speculative loop has the same property); sampled output follows the target's distribution exactly, and with --verify gumbel a seed gives the same text with any draft or none. On a terminal, draft tokens the target accepted are shown in cyan.
 
-    Sampling means what it means in llama.cpp, with its defaults: penalties → top-k → top-p → min-p → temperature. A grammar or JSON schema applies first, as llama.cpp's grammar sampler does: the chain runs on the tokens it allows.
+    Sampling means what it means in llama.cpp, with its defaults: penalties → top-k → top-p → min-p → temperature. A grammar or JSON schema applies first, as llama.cpp's grammar sampler does: the chain runs on the tokens it allows. A JSON schema keyword that cannot be enforced is refused by name.
     """
     with user_errors():
         text = _read_prompt(prompt, quiet)
