@@ -28,7 +28,9 @@ ANY_OBJECT: dict[str, Any] = {"type": "object"}
 # allowed in strings that have no pattern; raw control characters never are.
 JSON_OPTIONS = {"whitespace_pattern": r"(?: |\n[ \t]{0,20})", "json_allow_general_unicode_escapes": True}
 UNIMPLEMENTED = re.compile(r"Unimplemented keys: (\[.*?\])")
+UNKNOWN_FORMAT = re.compile(r"Unknown format: (.+)")
 ONE_OF = "oneOf constraints are not supported"
+ONE_OF_READ_AS_ANY_OF = "oneOf not fully supported"
 
 
 @dataclass(frozen=True)
@@ -90,8 +92,7 @@ def schema_grammar(schema: object, field: str = "json_schema", strict: bool = Tr
     failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(compiled, None)
     if failed:
         raise InvalidConstraint(field, f"{{name}} {_refusal(schema, one_line(messages[0]))}")
-    unenforced = [f"{keyword} at {path}" for message in messages for keyword in _unimplemented(message)
-                  for path in keyword_paths(schema, keyword)]
+    unenforced = [place for message in messages for place in _left_out(schema, one_line(message))]
     if not strict:
         unenforced += [f"oneOf at {path} (read as anyOf)" for path in keyword_paths(schema, "oneOf")]
     return Structure(compiled, tuple(unenforced))
@@ -120,6 +121,19 @@ def _refusal(schema: dict[str, Any], message: str) -> str:
     if message.startswith("Resource ") and "retrieving it failed" in message:
         return "has a $ref to a remote schema; nothing is fetched: put that schema in place of the $ref"
     return f"cannot be used: {message}"
+
+
+def _left_out(schema: dict[str, Any], warning: str) -> list[str]:
+    """What a warning of a non-strict compile says was left unenforced, by keyword and place."""
+    keywords = _unimplemented(warning)
+    if keywords:
+        return [f"{keyword} at {path}" for keyword in keywords for path in keyword_paths(schema, keyword)]
+    if warning.startswith(ONE_OF_READ_AS_ANY_OF):
+        return []  # listed with its places by `schema_grammar`
+    unknown = UNKNOWN_FORMAT.fullmatch(warning)
+    if unknown:
+        return [f"format {unknown.group(1)!r} at {path}" for path in keyword_paths(schema, "format")]
+    return [warning]
 
 
 def _unimplemented(message: str) -> list[str]:

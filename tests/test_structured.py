@@ -100,6 +100,7 @@ def test_a_schema_that_is_not_strict_lists_what_it_leaves_unenforced() -> None:
     structure = schema_grammar(schema, strict=False)
     assert structure.unenforced == ("uniqueItems at /properties/tags", "oneOf at /properties/n (read as anyOf)")
     assert schema_grammar(NAME_SCHEMA, strict=False).unenforced == ()
+    assert schema_grammar({"type": "string", "format": "colour"}, strict=False).unenforced == ("format 'colour' at /",)
 
 
 def test_keyword_paths_walk_every_subschema_and_escape_names() -> None:
