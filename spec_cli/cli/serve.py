@@ -67,7 +67,7 @@ def serve(
     max_body: Annotated[float, typer.Option("--max-body", min=0.001, metavar="MIB", help="Largest request body in MiB; larger ones are answered 413.")] = Limits.body_bytes / MIB,
     header_timeout: Annotated[float, typer.Option("--header-timeout", min=0.1, metavar="S", help="Seconds a request's headers may take to arrive; a connection that stalls longer is closed.")] = Limits.header_timeout_s,
     body_timeout: Annotated[float, typer.Option("--body-timeout", min=0.1, metavar="S", help="Seconds a request's body may take to arrive after its headers; then 408.")] = Limits.body_timeout_s,
-    max_connections: Annotated[int, typer.Option("--max-connections", min=1, help="Connections open at once; one more is answered 503 and closed.")] = Limits.connections,
+    max_connections: Annotated[int, typer.Option("--max-connections", min=1, help="Connections open at once; one more closes the longest idle one, or is answered 503 when none is idle.")] = Limits.connections,
     model_name: Annotated[Optional[str], typer.Option("--model-name", help="The model id clients send and /v1/models lists (default: the pair's name, or the target file's).", show_default=False)] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No line per answer on stderr (the line that says where it listens stays).")] = False,
 ) -> None:
