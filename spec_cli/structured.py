@@ -116,8 +116,8 @@ def _refusal(schema: dict[str, Any], message: str) -> str:
     if keywords:
         places = [f"{keyword} at {path}" for keyword in keywords for path in keyword_paths(schema, keyword)]
         read = " (it would be read as anyOf)" if keywords == ["oneOf"] else ""
-        return (f"uses {', '.join(places or keywords)}, which cannot be enforced{read}: remove it, or send the "
-                "schema as not strict to have the rest enforced and this listed as unenforced")
+        return (f"uses {', '.join(places or keywords)}, which cannot be enforced{read}: remove it (spec serve "
+                "also takes the schema with \"strict\": false, enforcing the rest and listing it as unenforced)")
     if message.startswith("Resource ") and "retrieving it failed" in message:
         return "has a $ref to a remote schema; nothing is fetched: put that schema in place of the $ref"
     return f"cannot be used: {message}"

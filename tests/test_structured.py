@@ -122,6 +122,7 @@ def test_text_that_is_not_a_schema_is_one_line(schema: str, message: str) -> Non
     ('root ::= "a', "does not parse: Unexpected end of input at line 1"),
     ("root ::= missing", "does not parse: Rule 'missing' not found"),
     ('start: "a" | nothing', "does not parse: "),
+    ('start ::= "a"', "does not parse: a GBNF grammar starts at its 'root' rule, and this one has none"),
 ])
 def test_a_grammar_that_does_not_parse_is_refused_before_a_model_loads(text: str, reason: str) -> None:
     with pytest.raises(InvalidConstraint) as caught:

@@ -29,6 +29,7 @@ from spec_cli.errors import SpecError
 from spec_cli.llama.model import Model
 
 KEPT_GRAMMARS = 64  # compiled grammars kept per model, the least recently used dropped first
+GBNF_ROOT = re.compile(r"^\s*root\s*::=", re.MULTILINE)
 ROW_ITEMS = 10_000  # llguidance's max_items_in_row (default 2,000)
 
 
@@ -45,6 +46,8 @@ def llguidance_grammar(text: str) -> str:
     by llguidance's converter, which tells them apart)."""
     if text.lstrip().startswith("{"):
         return text
+    if "::=" in text and not GBNF_ROOT.search(text):
+        raise GrammarError("does not parse: a GBNF grammar starts at its 'root' rule, and this one has none")
     try:
         return llguidance.grammar_from("grammar", text)
     except ValueError as exc:
