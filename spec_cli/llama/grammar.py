@@ -2,7 +2,7 @@
 vocabulary: which tokens a grammar allows next, and its state advanced token by token.
 
 A grammar is any text llguidance takes: GBNF as llama.cpp writes it, a Lark grammar, or llguidance's own JSON
-grammar (what `structured` makes from a JSON schema or a regex). `Constraints` holds what costs: llguidance's
+grammar (what `structured` makes from a JSON schema). `Constraints` holds what costs: llguidance's
 view of the vocabulary (every token's bytes, built once per model) and each grammar compiled over it (its
 lexer and parser tables), kept by the grammar's hash so that a schema sent again costs a copy. A `Grammar` is
 one state of one compiled grammar; the laws themselves are ours (`decoding.constrained`).
@@ -111,11 +111,21 @@ class Constraints:
     def compile(self, text: str) -> None:
         """Compile `text` (any grammar `llguidance_grammar` takes) over the vocabulary, or find it compiled;
         GrammarError when it does not compile or allows no token at its start."""
+        self._matcher(text)
+
+    def start(self, text: str) -> Grammar:
+        """The start state of `text` over the vocabulary (compiled now unless it is kept)."""
+        matcher = self._matcher(text)
+        return Grammar(matcher.deep_copy(), self._model.n_vocab, _Point())
+
+    def _matcher(self, text: str) -> llguidance.LLMatcher:
+        """The compiled start of `text`: the one kept, else compiled now and kept."""
         key = _key(text)
         with self._lock:
-            if key in self._compiled:
+            matcher = self._compiled.get(key)
+            if matcher is not None:
                 self._compiled.move_to_end(key)
-                return
+                return matcher
         matcher = llguidance.LLMatcher(self.tokenizer, llguidance_grammar(text), log_level=0, limits=_limits())
         if matcher.is_error():
             raise GrammarError(f"does not parse: {one_line(matcher.get_error())}")
@@ -126,19 +136,7 @@ class Constraints:
             self._compiled[key] = matcher
             while len(self._compiled) > self._kept:
                 self._compiled.popitem(last=False)
-
-    def start(self, text: str) -> Grammar:
-        """The start state of `text` over the vocabulary (compiled now unless it is kept)."""
-        key = _key(text)
-        with self._lock:
-            matcher = self._compiled.get(key)
-            if matcher is not None:
-                self._compiled.move_to_end(key)
-        if matcher is None:
-            self.compile(text)
-            with self._lock:
-                matcher = self._compiled[key]
-        return Grammar(matcher.deep_copy(), self._model.n_vocab, _Point())
+        return matcher
 
 
 def _key(text: str) -> str:
