@@ -68,17 +68,17 @@ def test_masked_laws_equal_the_law_of_the_masked_row(alone: Pair) -> None:
 class _NothingSpelt:
     """A grammar state that allows no token: what a grammar asking for a character no token spells meets."""
 
-    def __init__(self, n_vocab: int) -> None:
-        self.n_vocab = n_vocab
+    def allows(self, _token: int) -> bool:
+        return False
 
-    def mask(self) -> np.ndarray:
-        return np.zeros(self.n_vocab, dtype=bool)
+    def allowed_tokens(self) -> np.ndarray:
+        return np.zeros(0, dtype=np.int64)
 
 
 def test_a_grammar_no_token_can_spell_is_an_error(alone: Pair) -> None:
     with pytest.raises(NothingAllowed, match="the grammar allows no token"):
         constrained_greedy(np.zeros(alone.target.n_vocab, dtype=np.float32), SamplingParams(), (),
-                           _NothingSpelt(alone.target.n_vocab))
+                           _NothingSpelt())
 
 
 @pytest.fixture(scope="module")

@@ -30,8 +30,12 @@ class NothingAllowed(GrammarError):
 def constrained_greedy(logits: np.ndarray, params: SamplingParams, recent: Sequence[int], grammar: Grammar) -> int:
     """The most likely token after the penalties among those the grammar allows (the lowest id on a tie, as
     an argmax over the masked row)."""
+    z = penalized(logits, params, recent)
+    best = int(np.argmax(z))
+    if grammar.allows(best):  # mostly: no list of the allowed ids is needed
+        return best
     allowed = _allowed(grammar)
-    return int(allowed[np.argmax(penalized(logits, params, recent)[allowed])])
+    return int(allowed[np.argmax(z[allowed])])
 
 
 def constrained_probabilities(logits: np.ndarray, params: SamplingParams, recent: Sequence[int],
@@ -52,7 +56,7 @@ def constrained_probabilities(logits: np.ndarray, params: SamplingParams, recent
 
 def _allowed(grammar: Grammar) -> np.ndarray:
     """The tokens the grammar allows next, ascending."""
-    allowed = np.flatnonzero(grammar.mask())
+    allowed = grammar.allowed_tokens()
     if not allowed.size:
         raise NothingAllowed()
     return allowed

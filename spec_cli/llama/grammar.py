@@ -147,11 +147,12 @@ class _Point:
     """Where a sequence of accepted tokens leads: the points after one more token, and the whole vocabulary's
     mask here once it has been asked for. Points behind every live state are freed with them."""
 
-    __slots__ = ("after", "mask")
+    __slots__ = ("after", "mask", "ids")
 
     def __init__(self) -> None:
         self.after: dict[int, _Point] = {}
         self.mask: np.ndarray | None = None
+        self.ids: np.ndarray | None = None
 
     def next(self, token: int) -> _Point:
         point = self.after.get(token)
@@ -174,6 +175,13 @@ class Grammar:
             if self._matcher.is_error():
                 raise GrammarError(f"failed while generating: {one_line(self._matcher.get_error())}")
         return point.mask
+
+    def allowed_tokens(self) -> np.ndarray:
+        """The ids the grammar allows next, ascending (kept with the mask)."""
+        point = self._point
+        if point.ids is None:
+            point.ids = np.flatnonzero(self.mask())
+        return point.ids
 
     def allowed(self, ids: np.ndarray) -> np.ndarray:
         """For each token id of `ids`, whether the grammar allows it next (an end-of-generation token only once
