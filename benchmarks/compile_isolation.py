@@ -86,8 +86,10 @@ def trial(url: str, max_tokens: int, schemas: dict) -> dict:
     streamer.start()
     started.wait(60)
     poller.start()
-    senders = [threading.Thread(target=lambda n=name, s=schema: results["schemas"].__setitem__(n, schema_answer(url, s)))
-               for name, schema in schemas.items()]
+    def send(name: str, schema: dict) -> None:
+        results["schemas"][name] = schema_answer(url, schema)
+
+    senders = [threading.Thread(target=send, args=item) for item in schemas.items()]
     results["sent"] = time.perf_counter()
     for sender in senders:
         sender.start()

@@ -91,8 +91,8 @@ def mask_costs(model: Model) -> None:
         constraints.start(SMALL).mask()
         setups.append(time.perf_counter() - started)
     us = np.array(seconds) * 1e6
-    print(f"{model.path.name:42} {model.n_vocab:>7} {built:8.2f} s {np.median(us):9.0f} µs {np.percentile(us, 99):8.0f} µs "
-          f"{len(us):6} {statistics.median(setups) * 1e3:9.2f} ms")
+    print(f"{model.path.name:42} {model.n_vocab:>7} {built:8.2f} s {np.median(us):9.0f} µs "
+          f"{np.percentile(us, 99):8.0f} µs {len(us):6} {statistics.median(setups) * 1e3:9.2f} ms")
 
 
 def masks(draft: Path) -> None:

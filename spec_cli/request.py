@@ -41,7 +41,8 @@ class InvalidRequest(SpecError):
 
 class InvalidConstraint(InvalidRequest):
     """A grammar or JSON schema that cannot constrain anything: it does not parse, allows nothing, or uses a
-    keyword that cannot be enforced. The command line treats it as a bad option value (exit 2, as Click's usage errors)."""
+    keyword that cannot be enforced. The command line treats it as a bad option value (exit 2, as Click's
+    usage errors)."""
 
 
 SHOWN_AT_MOST = 40  # characters of a client's value quoted back in an error message

@@ -24,8 +24,8 @@ from spec_cli.request import InvalidConstraint, shown
 # OpenAI's `{"type": "json_object"}`: any JSON object, as llama-server constrains it.
 ANY_OBJECT: dict[str, Any] = {"type": "object"}
 # Whitespace between JSON tokens as llama.cpp's converter allows it: a space, or a new line and an indent of
-# up to 20, so that a grammar never lets a model pad an answer with blanks until max_tokens. Escapes such as \u00e9 (json.dumps writes them) are
-# allowed in strings that have no pattern; raw control characters never are.
+# up to 20, so that a grammar never lets a model pad an answer with blanks until max_tokens. Escapes such as
+# \u00e9 (json.dumps writes them) are allowed in strings that have no pattern; raw control characters never are.
 JSON_OPTIONS = {"whitespace_pattern": r"(?: |\n[ \t]{0,20})", "json_allow_general_unicode_escapes": True}
 UNIMPLEMENTED = re.compile(r"Unimplemented keys: (\[.*?\])")
 UNKNOWN_FORMAT = re.compile(r"Unknown format: (.+)")

@@ -34,6 +34,7 @@ THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 TOOL_CHOICES = ("auto", "none", "required")
 FUNCTION_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's rule for a function's name
 MAX_CALLS = 8  # tool calls a turn may hold at most
+NEWLINE = "\n"
 
 
 @dataclass(frozen=True)
@@ -150,7 +151,7 @@ def call_grammar(tools: Tools) -> str:
     more = tools.most_calls - 1 if tools.choice == "required" else 0
     repeat = f' ("\\n" call){{0,{more}}}' if more else ""
     lark = (f"start: call{repeat}\n"
-            f"call: {json.dumps(CALL_OPEN + chr(10))} arguments {json.dumps(chr(10) + CALL_CLOSE)}\n"
+            f"call: {json.dumps(CALL_OPEN + NEWLINE)} arguments {json.dumps(NEWLINE + CALL_CLOSE)}\n"
             f"arguments: %json {json.dumps(schema)}\n")
     return llguidance.LLMatcher.grammar_from_lark(lark)
 
@@ -242,7 +243,7 @@ class AnswerSplitter:
         of tokens, so a call never closed is half a call, neither a call nor content: it is dropped."""
         deltas: list[dict[str, Any]] = []
         rest, self._buffer = self._buffer, ""
-        if self.full or (cut and self._names and CALL_OPEN.startswith(rest)):  # past the most calls, or a call's tag cut
+        if self.full or (cut and self._names and CALL_OPEN.startswith(rest)):  # past the most calls, or a tag cut
             return deltas
         if self._state == "think":
             self._say(deltas, "reasoning_content", rest)
