@@ -43,6 +43,18 @@ CORPUS = {
     "Pydantic optional and union": {"type": "object", "properties": {
         "x": {"anyOf": [{"type": "integer"}, {"type": "string", "maxLength": 3}]},
         "y": {"anyOf": [{"type": "boolean"}, {"type": "null"}], "default": None}}, "required": ["x"]},
+    "OpenAI's chain of thought": {"type": "object", "properties": {
+        "steps": {"type": "array", "items": {"type": "object", "properties": {
+            "explanation": {"type": "string"}, "output": {"type": "string"}},
+            "required": ["explanation", "output"], "additionalProperties": False}},
+        "final_answer": {"type": "string"}}, "required": ["steps", "final_answer"], "additionalProperties": False},
+    "OpenAI's recursive UI": {"type": "object", "properties": {
+        "type": {"type": "string", "enum": ["div", "button", "header", "section", "field", "form"]},
+        "label": {"type": "string"}, "children": {"type": "array", "items": {"$ref": "#"}},
+        "attributes": {"type": "array", "items": {"type": "object", "properties": {
+            "name": {"type": "string"}, "value": {"type": "string"}},
+            "required": ["name", "value"], "additionalProperties": False}}},
+        "required": ["type", "label", "children", "attributes"], "additionalProperties": False},
     "OpenAI get_weather": {"type": "object", "properties": {
         "location": {"type": "string", "description": "City and country e.g. Bogotá, Colombia", "maxLength": 6},
         "units": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
@@ -53,20 +65,23 @@ CORPUS = {
 @pytest.mark.parametrize("name", CORPUS)
 def test_every_completed_walk_over_the_mask_validates(alone: Pair, name: str) -> None:
     """Random walks over the allowed tokens (seeded), ended where the end of generation is allowed: each text
-    is JSON the schema accepts, so no keyword is silently dropped."""
+    is JSON the schema accepts, so no keyword is silently dropped. Half the steps take a token that closes
+    something where one is allowed (a quote, a bracket, a brace), so that walks end."""
     schema = CORPUS[name]
     model, rng = alone.target, np.random.default_rng(0)
     constraints = Constraints(model)
     ends, completed = set(model.end_of_generation_tokens.tolist()), 0
+    closing = {t for t in range(model.n_vocab) if model.piece(t) in (b'"', b"]", b"}")}
     for _ in range(12):
         state, text = constraints.start(schema_grammar(schema).grammar), b""
-        for _ in range(80):
-            allowed = np.flatnonzero(state.mask())
-            if ends & set(allowed.tolist()) and rng.random() < 0.5:
+        for _ in range(120):
+            allowed = set(state.allowed_tokens().tolist())
+            if ends & allowed and rng.random() < 0.5:
                 jsonschema.validate(json.loads(text), schema)
                 completed += 1
                 break
-            token = int(rng.choice([t for t in allowed if t not in ends] or allowed))
+            closers = sorted(allowed & closing) if rng.random() < 0.5 else []
+            token = int(rng.choice(closers or sorted(allowed - ends) or sorted(allowed)))
             state.accept(token)
             text += model.piece(token)
     assert completed >= 3
