@@ -104,6 +104,13 @@ def test_a_forced_turn_holds_at_most_its_most_calls(alone: Pair, parallel: bool,
     assert not accepts(alone.target, grammar, "\n".join([call] * (most + 1)))
 
 
+def test_a_forced_call_grammar_is_not_read_as_gbnf_whatever_its_schema_says(alone: Pair) -> None:
+    noted = {**TIME, "parameters": {"type": "object", "properties": {
+        "at": {"type": "string", "description": "\nwhen ::= a time", "maxLength": 4}}}}
+    grammar = call_grammar(Tools((noted,), "required", parallel=False))
+    assert accepts(alone.target, grammar, '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>')
+
+
 def accepts(model: Model, grammar: str, text: str) -> bool:
     """Whether the grammar takes `text` whole, each step the longest allowed token that spells its next bytes,
     and is then complete."""

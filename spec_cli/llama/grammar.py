@@ -29,6 +29,7 @@ from spec_cli.errors import SpecError
 from spec_cli.llama.model import Model
 
 KEPT_GRAMMARS = 64  # compiled grammars kept per model, the least recently used dropped first
+GBNF_RULE = re.compile(r"^\s*[\w-]+\s*::=", re.MULTILINE)
 GBNF_ROOT = re.compile(r"^\s*root\s*::=", re.MULTILINE)
 ROW_ITEMS = 10_000  # llguidance's max_items_in_row (default 2,000)
 
@@ -46,7 +47,7 @@ def llguidance_grammar(text: str) -> str:
     by llguidance's converter, which tells them apart)."""
     if text.lstrip().startswith("{"):
         return text
-    if "::=" in text and not GBNF_ROOT.search(text):
+    if GBNF_RULE.search(text) and not GBNF_ROOT.search(text):
         raise GrammarError("does not parse: a GBNF grammar starts at its 'root' rule, and this one has none")
     try:
         return llguidance.grammar_from("grammar", text)
@@ -145,7 +146,7 @@ def _key(text: str) -> str:
 
 class _Point:
     """Where a sequence of accepted tokens leads: the points after one more token, and the whole vocabulary's
-    mask here once it has been asked for. Points behind every live state are freed with them."""
+    mask here (and the ids it allows) once asked for. Points behind every live state are freed with them."""
 
     __slots__ = ("after", "mask", "ids")
 
@@ -182,11 +183,6 @@ class Grammar:
         if point.ids is None:
             point.ids = np.flatnonzero(self.mask())
         return point.ids
-
-    def allowed(self, ids: np.ndarray) -> np.ndarray:
-        """For each token id of `ids`, whether the grammar allows it next (an end-of-generation token only once
-        the grammar is complete)."""
-        return self.mask()[ids]
 
     def allows(self, token: int) -> bool:
         return bool(self.mask()[token])

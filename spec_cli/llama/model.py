@@ -223,7 +223,7 @@ class Model:
 
     @property
     def vocab(self) -> llama_cpp.llama_vocab_p:
-        """The vocabulary's handle, for llama.cpp's samplers (`grammar`)."""
+        """The vocabulary's handle, for llguidance's tokenizer bridge (`grammar`)."""
         return self._vocab
 
     def piece(self, token: int, special: bool = False) -> bytes:

@@ -23,8 +23,6 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-import llguidance
-
 from spec_cli.request import InvalidConstraint, shown
 from spec_cli.server.errors import RequestError, unicode_text
 from spec_cli.structured import JSON_OPTIONS, schema_grammar
@@ -153,7 +151,7 @@ def call_grammar(tools: Tools) -> str:
     lark = (f"start: call{repeat}\n"
             f"call: {json.dumps(CALL_OPEN + NEWLINE)} arguments {json.dumps(NEWLINE + CALL_CLOSE)}\n"
             f"arguments: %json {json.dumps(schema)}\n")
-    return llguidance.LLMatcher.grammar_from_lark(lark)
+    return json.dumps({"grammars": [{"lark_grammar": lark}]})  # llguidance's own form: taken as it is
 
 
 def described(tools: Tools) -> str:
