@@ -114,10 +114,20 @@ class BatchCosts:
     def as_dict(self) -> dict[str, float]:
         return {str(n): self.total[n] / self.weight[n] for n in sorted(self.weight)}
 
+    def seed(self, means: dict[str, float], weight: float) -> None:
+        """Start from means measured before (`as_dict`'s form, as a cost book keeps them), each counting as
+        `weight` calls: the first calls measured now soon outweigh them."""
+        for n, seconds in means.items():
+            self.weight[int(n)] = weight
+            self.total[int(n)] = weight * float(seconds)
+        self._line = None
+
 
 @dataclass
 class LoopCosts:
-    """c_d(n) by batch size, c_v(K) by K, and o per emitted token, as measured so far."""
+    """c_d(n) by batch size, c_v(K) by K, and o per emitted token, as measured so far.
+
+    c_v is the target's, whoever drafted: books that price different drafters share one (`sharing`)."""
 
     decay: float = 1.0
     draft: BatchCosts = field(init=False)
@@ -127,6 +137,13 @@ class LoopCosts:
 
     def __post_init__(self) -> None:
         self.draft, self.verify = BatchCosts(self.decay), BatchCosts(self.decay)
+
+    @classmethod
+    def sharing(cls, verify: BatchCosts, decay: float) -> LoopCosts:
+        """A book of its own drafter's steps and loop work over the target's passes `verify`."""
+        costs = cls(decay)
+        costs.verify = verify
+        return costs
 
     def record_round(self, steps: list[tuple[int, float]], k: int, verify_s: float, round_s: float,
                      emitted: int) -> None:

@@ -79,6 +79,28 @@ class PositionAcceptance:
         self.reached = [count * decay + (i < reached_to) for i, count in enumerate(self.reached)]
         self.accepted_at = [count * decay + (i < accepted) for i, count in enumerate(self.accepted_at)]
 
+    def as_counts(self) -> dict[str, float | list[float]]:
+        """The counts, as a cost book keeps them."""
+        return {"accepted": self.accepted, "rejections": self.rejections, "reached": list(self.reached),
+                "accepted_at": list(self.accepted_at)}
+
+    def seed(self, counts: dict[str, float | list[float]], rounds: float) -> None:
+        """Start from counts learnt before (`as_counts`'s), worth at most `rounds` rounds: a prior that the
+        rounds measured now soon outweigh."""
+        reached, accepted_at = list(counts["reached"]), list(counts["accepted_at"])  # type: ignore[arg-type]
+        self._grow(len(reached))
+        self.reached[:len(reached)] = map(float, reached)
+        self.accepted_at[:len(accepted_at)] = map(float, accepted_at)
+        self.accepted = float(counts["accepted"])  # type: ignore[arg-type]
+        self.rejections = float(counts["rejections"])  # type: ignore[arg-type]
+        if self.reached and self.reached[0] > rounds:
+            self.forget(rounds / self.reached[0])
+
+    @property
+    def measured(self) -> float:
+        """How many rounds' worth the counts hold (decayed): rounds that drafted a first token."""
+        return self.reached[0] if self.reached else 0.0
+
     def forget(self, keep: float) -> None:
         """Scale every count by `keep`: what was learnt weighs less against what comes next."""
         self.accepted, self.rejections = self.accepted * keep, self.rejections * keep
@@ -119,11 +141,17 @@ class DraftLength(Protocol):
     def update(self, drafted: int, accepted: int) -> None:
         """Learn from a finished round: `accepted` of `drafted` kept."""
 
+    def seed(self, counts: dict[str, float | list[float]], rounds: float) -> None:
+        """Start from acceptance learnt before (a cost book's), worth at most `rounds` rounds."""
+
 
 class FixedK:
     def __init__(self, k: int, decay: float = 0.98) -> None:
         self.k_max = k
         self.acceptance = PositionAcceptance(decay)
+
+    def seed(self, counts: dict[str, float | list[float]], rounds: float) -> None:
+        self.acceptance.seed(counts, rounds)
 
     def next_k(self) -> int:
         return self.k_max
@@ -151,6 +179,13 @@ class AdaptiveK:
         self.acceptance = PositionAcceptance(decay)
         self.idle = 0  # rounds run at K = 0 since drafting last ran
         self.probe_after = PROBE_ROUNDS
+
+    def seed(self, counts: dict[str, float | list[float]], rounds: float) -> None:
+        """Start from acceptance learnt before (a cost book's) at the K the costs make best: no warm-up."""
+        self.acceptance.seed(counts, rounds)
+        rates = {k: self.costs.rate(k, self.acceptance, self.pricing) for k in range(self.k_max + 1)}
+        if None not in rates.values():
+            self.k, self.rounds = max(rates, key=lambda k: rates[k] or 0.0), self.warmup_rounds
 
     def next_k(self) -> int:
         return 1 if self.k == 0 and self.probe_due() else self.k

@@ -92,7 +92,7 @@ def machine_key() -> str:
 
     llama_cpp.llama_backend_init()
     system = llama_cpp.llama_print_system_info().decode("utf-8", errors="replace")
-    parts = [llama_cpp.__version__, system, platform.machine(), _cpu_name()]
+    parts = [llama_cpp.__version__, system, platform.machine(), cpu_name()]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
 
 
@@ -146,7 +146,8 @@ def _read_cache() -> Verdict | None:
     return Verdict(data["verdict"], "probe", data.get("checked"), data.get("steps"))
 
 
-def _cpu_name() -> str:
+def cpu_name() -> str:
+    """The CPU's model name as /proc/cpuinfo gives it (the platform's word for it elsewhere)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):

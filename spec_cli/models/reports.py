@@ -11,6 +11,7 @@ from pathlib import Path
 
 from spec_cli import __version__
 from spec_cli.decoding.draft_length import AUTO_K_MAX
+from spec_cli.drafting import cost_book
 from spec_cli.errors import SpecError
 from spec_cli.llama import features, gguf, kernels, rpc
 from spec_cli.llama.model import Model, supports_gpu_offload, versions
@@ -221,6 +222,7 @@ def doctor_facts(default: PairSpec, probe_again: bool = False) -> list[tuple[str
         ("llama.cpp backends", ", ".join(backends(system_info))),
         ("GPU offload", "yes" if gpu else "no (CPU-only build)"),
         ("llama.cpp system info", system_info),
+        ("CPU", kernels.cpu_name()),
         ("CPU threads", str(os.cpu_count())),
         ("memory", f"{memory / 1e9:.1f} GB" if memory else "unknown"),
         ("derived models cache", str(cache_dir() / "derived")),
@@ -233,9 +235,25 @@ def doctor_facts(default: PairSpec, probe_again: bool = False) -> list[tuple[str
     if not gpu and found:
         facts.append(("enable GPU", f"this machine has {found}, which this build cannot use: {gpu_install_command()}"))
     facts.append(("CPU kernels", kernels_fact(kernels.verdict(probe_again))))
+    facts += cost_facts()
     files = located_pair(default)
     if files is None:
         facts.append((f"pair {default.name}", f"not on disk yet (spec models pull {default.name})"))
     else:
         facts += [(f"{default.name}: {key}", value) for key, value in memory_facts(*files, default.draft_max)]
+    return facts
+
+
+def cost_facts() -> list[tuple[str, str]]:
+    """What the cost book measured on this machine, pair by pair (newest first): each own drafter's step against
+    the target's and what it implies; one line saying how to measure when nothing is booked yet."""
+    entries = cost_book.this_machine()
+    if not entries:
+        return [("measured here", "nothing yet: spec run, chat, serve and bench keep their costs in "
+                                  f"{cost_book.path()}")]
+    facts: list[tuple[str, str]] = []
+    for entry in entries:
+        pair = " ← ".join(entry.get("pair", [])) or "a pair"
+        lines = cost_book.reading(entry) or ["no own drafter measured yet (only n-gram lookup or the target alone)"]
+        facts += [(f"measured here: {pair}", line) for line in lines]
     return facts

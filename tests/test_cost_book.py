@@ -1,0 +1,84 @@
+"""The cost book: what a pair measured is kept when it closes, and the next process on this machine starts from
+it (costs known, K at the best the costs say, no warm-up); a damaged book is ignored, never fatal."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from spec_cli import load_pair
+from spec_cli.cli.app import app
+from spec_cli.decoding.draft_length import AdaptiveK
+from spec_cli.drafting import cost_book
+from spec_cli.llama import kernels
+
+PROMPT = "the cat and the dog"
+
+
+def measure(target: Path, draft: Path, threads: int = 2) -> dict:
+    """Generate once with the draft model at K auto, close, and return what the book holds."""
+    with load_pair(target, draft, n_threads=threads) as pair:
+        for _ in pair.generate(PROMPT, raw=True, max_tokens=40, draft_mode="model", draft_max="auto", seed=1):
+            pass
+    return cost_book.read_all()
+
+
+def test_a_closed_pair_keeps_what_it_measured(target_path: Path, other_draft_path: Path) -> None:
+    book = measure(target_path, other_draft_path)
+    [entry] = book.values()
+    assert entry["machine"] == kernels.machine_key() and entry["cpu"] == kernels.cpu_name()
+    assert entry["pair"] == [target_path.name, other_draft_path.name]
+    assert "0" in entry["verify"] and "1" in entry["books"]["model"]["draft"]
+    assert entry["acceptance"]["model"]["reached"][0] > 0
+    assert cost_book.this_machine() == [entry]
+
+
+def test_the_next_pair_starts_from_the_book(target_path: Path, other_draft_path: Path) -> None:
+    [entry] = measure(target_path, other_draft_path).values()
+    with load_pair(target_path, other_draft_path, n_threads=2) as pair:
+        costs = pair.drafting.costs("model")
+        assert costs.draft.seconds(1) == entry["books"]["model"]["draft"]["1"]
+        assert costs.verify.seconds(0) == entry["verify"]["0"]
+        length = pair.drafting.build("model", 0.0, "auto")[1]
+        assert isinstance(length, AdaptiveK) and length.rounds == length.warmup_rounds  # no warm-up
+        rates = {k: costs.rate(k, length.acceptance, "per token") for k in range(length.k_max + 1)}
+        assert length.k == max(rates, key=lambda k: rates[k] or 0.0)
+        assert length.acceptance.measured <= 8.0  # a prior that the rounds measured now soon outweigh
+
+
+def test_another_thread_count_is_another_entry(target_path: Path, other_draft_path: Path) -> None:
+    measure(target_path, other_draft_path, threads=2)
+    assert len(measure(target_path, other_draft_path, threads=1)) == 2
+
+
+def test_a_pair_that_measured_nothing_writes_nothing(target_path: Path) -> None:
+    load_pair(target_path, n_threads=2).close()
+    assert not cost_book.path().exists()
+
+
+def test_a_damaged_book_is_ignored(target_path: Path, other_draft_path: Path) -> None:
+    cost_book.path().write_text("{ not json")
+    assert len(measure(target_path, other_draft_path)) == 1  # read as empty, then written whole
+    key = next(iter(cost_book.read_all()))
+    cost_book.path().write_text(json.dumps({key: {"verify": {"0": -1.0}, "books": "nonsense"}}))
+    with load_pair(target_path, other_draft_path, n_threads=2) as pair:
+        assert pair.drafting.costs("model").verify.seconds(0) is None  # the whole entry is left aside
+
+
+def test_doctor_reads_the_book_for_this_machine(target_path: Path, other_draft_path: Path) -> None:
+    """The draft's step against the target's, and the speed-up the cost model predicts from the costs and the
+    acceptance measured here; before anything is measured, where the book will be."""
+    before = CliRunner().invoke(app, ["doctor"], env={"COLUMNS": "400"})
+    assert before.exit_code == 0 and "nothing yet: spec run, chat, serve and bench keep their costs in" in before.stdout
+    [entry] = measure(target_path, other_draft_path).values()
+    step, target = entry["books"]["model"]["draft"]["1"], entry["verify"]["0"]
+    [line] = cost_book.reading(entry)
+    assert line.startswith(f"model: a draft step costs {step / target:.2f} of a target step here; at acceptance ")
+    assert re.search(r"the cost model predicts \d+\.\d\d× at K = \d+", line)
+    shown = CliRunner().invoke(app, ["doctor"], env={"COLUMNS": "400"})
+    assert shown.exit_code == 0 and f"measured here: {target_path.name} ← {other_draft_path.name}" in shown.stdout
+    assert f"a draft step costs {step / target:.2f} of a target step here" in shown.stdout
+    assert kernels.cpu_name() in shown.stdout
