@@ -64,6 +64,8 @@ PROMPTS = {
              "Write a SQL query that returns the ten customers with the highest total order value."),
     "summary": (f"Summarise this article in three sentences.\n\n{_ARTICLE}",),
     "creative": ("Write a surreal short poem about a lighthouse that collects lost umbrellas.",),
+    "prose": ("Write a short story about a lighthouse keeper who finds a message in a bottle.",
+              "Describe a walk through a city market on a rainy morning."),
     "rewrite": (f"Rename the variable `total` to `revenue` in this code. Reply with the full code only.\n\n{_CODE}",
                 f"Rename the function `summarize` to `report` in this code. Reply with the full code only.\n\n{_CODE}",
                 f"Add a docstring to this function. Reply with the full code only.\n\n{_CODE}"),
@@ -336,13 +338,14 @@ def report(sides: Sequence[Side], settings: dict[str, object]) -> dict[str, obje
             "mean_accepted_length": side.mean_accepted_length,
             "seconds_per_target_pass": side.seconds_per_pass,
             "position_acceptance": side.totals.position_acceptance,
+            "ways": side.totals.way_shares(),
             "time_share": {"draft": side.share("draft_s"), "convert": side.share("convert_s"),
                            "verify": side.share("verify_s"),
                            "rollback": side.share("rollback_s"), "outside_llama_cpp": side.share("overhead_s")},
             "runs": [run.as_dict() for run in side.runs],
             "same_as_target_alone": _same_text(side),
         })
-    _against_pure(configs)
+    _against_pinned(configs)
     return {
         "settings": settings,
         "costs": {_group_name(*group): group_costs.as_dict() for group, group_costs in costs.items()},
@@ -359,18 +362,18 @@ def _same_text(side: Side) -> dict[str, Any] | None:
     return {"runs": len(side.differences), "same": len(side.differences) - len(parted), "differences": parted}
 
 
-def _against_pure(configs: list[dict[str, Any]]) -> None:
-    """Give each hybrid row its tokens/s over the better of its pure modes (n-gram lookup, the pair's own
-    drafter) at the same K, on the same prompts, where the run measured them: the hybrid exists to be at
-    least as fast as the better of the two, and this is where to see whether it is."""
+def _against_pinned(configs: list[dict[str, Any]]) -> None:
+    """Give each hybrid row (the default) its tokens/s over the best pinned mode's, at whichever K that mode ran
+    best, on the same prompts and settings: the default exists to be at least as fast as the best single way,
+    and this is where to see whether it is."""
     def setting(c: dict[str, Any]) -> tuple:
-        return c["task"], c["temperature"], c["verify"], c["where"], c["draft_max"]
+        return c["task"], c["temperature"], c["verify"], c["where"]
     for c in configs:
-        peers = [p for p in configs if p["draft_mode"] in ("ngram", *PREDICTED_MODES) and setting(p) == setting(c)]
+        peers = [p for p in configs if p["draft_mode"] not in ("hybrid", "none") and setting(p) == setting(c)]
         if c["draft_mode"] == "hybrid" and peers:
             best = max(peers, key=lambda p: p["tokens_per_second"]["median"])
-            c["against_best_pure"] = {"label": best["label"], "ratio": c["tokens_per_second"]["median"]
-                                      / best["tokens_per_second"]["median"]}
+            c["against_best_pinned"] = {"label": best["label"], "ratio": c["tokens_per_second"]["median"]
+                                        / best["tokens_per_second"]["median"]}
 
 
 def _group_name(task: str | None, where: str | None) -> str:

@@ -20,6 +20,7 @@ from typing import Any, Sequence, TypeVar
 from spec_cli.decoding.draft_length import AUTO_K_MAX
 from spec_cli.decoding.engine import Generation
 from spec_cli.decoding.sampling import recommended
+from spec_cli.drafting import cost_book
 from spec_cli.drafting.modes import FED_MODES, MODES, Drafting, Sources
 from spec_cli.drafting.translation import Translation
 from spec_cli.errors import SpecError
@@ -72,11 +73,14 @@ class Pair:
                 sources = replace(sources, dflash=self._add(BlockContext(
                     draft, self.target_context, n_threads, found.block_size, found.mask_token, found.causal)))
         except BaseException:
-            self.close()
+            self._free()
             raise
         # What the drafters learn (costs, K controllers) is kept here across generations: it carries over from
-        # one prompt (or chat turn) to the next.
+        # one prompt (or chat turn) to the next, and from the last process on this machine (the cost book).
         self.drafting = Drafting(sources)
+        files = [model.path for model in self._models]
+        self._book_key = cost_book.key(files, n_threads, self.placement())
+        self.drafting.seed(cost_book.read(self._book_key))
 
     def _context(self, model: Model, n_ctx: int, n_threads: int, max_rollback: int, hidden_states: bool = False,
                  feature_layers: tuple[int, ...] = ()) -> Context:
@@ -96,9 +100,8 @@ class Pair:
 
     @property
     def default_draft_mode(self) -> str:
-        """The draft model where there is one, else an EAGLE-3 head or DFlash drafter, else the target's MTP head,
-        else no drafting."""
-        return self.drafting.own_model().name
+        """The hybrid: each round, whichever way this pair allows serves best by the costs measured here."""
+        return "hybrid"
 
     def mode_for(self, request: GenerationRequest) -> str:
         """The drafting mode `request` runs with: its own, else this pair's default."""
@@ -172,6 +175,8 @@ class Pair:
         generation = Generation(target, drafter, tokens, request.sampling, seed, draft_length,
                                 request.max_tokens, request.verify, drafting.costs(mode.name), grammar)
         generation.stats.adaptive = request.adaptive and drafter is not None
+        if mode.name == "hybrid" and isinstance(request.draft_max, int):
+            generation.stats.draft_max = request.draft_max  # its own drafters' K (the loop's cap is the n-gram's)
         generation.stats.draft_mode = mode.name
         in_use = ("target", "draft") if mode.loads_draft and self.draft_context else ("target",)
         generation.stats.memory = {name: facts for name, facts in self.memory().items() if name in in_use}
@@ -205,6 +210,13 @@ class Pair:
             raise InvalidConstraint("grammar", f"{{name}} {exc.reason}") from None
 
     def close(self) -> None:
+        """Free the models, after keeping what drafting measured in the cost book."""
+        learnt = self.drafting.learnt()
+        if learnt is not None:
+            cost_book.write(self._book_key, {**learnt, "pair": [model.path.name for model in self._models]})
+        self._free()
+
+    def _free(self) -> None:
         for context in self._contexts:
             context.close()
         for model in self._models:

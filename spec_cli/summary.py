@@ -32,9 +32,11 @@ def summary_line(stats: Stats, finish_reason: str | None, brief: bool = False) -
     if s.drafted:
         if s.adaptive:
             parts.append(f"K auto, last {s.current_k}")
-        parts.append(f"drafting: {MODES[s.draft_mode].label if s.draft_mode in MODES else s.draft_mode}")
+        parts.append(f"drafting: {label(s.draft_mode)}{ways(s)}")
         if s.convert_s:
             parts.append(f"through text: conversion {percent(s.convert_share, 1)} of the rounds")
+    elif s.ways:
+        parts.append(f"drafting: {label(s.draft_mode)}{ways(s)}")
     else:
         parts.append("K auto: no draft paid (K = 0)" if s.adaptive else "no draft")
     if s.batch_size > 1:
@@ -44,3 +46,24 @@ def summary_line(stats: Stats, finish_reason: str | None, brief: bool = False) -
     if any(where != "CPU" for where in s.placement.values()):
         parts += [f"{name} on {where}" for name, where in s.placement.items()]
     return " · ".join(parts)
+
+
+def label(mode: str) -> str:
+    return MODES[mode].label if mode in MODES else mode
+
+
+def way_shares(shares: dict[str, dict[str, float | int]]) -> str:
+    """How often each way a hybrid chose drafted, and the tokens its rounds yielded each (`Stats.way_shares`),
+    most chosen first: "n-gram lookup 82% of rounds, 3.1 tokens each · no draft 18%"."""
+    ordered = sorted(shares.items(), key=lambda item: -item[1]["rounds"])
+    text = []
+    for i, (way, got) in enumerate(ordered):
+        share = percent(got["share"]) + (" of rounds" if i == 0 else "")
+        text.append(f"{label(way)} {share}" + (f", {got['tokens_per_round']:.1f} tokens each" if way != "none" else ""))
+    return " · ".join(text)
+
+
+def ways(stats: Stats) -> str:
+    """The hybrid's choices in brackets (`way_shares`); nothing for a pinned mode."""
+    shares = stats.way_shares()
+    return f" ({way_shares(shares)})" if shares else ""

@@ -175,3 +175,15 @@ def chi2_survival(x: float, dof: int) -> float:
         term *= z / (a + n)
         total += term
     return max(0.0, 1.0 - math.exp(-z + a * math.log(z) - math.lgamma(a)) * total) if z > 0 else 1.0
+
+
+def priced_to_draft(pair: Pair) -> None:
+    """Price every own drafter's step of `pair` as nearly free and every verify pass alike, whatever its K, so
+    that the hybrid and `-k auto` draft wherever acceptance gives a chance. On the tiny models a draft step
+    costs what a target step does, and both would rightly stop drafting, leaving the paths under test (drafts
+    kept and rejected, rollbacks) unrun. Measurements made after this weigh too little to change it for a
+    test's few generations."""
+    steps, passes = {str(n): 1e-6 * n for n in range(1, 129)}, {str(k): 0.01 for k in range(17)}
+    for name in pair.drafting.own_models():
+        pair.drafting.costs(name).draft.seed(steps, 1e6)
+    pair.drafting.costs("hybrid").verify.seed(passes, 1e6)

@@ -193,7 +193,7 @@ def test_repl_samples_as_the_model_recommends_and_says_so(tmp_path: Path) -> Non
     child.expect("temp 0.6 · top-k 20 · top-p 0.5 · min-p 0.05 · repeat-penalty 1.1 over 64")
     child.sendline("/set temp 0")
     child.sendline("/set")
-    child.expect("greedy · repeat-penalty 1.1 over 64 · presence 0 · frequency 0 · drafting model K=auto")
+    child.expect("greedy · repeat-penalty 1.1 over 64 · presence 0 · frequency 0 · drafting hybrid K=auto")
     leave(child)
 
 

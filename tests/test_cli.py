@@ -136,9 +136,14 @@ def test_model_choice_mistakes(args: list[str], message: str) -> None:
     user_error(spec("run", *args, "hi"), message)
 
 
-def test_a_target_without_mtp_layers_needs_a_draft(target_path: Path) -> None:
-    user_error(spec("run", "--target", str(target_path), "hi"),
-               "--target needs a --draft (or a target with MTP layers, or --draft-mode ngram, or --no-draft")
+def test_a_target_alone_drafts_with_what_it_has_and_a_draft_mode_that_needs_a_file_says_so(target_path: Path) -> None:
+    alone = spec("run", "--target", str(target_path), "--raw", "-n", "8", "--json", "hi")
+    assert alone.exit_code == 0, alone.output
+    stats = json.loads(alone.stdout)["stats"]
+    assert stats["draft_mode"] == "hybrid" and set(stats["ways"]) <= {"ngram", "none"}
+    user_error(spec("run", "--target", str(target_path), "--draft-mode", "model", "hi"),
+               "--target needs a --draft for this draft mode (or leave --draft-mode out: the default drafts with "
+               "what the target has, n-gram lookup at least)")
 
 
 @pytest.mark.parametrize("args, message", [
@@ -259,7 +264,7 @@ def test_ngram_mode_runs_with_a_target_alone(target_path: Path) -> None:
 
 
 def test_auto_k_in_json(pair_args: list[str]) -> None:
-    data = json.loads(spec("run", *pair_args, "-n", "20", "--json", "the cat").stdout)
+    data = json.loads(spec("run", *pair_args, "-n", "20", "--draft-mode", "model", "--json", "the cat").stdout)
     assert data["stats"]["adaptive_k"] is True and data["stats"]["current_k"] >= 1  # files given: auto
     fixed = json.loads(spec("run", *pair_args, "-k", "3", "-n", "20", "--json", "the cat").stdout)
     assert fixed["stats"]["adaptive_k"] is False and fixed["stats"]["draft_max"] == 3
@@ -331,7 +336,7 @@ def test_llama_cpp_refusing_mid_generation_is_one_line_and_keeps_the_text(
         return decode(self, tokens, n_logits)
 
     monkeypatch.setattr(Context, "_decode", failing)
-    result = spec("run", *pair_args, "-k", "2", "-n", "40", "the cat")
+    result = spec("run", *pair_args, "-k", "2", "-n", "40", "--draft-mode", "model", "the cat")
     assert result.exit_code == 1
     assert result.stdout.strip()  # the text generated before the failure stays
     assert result.stderr.strip().splitlines()[-1].endswith("could not decode with other.gguf: no room in the memory")

@@ -193,6 +193,7 @@ def test_greedy_under_a_grammar_on_every_memory_kind(tmp_path: Path, arch: str) 
     with load_pair(path, None) as solo:
         plain = finish(solo.generate(PROMPT, raw=True, max_tokens=30, grammar=LETTERS))
     with load_pair(path, draft) as pair:
-        generation = finish(pair.generate(PROMPT, raw=True, max_tokens=30, draft_max=3, grammar=LETTERS))
+        generation = finish(pair.generate(PROMPT, raw=True, max_tokens=30, draft_max=3, grammar=LETTERS,
+                                          draft_mode="model"))
     assert generation.token_ids == plain.token_ids
     assert 0 < generation.stats.accepted < generation.stats.drafted

@@ -132,15 +132,15 @@ def test_real_sliding_window_model_stays_exact_after_its_cache_wraps(gemma3_pair
     rejected_at: list[int] = []
     record = Stats.record_round
 
-    def recording(stats: Stats, drafted: int, accepted: int) -> None:
+    def recording(stats: Stats, drafted: int, accepted: int, way: str = "") -> None:
         if accepted < drafted:
             rejected_at.append(stats.prompt_tokens + stats.generated_tokens)
-        record(stats, drafted, accepted)
+        record(stats, drafted, accepted, way)
 
     with load_pair(*gemma3_pair, n_ctx=4096, n_threads=threads) as pair, pytest.MonkeyPatch.context() as patch:
         prompt = pair.prompt_tokens(LONG, True)
         patch.setattr(Stats, "record_round", recording)
-        assert_greedy_identity(pair.target, prompt, against_alone(pair, draft_max=5), 80)
+        assert_greedy_identity(pair.target, prompt, against_alone(pair, draft_max=5, draft_mode="model"), 80)
         assert pair.memory()["target"]["kind"] == "sliding window"
     assert len(prompt) > 1024 and len([p for p in rejected_at if p > 1024]) > 5
 

@@ -3,14 +3,16 @@ on a synthetic machine."""
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
-from spec_cli.decoding.costs import LoopCosts
+from spec_cli.decoding.costs import PER_TOKEN, LoopCosts
 from spec_cli.decoding.draft_length import FixedK
 from spec_cli.decoding.drafter import Draft
 from spec_cli.decoding.sampling import SamplingParams
-from spec_cli.drafting.hybrid import HybridDrafter, HybridState
+from spec_cli.drafting.hybrid import OUT, HybridDrafter, HybridState
 from spec_cli.drafting.ngram import NgramDrafter
 from spec_cli.llama.grammar import Grammar
 
@@ -93,6 +95,9 @@ class FakeModel:
     def prefill(self, _tokens: list[int]) -> list[tuple[int, float]]:
         return []
 
+    def start(self, _tokens: list[int]) -> None:
+        pass
+
     def rewind(self, _n_keep: int) -> None:
         pass
 
@@ -110,91 +115,137 @@ def machine() -> LoopCosts:
     return costs
 
 
-def hybrid(model_accepts: int, ngram_accepts: int = 4, pending: int = 1, k: int = 4,
-           model_share: float = 1.0) -> tuple[HybridDrafter, FakeModel]:
-    """A hybrid past its warm-up: each drafter has drafted k tokens 8 times, keeping the number given; the
-    model drafted `model_share` of the recent rounds."""
-    state = HybridState({"ngram": FixedK(k), "model": FixedK(k)})
+def hybrid(model_accepts: int, ngram_accepts: int = 4, pending: int = 1, k: int = 4, in_use: str = OUT,
+           own: dict[str, LoopCosts] | None = None) -> tuple[HybridDrafter, FakeModel]:
+    """A hybrid whose drafters have each drafted k tokens 8 times, keeping the number given, running in regime
+    `in_use`; `own`: its own drafters' books by name (the draft model alone on `machine()` by default)."""
+    books = own or {"model": machine()}
+    state = HybridState({"ngram": FixedK(k), **{name: FixedK(k) for name in books}}, in_use=in_use)
     model = FakeModel(pending)
-    drafter = HybridDrafter(NgramDrafter(n_vocab=100), model, machine(), state)
+    drafters = {name: model if name == "model" else FakeModel(pending) for name in books}
+    drafter = HybridDrafter(NgramDrafter(n_vocab=100), drafters, books, next(iter(books.values())), state,
+                            {name: PER_TOKEN for name in books})
     drafter.prefill(MATCH[:1])
-    for name, accepted in (("ngram", ngram_accepts), ("model", model_accepts)):
-        for _ in range(state.warmup_rounds):
+    for name, accepted in (("ngram", ngram_accepts), *((name, model_accepts) for name in books)):
+        for _ in range(8):
             state.lengths[name].update(k, accepted)
-        state.tried[name] = state.warmup_rounds
-    state.model_share = model_share  # a prompt starts with the model in use; the test says how much since
     return drafter, model
 
 
 def choice(drafter: HybridDrafter, tokens: list[int]) -> str:
     drafter.rewind(1)  # a new sequence for the n-gram index
     drafter.propose(tokens, 4, GREEDY, np.random.default_rng(0))
+    assert drafter.chosen is not None
     return drafter.chosen[0]
 
 
-def test_hybrid_tries_each_drafter_before_weighing_them() -> None:
+def test_hybrid_tries_what_is_not_priced_yet() -> None:
+    """Before any cost is measured (no cost book), each option is tried: the n-gram first, as it decodes
+    nothing, then the model, then a plain step."""
     state = HybridState({"ngram": FixedK(4), "model": FixedK(4)})
-    drafter = HybridDrafter(NgramDrafter(n_vocab=100), FakeModel(), machine(), state)
+    costs = LoopCosts()
+    drafter = HybridDrafter(NgramDrafter(n_vocab=100), {"model": FakeModel()}, {"model": costs}, costs, state,
+                            {"model": PER_TOKEN})
     drafter.prefill(MATCH[:1])
-    for _ in range(state.warmup_rounds):
-        assert choice(drafter, MATCH) == "ngram"
-        drafter.update(4, 0)  # a useless n-gram, still tried as often as the warm-up says
+    assert choice(drafter, MATCH) == "ngram"
     assert choice(drafter, NO_MATCH) == "model"
-    assert choice(drafter, MATCH) == "model"  # the model's warm-up comes next; the n-gram's is over
+    costs.draft.record(1, 0.012)
+    costs.draft.record(2, 0.016)
+    assert choice(drafter, NO_MATCH) == "model"  # its steps are priced, the target's pass over them is not
+    costs.verify.record(4, 0.041)
+    choice(drafter, NO_MATCH)
+    assert drafter.chosen is not None and drafter.chosen[1] > 0  # every option priced: a choice by rates
 
 
 def test_hybrid_takes_the_drafter_that_serves_the_rate_best() -> None:
-    # A perfect n-gram costs no draft steps: it wins where it matches; the model wins where it does not.
+    # A perfect n-gram costs no draft steps: it wins on text that matches; the model on text that does not.
     drafter, _ = hybrid(model_accepts=4, ngram_accepts=4)
-    assert choice(drafter, MATCH) == "ngram"
-    assert choice(drafter, NO_MATCH) == "model"
+    assert choice(drafter, MATCH) == "ngram" and drafter.state.in_use == OUT
+    drafter, _ = hybrid(model_accepts=4, ngram_accepts=4)
+    assert choice(drafter, NO_MATCH) == "model" and drafter.state.in_use == "model"
     # A draft model that is never right costs more than it yields: plain target steps instead.
     drafter, model = hybrid(model_accepts=0, ngram_accepts=0)
     assert [choice(drafter, tokens) for tokens in (MATCH, NO_MATCH)] == ["none", "none"]
     assert model.proposed == 0
 
 
+def test_the_cheapest_of_several_own_drafters_is_taken() -> None:
+    """Two own drafters as good as each other (a draft model, an MTP head): the one whose steps cost less."""
+    cheap = LoopCosts()
+    for k in range(9):
+        cheap.verify.record(k, 0.025 + 0.004 * k)
+    for n in (1, 2, 10, 40):
+        cheap.draft.record(n, 0.002 * n)
+    drafter, _ = hybrid(model_accepts=4, own={"model": machine(), "mtp": cheap})
+    assert choice(drafter, NO_MATCH) == "mtp" and drafter.state.in_use == "mtp"
+
+
 def test_a_large_backlog_defers_the_model_until_the_regret_reaches_its_price() -> None:
-    """Ski rental: while deferring, the regret grows by the surplus lost and the backlog's growth; the model
-    pays the backlog once that regret reaches the backlog's price when deferring began, weighed by the
-    share of rounds the model sat out."""
-    drafter, model = hybrid(model_accepts=4, pending=40, model_share=0.2)
-    price = 0.8 * (drafter.costs.draft.seconds(40) - drafter.costs.draft.seconds(2))
-    deferred = 0
+    """Ski rental: out of the model's regime, each round that regime would have done better adds the time lost
+    to the regret; the model pays its backlog once the regret reaches that backlog's price."""
+    drafter, model = hybrid(model_accepts=4, pending=40)
+    price = drafter.books["model"].draft.seconds(40) - drafter.books["model"].draft.seconds(2)
+    deferred, regrets = 0, []
     while choice(drafter, NO_MATCH) == "none":
         deferred += 1
-        model.backlog += 1
+        regrets.append(drafter.state.regret_s)
         drafter.update(0, 0)
         assert deferred < 100
-    assert deferred >= 2
-    assert drafter.state.regret_s == 0.0 and drafter.state.backlog_s == pytest.approx(price)
+    assert deferred >= 2 and regrets[-1] < price and drafter.state.in_use == "model"
+    assert regrets == sorted(regrets) and drafter.state.regret_s == 0.0
     # A backlog of 3 costs less than one round of deferring: the model catches up at once.
-    drafter, model = hybrid(model_accepts=4, pending=3, model_share=0.2)
+    drafter, model = hybrid(model_accepts=4, pending=3)
     assert choice(drafter, NO_MATCH) == "model"
-    # A model in use all along will be needed again: deferring saves nothing.
-    drafter, model = hybrid(model_accepts=4, pending=40, model_share=1.0)
-    assert choice(drafter, NO_MATCH) == "model"
+
+
+def test_leaving_a_drafters_regime_is_free() -> None:
+    """A model that is never right, in use when the text turns to copying: the n-gram's regime takes over at
+    once, as leaving costs nothing."""
+    drafter, _ = hybrid(model_accepts=0, ngram_accepts=4, in_use="model")
+    assert choice(drafter, MATCH) == "ngram" and drafter.state.in_use == OUT
+
+
+def test_the_regime_in_use_charges_its_drafters_catch_up() -> None:
+    """An n-gram right once in four (2 tokens for a 41 ms verify) beats a plain step, and a perfect model
+    (5 for 93 ms) only out of the model's regime; in it, the model would catch up on those 2 tokens later
+    (8 ms)."""
+    choices = {}
+    for regime, other in (("model", OUT), (OUT, "model")):
+        drafter, _ = hybrid(model_accepts=4, ngram_accepts=1, in_use=regime)
+        drafter.state.regimes[regime].add(50.0, 1.0, 1.0)  # 50 tokens a second lately
+        drafter.state.regimes[other].add(40.0, 1.0, 1.0)  # the other regime's choices would have made 40
+        choices[regime] = choice(drafter, MATCH)
+        assert drafter.state.in_use == regime
+    assert choices == {"model": "model", OUT: "ngram"}
+
+
+def test_the_ngram_lookups_host_time_is_priced() -> None:
+    """A perfect n-gram whose lookup takes 0.1 s yields less per second than the model: the model drafts."""
+    class SlowLookup(NgramDrafter):
+        def propose(self, tokens: list[int], k: int, sampling: SamplingParams, rng: np.random.Generator,
+                    grammar: Grammar | None = None) -> Draft:
+            time.sleep(0.1)
+            return super().propose(tokens, k, sampling, rng, grammar)
+
+    drafter, _ = hybrid(model_accepts=4, ngram_accepts=4)
+    assert choice(drafter, MATCH) == "ngram"
+    drafter, _ = hybrid(model_accepts=4, ngram_accepts=4)
+    drafter.ngram = SlowLookup(n_vocab=100)
+    assert choice(drafter, MATCH) == "model"
 
 
 def test_a_new_prompt_starts_afresh() -> None:
-    """The prompt's prefill catches the model up: no deferral carries over, the model counts as in use, and
-    the rate learnt on the last text weighs about two rounds."""
-    drafter, _ = hybrid(model_accepts=4, pending=40, model_share=0.2)
+    """The prompt's prefill catches every own drafter up: no regret carries over, the regime in use stays, and
+    the rates learnt on the last text weigh about two rounds."""
+    drafter, _ = hybrid(model_accepts=4, pending=40)
     assert choice(drafter, NO_MATCH) == "none" and drafter.state.regret_s > 0
-    drafter.state.record("ngram", 20, 0.1)
-    rho = drafter.state.rho
+    drafter.state.regimes[OUT].add(20, 0.1, 1.0)
+    rate = drafter.state.regimes[OUT].rate
     drafter.prefill(MATCH[:1])
-    assert drafter.state.regret_s == 0.0 and drafter.state.model_share == 1.0
-    assert drafter.state.rho == pytest.approx(rho)
-    drafter.state.record("none", 1, 0.025)
-    assert drafter.state.rho < 0.5 * rho
-
-
-def test_an_ngram_stretch_prices_the_backlog_afresh() -> None:
-    drafter, model = hybrid(model_accepts=4, pending=40, model_share=0.2)
-    assert choice(drafter, NO_MATCH) == "none" and drafter.state.regret_s > 0
-    assert choice(drafter, MATCH) == "ngram"
-    assert drafter.state.regret_s == 0.0
+    assert drafter.state.regret_s == 0.0 and drafter.state.in_use == OUT
+    assert drafter.state.regimes[OUT].rate == pytest.approx(rate)
+    drafter.state.regimes[OUT].add(1, 0.025, 0.95)
+    assert drafter.state.regimes[OUT].rate < 0.5 * rate
 
 
 def test_an_ngram_sitting_out_is_scored_in_hindsight() -> None:
@@ -206,14 +257,14 @@ def test_an_ngram_sitting_out_is_scored_in_hindsight() -> None:
     length, chosen = 11, []
     while len(chosen) < 60 and "ngram" not in chosen:
         drafter.propose(sequence[:length], 4, GREEDY, np.random.default_rng(0))
+        assert drafter.chosen is not None
         chosen.append(drafter.chosen[0])
         length += 1  # a plain target step emitted one token: the one the n-gram proposed first
     assert chosen[0] == "none" and chosen[-1] == "ngram"
 
 
-def test_the_backlog_an_ngram_round_leaves_is_charged_while_the_model_is_in_use() -> None:
-    """A half-right n-gram (3 tokens for a 41 ms verify) beats a perfect model (5 for 93 ms) only when the
-    model is out of use; in use, it would catch up on those 3 tokens later (12 ms)."""
-    in_use, _ = hybrid(model_accepts=4, ngram_accepts=2, model_share=1.0)
-    out_of_use, _ = hybrid(model_accepts=4, ngram_accepts=2, model_share=0.0)
-    assert choice(in_use, MATCH) == "model" and choice(out_of_use, MATCH) == "ngram"
+def test_each_round_says_which_way_drafted_it() -> None:
+    for tokens, way in ((MATCH, "ngram"), (NO_MATCH, "model")):
+        drafter, _ = hybrid(model_accepts=4, ngram_accepts=4)
+        drafter.rewind(1)
+        assert drafter.propose(tokens, 4, GREEDY, np.random.default_rng(0)).way == way

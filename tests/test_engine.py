@@ -12,7 +12,7 @@ from typing import Iterator
 import numpy as np
 import pytest
 from exactness import (N_SAMPLES, REPETITIVE, REST, SAMPLED, SIGNIFICANCE, chi_square_p_value,
-                       exact_pair_distribution, sampled_pairs)
+                       exact_pair_distribution, priced_to_draft, sampled_pairs)
 from tiny_models import write_model
 
 from spec_cli import Generation, Pair, SamplingParams, SpecError, load_pair
@@ -35,7 +35,7 @@ def reference(alone: Pair) -> Generation:
 
 @pytest.mark.parametrize("k", [1, 2, 4, 8])
 def test_greedy_with_perfect_draft_equals_target_alone(same: Pair, reference: Generation, k: int) -> None:
-    generation = finish(same.generate(PROMPT, raw=True, max_tokens=48, draft_max=k))
+    generation = finish(same.generate(PROMPT, raw=True, max_tokens=48, draft_max=k, draft_mode="model"))
     assert generation.token_ids == reference.token_ids
     assert generation.text == reference.text
     assert generation.stats.acceptance_rate == 1.0
@@ -44,7 +44,7 @@ def test_greedy_with_perfect_draft_equals_target_alone(same: Pair, reference: Ge
 
 @pytest.mark.parametrize("k", [1, 2, 4, 8])
 def test_greedy_with_unrelated_draft_equals_target_alone(other: Pair, reference: Generation, k: int) -> None:
-    generation = finish(other.generate(PROMPT, raw=True, max_tokens=48, draft_max=k))
+    generation = finish(other.generate(PROMPT, raw=True, max_tokens=48, draft_max=k, draft_mode="model"))
     assert generation.token_ids == reference.token_ids
     assert generation.stats.acceptance_rate < 0.5
     assert len(generation.stats.position_acceptance) == k  # positions never accepted count as 0%
@@ -57,6 +57,7 @@ def test_greedy_with_unrelated_draft_equals_target_alone(other: Pair, reference:
 def test_greedy_in_every_mode_equals_target_alone(request: pytest.FixtureRequest, reference: Generation,
                                                   drafter: str, mode: str, k: int | str, p_min: float) -> None:
     pair: Pair = request.getfixturevalue(drafter)
+    priced_to_draft(pair)
     generation = finish(pair.generate(PROMPT, raw=True, max_tokens=48, draft_max=k, draft_mode=mode,
                                       draft_p_min=p_min))
     assert generation.token_ids == reference.token_ids
@@ -70,23 +71,23 @@ def test_ngram_needs_no_draft_model(alone: Pair, reference: Generation) -> None:
 
 
 def test_confidence_stop_drafts_fewer_tokens(other: Pair) -> None:
-    eager = finish(other.generate(PROMPT, raw=True, max_tokens=48, draft_max=4))
-    cautious = finish(other.generate(PROMPT, raw=True, max_tokens=48, draft_max=4, draft_p_min=0.6))
+    eager = finish(other.generate(PROMPT, raw=True, max_tokens=48, draft_max=4, draft_mode="model"))
+    cautious = finish(other.generate(PROMPT, raw=True, max_tokens=48, draft_max=4, draft_mode="model", draft_p_min=0.6))
     assert cautious.token_ids == eager.token_ids
     assert cautious.stats.drafted < eager.stats.drafted
 
 
 def test_modes_needing_a_draft_model_say_so(alone: Pair) -> None:
-    with pytest.raises(SpecError, match="draft mode 'hybrid' needs a draft model"):
-        alone.generate(PROMPT, raw=True, draft_mode="hybrid")
+    with pytest.raises(SpecError, match="draft mode 'model' needs a draft model"):
+        alone.generate(PROMPT, raw=True, draft_mode="model")
     with pytest.raises(SpecError, match="unknown draft mode 'fast'"):
         alone.generate(PROMPT, raw=True, draft_mode="fast")
     with pytest.raises(SpecError, match="draft-max must be a number from 0 to 64 or 'auto', got 'many'"):
-        alone.generate(PROMPT, raw=True, draft_max="many")
+        alone.generate(PROMPT, raw=True, draft_max="many", draft_mode="model")
 
 
 def test_auto_k_reports_its_current_k(same: Pair) -> None:
-    generation = finish(same.generate(PROMPT, raw=True, max_tokens=60, draft_max="auto"))
+    generation = finish(same.generate(PROMPT, raw=True, max_tokens=60, draft_max="auto", draft_mode="model"))
     assert generation.stats.adaptive and generation.stats.draft_max == 16
     assert 1 <= generation.stats.current_k <= 16
 
@@ -98,7 +99,7 @@ def test_reference_is_long_enough_to_mean_something(reference: Generation) -> No
 
 
 def test_events_carry_provenance_and_text(other: Pair) -> None:
-    generation = other.generate(PROMPT, raw=True, max_tokens=40, draft_max=4)
+    generation = other.generate(PROMPT, raw=True, max_tokens=40, draft_max=4, draft_mode="model")
     events = list(generation)
     assert [e.token for e in events] == generation.token_ids
     assert "".join(e.text for e in events) == generation.text
@@ -106,7 +107,7 @@ def test_events_carry_provenance_and_text(other: Pair) -> None:
 
 
 def test_statistics_arithmetic(same: Pair) -> None:
-    generation = finish(same.generate(PROMPT, raw=True, max_tokens=30, draft_max=4))
+    generation = finish(same.generate(PROMPT, raw=True, max_tokens=30, draft_max=4, draft_mode="model"))
     s = generation.stats
     assert generation.finish_reason == "length"
     # Every round emits its accepted drafts plus one target token.
@@ -119,7 +120,7 @@ def test_statistics_arithmetic(same: Pair) -> None:
 
 
 def test_draft_length_shrinks_to_fit_max_tokens(same: Pair) -> None:
-    generation = finish(same.generate(PROMPT, raw=True, max_tokens=3, draft_max=8))
+    generation = finish(same.generate(PROMPT, raw=True, max_tokens=3, draft_max=8, draft_mode="model"))
     assert len(generation.token_ids) == 3
     assert generation.stats.rounds == 1 and generation.stats.drafted == 2
 
@@ -127,7 +128,7 @@ def test_draft_length_shrinks_to_fit_max_tokens(same: Pair) -> None:
 def test_context_full_is_a_finish_reason(target_path: Path) -> None:
     with load_pair(target_path, target_path, n_ctx=24) as pair, load_pair(target_path, None, n_ctx=24) as solo:
         prompt = pair.prompt_tokens(PROMPT, raw=True)
-        generation = finish(pair.generate(prompt, max_tokens=100, draft_max=4))
+        generation = finish(pair.generate(prompt, max_tokens=100, draft_max=4, draft_mode="model"))
         plain = finish(solo.generate(prompt, max_tokens=100))
     assert generation.finish_reason == plain.finish_reason == "context"
     assert len(prompt) + len(generation.token_ids) == 24
@@ -139,7 +140,7 @@ def test_end_of_generation_token_stops_and_is_not_emitted(tmp_path: Path, refere
     first = reference.token_ids.index(stop_token)
     stopping = write_model(tmp_path / "stopping.gguf", seed=1, eos=stop_token)
     with load_pair(stopping, stopping) as pair:
-        generation = finish(pair.generate(PROMPT, raw=True, max_tokens=48, draft_max=4))
+        generation = finish(pair.generate(PROMPT, raw=True, max_tokens=48, draft_max=4, draft_mode="model"))
     assert generation.finish_reason == "stop"
     assert generation.token_ids == reference.token_ids[:first]
 
@@ -149,13 +150,13 @@ def test_after_a_stop_the_draft_keeps_the_whole_sequence(tmp_path: Path, referen
     of the sequence is wrong for it, the last token included."""
     stopping = write_model(tmp_path / "stopping.gguf", seed=1, eos=reference.token_ids[5])
     with load_pair(stopping, stopping) as pair:
-        generation = finish(pair.generate(PROMPT, raw=True, max_tokens=48, draft_max=8))
+        generation = finish(pair.generate(PROMPT, raw=True, max_tokens=48, draft_max=8, draft_mode="model"))
         assert generation.finish_reason == "stop"
         assert pair.draft_context.tokens == [*generation.prompt, *generation.token_ids]
 
 
 def test_stopping_early_marks_interrupted_and_keeps_caches_consistent(same: Pair, reference: Generation) -> None:
-    generation = same.generate(PROMPT, raw=True, max_tokens=48, draft_max=4)
+    generation = same.generate(PROMPT, raw=True, max_tokens=48, draft_max=4, draft_mode="model")
     events = iter(generation)
     for _ in range(7):
         next(events)
@@ -163,7 +164,7 @@ def test_stopping_early_marks_interrupted_and_keeps_caches_consistent(same: Pair
     assert generation.finish_reason == "interrupted"
     assert generation.token_ids == reference.token_ids[:len(generation.token_ids)]
     # The next generation reuses the caches; it must be unaffected by the abandoned one.
-    again = finish(same.generate(PROMPT, raw=True, max_tokens=48, draft_max=4))
+    again = finish(same.generate(PROMPT, raw=True, max_tokens=48, draft_max=4, draft_mode="model"))
     assert again.token_ids == reference.token_ids
 
 
@@ -210,6 +211,7 @@ PENALIZED = replace(SAMPLED, repeat_penalty=1.5, repeat_last_n=16, presence_pena
 def test_sampled_first_two_tokens_follow_the_target(request: pytest.FixtureRequest, alone: Pair, drafter: str,
                                                     k: int | str, mode: str, verify: str, p_min: float) -> None:
     pair: Pair = request.getfixturevalue(drafter)
+    priced_to_draft(pair)
     prompt = alone.prompt_tokens(REPETITIVE, raw=True)
     observed, totals = sampled_pairs(pair, prompt, SAMPLED, k, mode, verify, p_min)
     assert (totals.drafted > 0) == (k != 0)
@@ -268,7 +270,8 @@ def test_block_verification_keeps_more_tokens_per_round(target_path: Path, tmp_p
             totals[verify] = Stats(draft_max=0)
             for seed in range(300):
                 generation = finish(pair.generate(PROMPT, raw=True, sampling=SamplingParams(temperature=1.0),
-                                                  seed=seed, max_tokens=40, draft_max=4, verify=verify))
+                                                  seed=seed, max_tokens=40, draft_max=4, verify=verify,
+                                                  draft_mode="model"))
                 totals[verify].merge(generation.stats)
     token, block = totals["token"], totals["block"]
     (token_mean, token_var), (block_mean, block_var) = accepted_mean_and_variance(token), \
@@ -320,6 +323,7 @@ def test_greedy_with_penalties_equals_target_alone_with_them(request: pytest.Fix
     plain = finish(alone.generate(PROMPT, raw=True, max_tokens=48, sampling=penalized, draft_mode="none"))
     assert plain.token_ids != reference.token_ids  # the penalties change the greedy text
     pair: Pair = request.getfixturevalue(drafter)
+    priced_to_draft(pair)
     generation = finish(pair.generate(PROMPT, raw=True, max_tokens=48, sampling=penalized, draft_max=4,
                                       draft_mode=mode))
     assert generation.token_ids == plain.token_ids

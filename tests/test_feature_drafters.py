@@ -15,13 +15,14 @@ import numpy as np
 import pytest
 from click.testing import Result
 from exactness import (SAMPLED, SIGNIFICANCE, chat_turns_match_the_target_alone, chi_square_p_value,
-                       exact_pair_distribution, finish, sampled_pairs)
+                       exact_pair_distribution, finish, priced_to_draft, sampled_pairs)
 from tiny_models import CHAT_TEMPLATE, MASK_TOKEN, write_dflash, write_eagle3, write_model
 from typer.testing import CliRunner
 
 from spec_cli import Generation, Pair, SpecError, load_pair
 from spec_cli.cli.app import app
 from spec_cli.decoding.costs import PER_ROUND, PER_TOKEN
+from spec_cli.decoding.draft_length import AdaptiveK
 from spec_cli.drafting.dflash import DFlashDrafter
 from spec_cli.drafting.eagle3 import Eagle3Drafter
 from spec_cli.llama.context import Context
@@ -57,9 +58,15 @@ def greedy(pair: Pair, prompt: str | list[int], **options: object) -> Generation
     return finish(pair.generate(prompt, raw=True, max_tokens=48, **options))
 
 
+def kind(pair: Pair) -> str:
+    """The mode of the pair's drafter file: eagle3 or dflash."""
+    assert pair.drafter_file is not None
+    return pair.drafter_file.kind
+
+
 def test_the_drafter_file_selects_its_mode_and_the_target_keeps_its_layers(pair: Pair) -> None:
     found = pair.drafter_file
-    assert found is not None and pair.default_draft_mode == found.kind
+    assert found is not None and pair.default_draft_mode == "hybrid" and pair.drafting.own_models() == (found.kind,)
     assert pair.drafting_modes == (found.kind, "ngram", "hybrid") and pair.draft_context is None
     assert pair.target_context.feature_layers == found.target_layers
     assert found.target_layers == ((0, 1, 1) if found.kind == "eagle3" else (0, 1))
@@ -71,7 +78,7 @@ def test_the_drafter_file_selects_its_mode_and_the_target_keeps_its_layers(pair:
 def test_greedy_tokens_equal_the_target_alone_with_drafts_kept_and_rejected(pair: Pair, k: int | str) -> None:
     for prompt in PROMPTS:
         alone = greedy(pair, prompt, draft_mode="none")
-        drafted = greedy(pair, prompt, draft_max=k)
+        drafted = greedy(pair, prompt, draft_max=k, draft_mode=kind(pair))
         assert drafted.token_ids == alone.token_ids
         # -k auto may stop drafting (K = 0): these generated drafters cost more than they save
         assert k == "auto" or drafted.stats.accepted > 0 and drafted.stats.rejected_rounds > 0
@@ -80,15 +87,15 @@ def test_greedy_tokens_equal_the_target_alone_with_drafts_kept_and_rejected(pair
 def test_after_rounds_with_rejections_the_drafter_holds_what_a_fresh_one_would(pair: Pair) -> None:
     """Its memory is cut back to what the target kept: its next q equals the q of a fresh drafter given the
     whole sequence's features at once."""
-    generation = greedy(pair, "and the dog ran far", draft_max=3)
+    generation = greedy(pair, "and the dog ran far", draft_max=3, draft_mode=kind(pair))
     assert generation.stats.rejected_rounds > 0
     sequence = [*generation.prompt, *generation.token_ids]
-    kind, sources = pair.default_draft_mode, pair.drafting.sources
-    incremental = pair.drafting.build(kind, 0.0, 2)[0].propose(sequence, 2, SAMPLED, np.random.default_rng(0))
+    sources = pair.drafting.sources
+    incremental = pair.drafting.build(kind(pair), 0.0, 2)[0].propose(sequence, 2, SAMPLED, np.random.default_rng(0))
     layers = pair.target_context.feature_layers
     target = Context(pair.target, pair.n_ctx, 1, feature_layers=layers)
     fresh_drafter: Eagle3Drafter | DFlashDrafter
-    if kind == "eagle3":
+    if kind(pair) == "eagle3":
         memory: HeadContext | BlockContext = HeadContext(pair.draft, pair.n_ctx, 1, target=target)
         fresh_drafter = Eagle3Drafter(target, memory)
     else:
@@ -110,30 +117,29 @@ def test_a_prompt_longer_than_one_batch_is_fed_whole(pair: Pair) -> None:
     prompt = pair.target.tokenize("the cat sat on the mat and the dog ran. " * 30)
     assert len(prompt) > pair.target_context.n_batch
     alone = greedy(pair, prompt, draft_mode="none")
-    drafted = greedy(pair, prompt, draft_max=3)
+    drafted = greedy(pair, prompt, draft_max=3, draft_mode=kind(pair))
     assert drafted.token_ids == alone.token_ids and drafted.stats.accepted > 0
 
 
 def test_hybrid_pairs_ngram_lookup_with_the_drafter(pair: Pair) -> None:
     prompt = "the cat sat. the cat sat. the cat"
     alone = greedy(pair, prompt, draft_mode="none")
+    priced_to_draft(pair)
     hybrid = greedy(pair, prompt, draft_mode="hybrid", draft_max=4)
     assert hybrid.token_ids == alone.token_ids and hybrid.stats.accepted > 0
 
 
 def test_modes_that_need_a_draft_model_say_which_mode_the_file_drafts_in(pair: Pair) -> None:
-    kind = pair.default_draft_mode
     with pytest.raises(SpecError, match=f"draft mode 'model' needs a draft model, and the draft given is "
-                                        f"an? (EAGLE-3 head|DFlash drafter); use --draft-mode {kind}$"):
+                                        f"an? (EAGLE-3 head|DFlash drafter); use --draft-mode {kind(pair)}$"):
         pair.drafting.check("model")
 
 
 def test_k_auto_prices_a_dflash_round_as_one_pass_and_k_stays_within_the_block(pair: Pair) -> None:
-    kind = pair.default_draft_mode
-    auto = pair.drafting.build(kind, 0.0, "auto")[1]
-    assert auto.pricing == (PER_ROUND if kind == "dflash" else PER_TOKEN)
-    fixed = greedy(pair, PROMPTS[1], draft_max=12)
-    assert fixed.stats.draft_max == (BLOCK - 1 if kind == "dflash" else 12)
+    auto = pair.drafting.build(kind(pair), 0.0, "auto")[1]
+    assert isinstance(auto, AdaptiveK) and auto.pricing == (PER_ROUND if kind(pair) == "dflash" else PER_TOKEN)
+    fixed = greedy(pair, PROMPTS[1], draft_max=12, draft_mode=kind(pair))
+    assert fixed.stats.draft_max == (BLOCK - 1 if kind(pair) == "dflash" else 12)
     assert 0 < len(fixed.stats.drafted_at) <= fixed.stats.draft_max  # drafts at positions 1..K
 
 
@@ -141,13 +147,13 @@ def test_k_auto_prices_a_dflash_round_as_one_pass_and_k_stays_within_the_block(p
 def test_sampled_first_two_tokens_follow_the_target(pair: Pair, verify: str) -> None:
     """χ² at α = 0.001 against the exact law of the first two tokens, computed from the target alone."""
     prompt = pair.prompt_tokens("the dog", raw=True)
-    observed, totals = sampled_pairs(pair, prompt, SAMPLED, 2, pair.default_draft_mode, verify, n=2000)
+    observed, totals = sampled_pairs(pair, prompt, SAMPLED, 2, kind(pair), verify, n=2000)
     assert totals.accepted > 0 and totals.rejected_rounds > 0
     assert chi_square_p_value(observed, exact_pair_distribution(pair, prompt), 2000) > SIGNIFICANCE
 
 
 def test_chat_turns_reuse_the_memory_and_equal_the_target_alone(pair: Pair) -> None:
-    chat_turns_match_the_target_alone(pair, pair.default_draft_mode)
+    chat_turns_match_the_target_alone(pair, kind(pair))
 
 
 def spec(*args: str | Path) -> subprocess.CompletedProcess[str]:
@@ -159,14 +165,14 @@ def spec(*args: str | Path) -> subprocess.CompletedProcess[str]:
 @pytest.mark.parametrize("kind,label", [("eagle3", "EAGLE-3 head"), ("dflash", "DFlash block")])
 def test_spec_run_drafts_with_the_drafter_file_by_itself(fed_target: Path, drafter_paths: dict[str, Path],
                                                         kind: str, label: str) -> None:
-    args = ["run", "--target", fed_target, "--draft", drafter_paths[kind], "--raw", "-n", "32"]
-    drafted = spec(*args, "--json", "the cat and the dog")
+    args = ["run", "--target", fed_target, "--draft", drafter_paths[kind], "--raw", "-n", "32", "-k", "3"]
+    drafted = spec(*args, "--json", "--draft-mode", kind, "the cat and the dog")
     alone = spec(*args, "--json", "--no-draft", "the cat and the dog")
     assert drafted.returncode == alone.returncode == 0, drafted.stderr + alone.stderr
     fast, plain = json.loads(drafted.stdout), json.loads(alone.stdout)
     assert fast["token_ids"] == plain["token_ids"] and fast["stats"]["draft_mode"] == kind
     assert fast["stats"]["accepted"] > 0 and fast["stats"]["accepted"] < fast["stats"]["drafted"]
-    summary = spec(*args, "the cat and the dog")
+    summary = spec(*args, "--draft-mode", kind, "the cat and the dog")
     assert f"drafting: {label}" in summary.stderr
 
 

@@ -14,7 +14,7 @@ from typing import Iterator
 
 import numpy as np
 import pytest
-from exactness import SAMPLED, SIGNIFICANCE, chi_square_p_value, exact_pair_distribution
+from exactness import SAMPLED, SIGNIFICANCE, chi_square_p_value, exact_pair_distribution, priced_to_draft
 from tiny_models import CHAT_TEMPLATE, write_model
 
 from spec_cli import Generation, Pair, SamplingParams, SpecError, load_pair
@@ -76,6 +76,7 @@ def test_each_model_reports_its_memory_and_rollback(pair: Pair, arch: str) -> No
 @pytest.mark.parametrize("k", [1, 3, 8, "auto"])
 def test_greedy_equals_target_alone_with_rejections(pair: Pair, reference: list[int], mode: str,
                                                    k: int | str) -> None:
+    priced_to_draft(pair)
     generation = finish(pair.generate(PROMPT, raw=True, max_tokens=48, draft_max=k, draft_mode=mode))
     assert generation.token_ids == reference
     assert generation.stats.rejected_rounds > 0  # the rollback path ran
@@ -84,7 +85,7 @@ def test_greedy_equals_target_alone_with_rejections(pair: Pair, reference: list[
 
 
 def test_rollback_time_is_measured_apart(pair: Pair, arch: str) -> None:
-    stats = finish(pair.generate(PROMPT, raw=True, max_tokens=48, draft_max=4)).stats
+    stats = finish(pair.generate(PROMPT, raw=True, max_tokens=48, draft_max=4, draft_mode="model")).stats
     assert 0 <= stats.rollback_s <= stats.llama_s
     if arch != "gemma3":
         assert stats.rollback_s > 0  # snapshots and restores take time that a cut does not
@@ -97,7 +98,8 @@ def test_sampled_first_two_tokens_follow_the_target(pair: Pair, alone: Pair) -> 
     rejected = 0
     n = 2000
     for seed in range(n):
-        generation = finish(pair.generate(prompt, sampling=SAMPLED, seed=seed, max_tokens=3, draft_max=2))
+        generation = finish(pair.generate(prompt, sampling=SAMPLED, seed=seed, max_tokens=3, draft_max=2,
+                                          draft_mode="model"))
         observed[tuple(generation.token_ids[:2])] += 1
         rejected += generation.stats.rejected_rounds
     assert rejected > 0
@@ -234,7 +236,7 @@ def test_sliding_window_stays_exact_far_beyond_the_window(tmp_path: Path) -> Non
     with load_pair(target, None, n_ctx=1024) as solo:
         reference = finish(solo.generate(PROMPT, raw=True, max_tokens=900, draft_mode="none")).token_ids
     with load_pair(target, draft, n_ctx=1024) as pair:
-        generation = finish(pair.generate(PROMPT, raw=True, max_tokens=900, draft_max=6))
+        generation = finish(pair.generate(PROMPT, raw=True, max_tokens=900, draft_max=6, draft_mode="model"))
     assert generation.token_ids == reference
     assert generation.stats.rejected_rounds > 10
 
@@ -252,7 +254,7 @@ def test_a_rollback_replays_at_most_the_round_it_takes_back(pair: Pair, monkeypa
 
     monkeypatch.setattr(Context, "_decode", counting)
     k = 2  # short rounds: fully accepted ones (no rollback) come between rejected ones
-    stats = finish(pair.generate(PROMPT, raw=True, max_tokens=48, draft_max=k)).stats
+    stats = finish(pair.generate(PROMPT, raw=True, max_tokens=48, draft_max=k, draft_mode="model")).stats
     rounds = sum(decoded) - stats.prompt_tokens + 1  # the prefill holds all but the last prompt token
     assert stats.rejected_rounds > 0 and stats.rejected_rounds < stats.rounds
     assert rounds <= stats.rounds * (k + 1) + stats.rejected_rounds * (k + 1)

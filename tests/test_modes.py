@@ -23,8 +23,9 @@ PROMPT = "the cat and the dog"
 
 
 def test_what_a_pair_can_draft_with_and_its_default(alone: Pair, other: Pair) -> None:
-    assert alone.drafting_modes == ("ngram",) and alone.default_draft_mode == "none"
-    assert other.drafting_modes == ("model", "ngram", "hybrid") and other.default_draft_mode == "model"
+    assert alone.drafting_modes == ("ngram", "hybrid") and alone.default_draft_mode == "hybrid"
+    assert other.drafting_modes == ("model", "ngram", "hybrid") and other.default_draft_mode == "hybrid"
+    assert alone.drafting.own_models() == () and other.drafting.own_models() == ("model",)
     with pytest.raises(SpecError, match="^draft mode 'model' needs a draft model; give one, or use --draft-mode ngram$"):
         alone.drafting.check("model")
     with pytest.raises(SpecError, match="target.gguf has no MTP layers to draft with"):
@@ -35,8 +36,9 @@ def test_each_mode_builds_its_drafter(other: Pair) -> None:
     built = {name: other.drafting.build(name, 0.0, 4) for name in other.drafting.modes}
     assert isinstance(built["model"][0], ModelDrafter) and isinstance(built["ngram"][0], NgramDrafter)
     hybrid, cap = built["hybrid"]
-    assert isinstance(hybrid, HybridDrafter) and isinstance(hybrid.model, ModelDrafter)
-    # K is the model's; n-gram proposals cost nothing to make, so their own controller sets their length.
+    assert isinstance(hybrid, HybridDrafter) and list(hybrid.own) == ["model"]
+    assert isinstance(hybrid.own["model"], ModelDrafter)
+    # K is the model's; n-gram proposals cost little to make, so their own controller sets their length.
     assert hybrid.state.lengths["model"].next_k() == 4 and cap.next_k() == AUTO_K_MAX
     assert isinstance(hybrid.state.lengths["ngram"], AdaptiveK)
     assert other.drafting.build("none", 0.0, 4)[0] is None
@@ -44,8 +46,10 @@ def test_each_mode_builds_its_drafter(other: Pair) -> None:
     assert other.drafting.build("model", 0.0, "auto")[1] is other.drafting.build("model", 0.0, "auto")[1]
 
 
-def test_ngram_rounds_share_the_draft_models_cost_book(other: Pair) -> None:
-    assert other.drafting.costs("ngram") is other.drafting.costs("model") is other.drafting.costs("hybrid")
+def test_every_book_shares_the_targets_passes_and_keeps_its_own_steps(other: Pair) -> None:
+    books = [other.drafting.costs(name) for name in ("model", "ngram", "hybrid")]
+    assert books[0].verify is books[1].verify is books[2].verify
+    assert len({id(book) for book in books}) == 3 and len({id(book.draft) for book in books}) == 3
 
 
 class RepeatLast(Drafter):
@@ -58,7 +62,7 @@ class RepeatLast(Drafter):
 
 def test_a_new_mode_is_one_registry_entry(monkeypatch: pytest.MonkeyPatch, alone: Pair) -> None:
     entry = Mode("repeat", "repeat the last token", "the last token again", loads_draft=False,
-                 available=lambda _s: True, missing=lambda _s: "", book=lambda _s: "model",
+                 available=lambda _s: True, missing=lambda _s: "",
                  build=lambda drafting, _p_min, k: (RepeatLast(), FixedK(k)))
     monkeypatch.setitem(MODES, "repeat", entry)
     plain = list(alone.generate(PROMPT, raw=True, max_tokens=32, draft_mode="none"))

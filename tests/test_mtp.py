@@ -11,13 +11,14 @@ import numpy as np
 import pytest
 from click.testing import Result
 from exactness import (SAMPLED, SIGNIFICANCE, chat_turns_match_the_target_alone, chi_square_p_value,
-                       exact_pair_distribution, finish, sampled_pairs)
+                       exact_pair_distribution, finish, priced_to_draft, sampled_pairs)
 from tiny_models import CHAT_TEMPLATE, write_qwen35_mtp
 from typer.testing import CliRunner
 
 from spec_cli import Generation, Pair, SamplingParams, SpecError, load_pair
 from spec_cli.chat import ChatSession, Settings, run_command
 from spec_cli.cli.app import app
+from spec_cli.drafting.hybrid import HybridDrafter
 from spec_cli.drafting.mtp import MtpDrafter
 from spec_cli.llama.context import Context
 from spec_cli.llama.heads import HeadContext
@@ -47,14 +48,15 @@ def greedy(pair: Pair, prompt: str | list[int], **options: object) -> Generation
 
 def test_a_target_with_an_mtp_head_drafts_with_it_without_a_draft_model(pair: Pair) -> None:
     assert pair.draft is None and pair.target.n_layer_mtp == 1
-    assert pair.default_draft_mode == "mtp"
-    generation = greedy(pair, "the cat", draft_max=3)
+    assert pair.default_draft_mode == "hybrid" and pair.drafting.own_models() == ("mtp",)
+    generation = greedy(pair, "the cat", draft_max=3, draft_mode="mtp")
     assert generation.stats.drafted > 0 and generation.stats.memory == {
         "target": {"kind": "hybrid", "rollback": "in place (up to 16 tokens); snapshot + replay beyond"}}
 
 
 @pytest.mark.parametrize("k", [1, 3, "auto"])
 def test_greedy_tokens_equal_the_target_alone_with_drafts_kept_and_rejected(pair: Pair, k: int | str) -> None:
+    priced_to_draft(pair)  # -k auto drafts wherever acceptance gives a chance
     for prompt in PROMPTS:
         alone = greedy(pair, prompt, draft_mode="none")
         drafted = greedy(pair, prompt, draft_mode="mtp", draft_max=k)
@@ -92,6 +94,7 @@ def test_a_prompt_longer_than_one_batch_is_paired_whole(pair: Pair) -> None:
 def test_hybrid_pairs_ngram_lookup_with_the_head(pair: Pair) -> None:
     prompt = "the cat sat. the cat sat. the cat"
     alone = greedy(pair, prompt, draft_mode="none")
+    priced_to_draft(pair)
     hybrid = greedy(pair, prompt, draft_mode="hybrid", draft_max=4)
     assert hybrid.token_ids == alone.token_ids and hybrid.stats.accepted > 0
 
@@ -111,7 +114,7 @@ def test_chat_turns_reuse_the_memory_and_equal_the_target_alone(pair: Pair) -> N
 
 def test_a_model_without_mtp_layers_refuses_mtp_in_one_line(target_path: Path) -> None:
     with load_pair(target_path) as plain:
-        assert plain.default_draft_mode == "none" and plain.head_context is None
+        assert plain.drafting.own_models() == () and plain.head_context is None
         with pytest.raises(SpecError, match=r"target.gguf has no MTP layers to draft with"):
             plain.generate("the cat", raw=True, draft_mode="mtp")
 
@@ -121,7 +124,7 @@ def spec(*args: str) -> Result:
 
 
 def test_spec_run_with_only_a_target_drafts_with_its_head_and_writes_the_target_alones_text(mtp_path: Path) -> None:
-    base = ["run", "--raw", "--target", str(mtp_path), "-n", "48", "-k", "3"]
+    base = ["run", "--raw", "--target", str(mtp_path), "-n", "48", "-k", "3", "--draft-mode", "mtp"]
     drafted, alone = spec(*base, "--json", "the cat"), spec(*base, "--json", "--no-draft", "the cat")
     assert drafted.exit_code == 0, drafted.output
     drafted_json, alone_json = json.loads(drafted.stdout), json.loads(alone.stdout)
@@ -174,8 +177,12 @@ def mtp_pair_name(mtp_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatc
 def test_a_registry_pair_without_a_draft_file_drafts_with_the_head(mtp_pair_name: str, mtp_path: Path) -> None:
     ran = spec("run", "--pair", mtp_pair_name, "--raw", "-n", "24", "--json", "the cat")
     assert ran.exit_code == 0, ran.output
-    stats = json.loads(ran.stdout)["stats"]
-    assert stats["draft_mode"] == "mtp" and stats["draft_max"] == 3 and stats["drafted"] > 0
+    stats = json.loads(ran.stdout)["stats"]  # the default chooses among the head, n-gram lookup and no draft
+    assert stats["draft_mode"] == "hybrid" and stats["draft_max"] == 3
+    assert set(stats["ways"]) <= {"mtp", "ngram", "none"}
+    pinned = json.loads(spec("run", "--pair", mtp_pair_name, "--raw", "-n", "24", "--json", "--draft-mode", "mtp",
+                             "the cat").stdout)["stats"]
+    assert pinned["draft_mode"] == "mtp" and pinned["draft_max"] == 3 and pinned["drafted"] > 0
     listed = spec("models", "list")
     assert "tiny-mtp" in listed.stdout and "MTP head" in listed.stdout
     shown = spec("models", "show", mtp_pair_name)
@@ -208,14 +215,19 @@ def test_with_a_draft_model_too_each_drafter_is_priced_with_its_own_steps(mtp_pa
     """A pair that drafts with a model and with its head keeps their step costs apart, so -k auto and the
     hybrid price each with what its own steps cost."""
     with load_pair(mtp_path, other_draft_path) as both:
-        assert both.drafting_modes == ("model", "mtp", "ngram", "hybrid") and both.default_draft_mode == "model"
+        assert both.drafting_modes == ("model", "mtp", "ngram", "hybrid") and both.default_draft_mode == "hybrid"
+        assert both.drafting.own_models() == ("model", "mtp")
         head_rounds = greedy(both, "the cat", draft_mode="mtp", draft_max=3)
         assert head_rounds.stats.drafted > 0
         assert both.drafting.costs("mtp").draft.seconds(1) is not None
         assert both.drafting.costs("model").draft.seconds(1) is None  # untouched by the head's steps
         greedy(both, "the cat", draft_mode="model", draft_max=3)
         assert both.drafting.costs("model").draft.seconds(1) is not None
-        assert both.drafting.costs("ngram") is both.drafting.costs("model")  # no steps of its own
+        ngram = both.drafting.costs("ngram")  # no steps of its own, the target's passes shared
+        assert ngram.draft.seconds(1) is None and ngram.verify is both.drafting.costs("model").verify
+        hybrid = both.drafting.build("hybrid", 0.0, 3)[0]
+        assert isinstance(hybrid, HybridDrafter) and hybrid.books == {"model": both.drafting.costs("model"),
+                                                                      "mtp": both.drafting.costs("mtp")}
 
 
 def test_under_a_grammar_the_head_drafts_from_its_masked_law(pair: Pair) -> None:

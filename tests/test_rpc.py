@@ -145,7 +145,8 @@ def test_sampled_tokens_over_rpc_follow_the_target(workers: list[Worker], deep_t
     with load_pair(deep_target, deep_draft, rpc=endpoints(workers), gpu_layers=SPLIT_LAYERS) as split:
         rejected = 0
         for seed in range(N_SAMPLES):
-            generation = split.generate(prompt, sampling=SAMPLED, seed=seed, max_tokens=3, draft_max=2)
+            generation = split.generate(prompt, sampling=SAMPLED, seed=seed, max_tokens=3, draft_max=2,
+                                        draft_mode="model")
             for _ in generation:
                 pass
             observed[tuple(generation.token_ids[:2])] += 1
@@ -192,8 +193,8 @@ def test_bench_puts_local_and_rpc_side_by_side(workers: list[Worker], deep_targe
     monkeypatch.setenv("COLUMNS", "160")  # room for the labels and the extra column
     out = tmp_path / "bench.json"
     result = CliRunner().invoke(app, ["bench", "--target", str(deep_target), "--draft", str(deep_draft), "-k", "3",
-                                      "-n", "16", "--task", "chat", "--rpc", ",".join(endpoints(workers)),
-                                      "--json", str(out)])
+                                      "-n", "16", "--task", "chat", "--modes", "model",
+                                      "--rpc", ",".join(endpoints(workers)), "--json", str(out)])
     assert result.exit_code == 0, result.output
     data = json.loads(out.read_text())
     rows = {(c["draft_mode"], c["where"]): c for c in data["configs"]}

@@ -325,7 +325,7 @@ def test_spec_serve_answers_logs_each_answer_and_stops_on_ctrl_c(chat_target_pat
             process.kill()
             process.wait()
     assert first.startswith(f"spec: serving {chat_target_path.stem} on http://127.0.0.1:")
-    assert "drafting model K=2" in first
+    assert "drafting hybrid K=2" in first
     assert answer.usage.completion_tokens == 5 and answer.choices[0].finish_reason == "length"
     assert logged.startswith("spec: chat: ") and "5 tokens" in logged and "finish: length" in logged
     assert process.returncode == 0 and rest.strip().endswith("server stopped")

@@ -129,7 +129,8 @@ def test_a_full_server_answers_503_once_every_slot_and_the_queue_are_taken(chat_
 
 def test_spec_serve_parallel_refuses_a_drafter_of_one_sequence(models_dir: Path) -> None:
     target = write_qwen35_mtp(models_dir / "mtp-parallel.gguf")
-    result = CliRunner().invoke(app, ["serve", "--target", str(target), "--parallel", "2", "--port", "0"])
+    result = CliRunner().invoke(app, ["serve", "--target", str(target), "--draft-mode", "mtp", "--parallel", "2",
+                                      "--port", "0"])
     assert result.exit_code == 1
     assert "drafts one sequence at a time: serve it with --parallel 1" in result.output
     assert "Traceback" not in result.output

@@ -54,3 +54,30 @@ def test_a_generation_batched_with_others_says_how_many_a_pass_and_auto_that_sto
     stats.rounds, stats.batched = 3, 10
     assert summary_line(stats, "length") == ("3 tokens · 3.0 tok/s · K auto: no draft paid (K = 0) · 3.3 sequences "
                                              "a pass · prompt 5 tokens in 0.50s · finish: length")
+
+
+def hybrid_stats() -> Stats:
+    stats = Stats(draft_max=16, draft_mode="hybrid", prompt_tokens=5, generated_tokens=16, decode_s=1.0,
+                  prompt_s=0.5)
+    for drafted, accepted, way in ((6, 6, "ngram"), (5, 2, "ngram"), (0, 0, "none"), (4, 4, "model")):
+        stats.record_round(drafted, accepted, way)
+    return stats
+
+
+def test_the_hybrid_says_how_often_each_way_drafted_and_what_its_rounds_yielded() -> None:
+    assert summary_line(hybrid_stats(), "stop") == (
+        "16 tokens · 16.0 tok/s · acceptance 80% (12/15) · mean accepted length 4.00 · drafting: hybrid "
+        "(n-gram lookup 50% of rounds, 5.0 tokens each · no draft 25% · draft model 25%, 5.0 tokens each) · "
+        "prompt 5 tokens in 0.50s · finish: stop")
+    ways = hybrid_stats().as_dict()["ways"]
+    assert ways["ngram"] == {"rounds": 2, "share": 0.5, "drafted": 11, "accepted": 8, "tokens_per_round": 5.0}
+    assert ways["none"]["tokens_per_round"] == 1.0 and set(ways) == {"ngram", "none", "model"}
+
+
+def test_a_hybrid_that_never_drafted_says_so_and_a_session_adds_its_turns_ways() -> None:
+    stats = Stats(draft_max=16, draft_mode="hybrid", prompt_tokens=5, generated_tokens=2, decode_s=1.0, prompt_s=0.5)
+    stats.record_round(0, 0, "none")
+    stats.record_round(0, 0, "none")
+    assert "· drafting: hybrid (no draft 100% of rounds) ·" in summary_line(stats, "stop")
+    stats.merge(hybrid_stats())
+    assert stats.ways == {"none": [3, 0, 0], "ngram": [2, 11, 8], "model": [1, 4, 4]}

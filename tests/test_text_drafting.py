@@ -222,7 +222,7 @@ def test_a_draft_that_cannot_spell_plain_text_is_refused_in_one_line(tmp_path: P
 def test_spec_run_prints_the_target_s_text_and_says_it_drafts_through_text(files: dict[str, Path]) -> None:
     runner = CliRunner()
     common = ["run", "--temp", "0", "-n", "32", "--raw", "--json", "--target", str(files["target"])]
-    fast = runner.invoke(app, [*common, "--draft", str(files["bpe"]), PROMPTS[1]])
+    fast = runner.invoke(app, [*common, "--draft", str(files["bpe"]), "--draft-mode", "model", PROMPTS[1]])
     plain = runner.invoke(app, [*common, "--no-draft", PROMPTS[1]])
     assert fast.exit_code == 0 and plain.exit_code == 0, fast.output + plain.output
     fast_data, plain_data = json.loads(fast.stdout), json.loads(plain.stdout)

@@ -50,7 +50,7 @@ def bench(
     prompts_file: Annotated[Optional[Path], typer.Option("--prompts", help="Your prompts: one per line, or JSON Lines with a \"prompt\" field.", show_default=False)] = None,
     task: Annotated[str, typer.Option("--task", help=f"Built-in prompts when --prompts is not given: {', '.join(benchmark.TASKS)}. Several, comma-separated, are measured in one run, each against the target alone on its own prompts.")] = "mixed",
     ks: Annotated[Optional[str], typer.Option("--k", "-k", help="Draft lengths to compare, comma-separated numbers or auto (default: the pair's recommended K, and auto).", show_default=False)] = None,
-    modes: Annotated[Optional[str], typer.Option("--modes", help=f"Draft modes to compare, comma-separated: {', '.join(m for m in MODES if m != 'none')} (default: the draft model, or the target's MTP head when there is no draft).", show_default=False)] = None,
+    modes: Annotated[Optional[str], typer.Option("--modes", help=f"Draft modes to compare, comma-separated: {', '.join(m for m in MODES if m != 'none')} (default: every way this pair allows, the default hybrid beside each mode it chooses among).", show_default=False)] = None,
     max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", min=1, help="Tokens generated per run.")] = 128,
     repeat: Annotated[int, typer.Option("--repeat", "-r", min=1, help="Runs of each prompt in each configuration.")] = 1,
     temps: Annotated[str, typer.Option("--temp", help="Temperatures to compare, comma-separated; 0 is greedy. Each has its own target-alone baseline.")] = "0",
@@ -85,7 +85,7 @@ def bench(
         with open_pair(replace(options, local_only=bool(load.rpc))) as loaded, \
                 (open_pair(options) if load.rpc else nullcontext()) as remote:
             k_list = k_given or list(dict.fromkeys([loaded.draft_max, "auto"]))
-            configs = benchmark.configurations(mode_list or [loaded.pair.default_draft_mode], k_list, temperatures,
+            configs = benchmark.configurations(mode_list or list(loaded.pair.drafting_modes), k_list, temperatures,
                                                rules, list(prompts), places)
             raw = not loaded.pair.has_chat_template
             runs = sum(len(prompts[c.task]) for c in configs) * repeat

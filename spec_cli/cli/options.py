@@ -18,7 +18,6 @@ from spec_cli.decoding.sampling import SAMPLING_ORDER, SAMPLING_PRESETS, Samplin
 from spec_cli.drafting.modes import MODES, mode_help
 from spec_cli.errors import SpecError
 from spec_cli.llama import kernels, rpc
-from spec_cli.llama.gguf import mtp_layers
 from spec_cli.llama.model import supports_gpu_offload
 from spec_cli.models import registry
 from spec_cli.pair import DEFAULT_CTX, Pair, load_pair
@@ -32,7 +31,7 @@ TargetOpt = Annotated[Optional[Path], typer.Option("--target", "-t", help="Targe
 DraftOpt = Annotated[Optional[Path], typer.Option("--draft", "-d", help="Draft GGUF file (small; a different vocabulary drafts through text).", show_default=False)]
 PairOpt = Annotated[Optional[str], typer.Option("--pair", "-p", help="A named pair from models.toml (default: the registry's default pair).", show_default=False)]
 DraftMaxOpt = Annotated[Optional[str], typer.Option("--draft-max", "-k", help=f"Draft tokens per round, K: 0-{MAX_K}, or auto to choose K each round from measured acceptance and costs (default: the pair's tuned K; auto for files given with --target/--draft).", show_default=False)]
-DraftModeOpt = Annotated[Optional[str], typer.Option("--draft-mode", help=f"How drafts are made: {mode_help()} (default: the draft model when there is one, else the target's MTP head).", show_default=False)]
+DraftModeOpt = Annotated[Optional[str], typer.Option("--draft-mode", help=f"How drafts are made: {mode_help()} (default: hybrid, which chooses among them each round).", show_default=False)]
 DraftPMinOpt = Annotated[float, typer.Option("--draft-p-min", min=0.0, max=0.99, help="Confidence stop: the draft model stops a round when its top probability falls below this (0: off).")]
 VerifyOpt = Annotated[str, typer.Option("--verify", help="How sampled drafts are verified: block (Sun et al. 2025, keeps the most tokens), token (token by token) or gumbel (a seed gives the target alone's text whatever drafts; keeps fewer); all are exact.")]
 CtxOpt = Annotated[Optional[int], typer.Option("--ctx", min=16, help=f"Context size in tokens (default: the pair's, else {DEFAULT_CTX}).", show_default=False)]
@@ -107,6 +106,13 @@ class RequestFlags:
         return self.request.draft_mode is None or MODES[self.request.draft_mode].loads_draft
 
     @property
+    def requires_draft(self) -> bool:
+        """Whether the mode asked for drafts with the draft file itself (model, eagle3, dflash): a target given
+        without one is then an error said before loading. The default drafts with what the pair has."""
+        mode = self.request.draft_mode
+        return mode is not None and MODES[mode].loads_draft and MODES[mode].own_model
+
+    @property
     def max_draft(self) -> int:
         """The largest fixed K asked for (memories that roll back in place are sized to it)."""
         return largest_k([self.request.draft_max] if self.k_given else [])
@@ -132,6 +138,7 @@ class LoadOptions:
     gpu_layers: int | None = None
     draft_gpu_layers: int | None = None
     needs_draft: bool = True
+    requires_draft: bool = False  # the mode asked for drafts with the draft file itself
     max_draft: int = 0  # the largest fixed K asked for (memories that roll back in place are sized to it)
     rpc: str | None = None
     draft_rpc: str | None = None
@@ -141,7 +148,8 @@ class LoadOptions:
     def for_request(self, flags: RequestFlags, no_draft: bool = False, quiet: bool = False) -> LoadOptions:
         """These options with what the command's request decides: whether the draft file loads, and the
         largest fixed K asked for."""
-        return replace(self, no_draft=no_draft, quiet=quiet, needs_draft=flags.loads_draft, max_draft=flags.max_draft)
+        return replace(self, no_draft=no_draft, quiet=quiet, needs_draft=flags.loads_draft,
+                       requires_draft=flags.requires_draft, max_draft=flags.max_draft)
 
 
 @dataclass(frozen=True)
@@ -196,9 +204,9 @@ def _pair_spec(options: LoadOptions) -> registry.PairSpec | None:
         return models.get(options.pair or models.default)
     if options.pair is not None:
         raise SpecError("give either --pair or --target/--draft, not both")
-    if options.draft is None and options.needs_draft and not options.no_draft and not mtp_layers(options.target):
-        raise SpecError("--target needs a --draft (or a target with MTP layers, or --draft-mode ngram, or "
-                        "--no-draft for the target alone)")
+    if options.draft is None and options.requires_draft and not options.no_draft:
+        raise SpecError("--target needs a --draft for this draft mode (or leave --draft-mode out: the default "
+                        "drafts with what the target has, n-gram lookup at least)")
     return None
 
 

@@ -120,9 +120,12 @@ def serve(
 
 def _slots(pair: Pair, flags: RequestFlags, parallel: int | None) -> int:
     """How many generations run at once: --parallel, else `DEFAULT_PARALLEL`, or 1 where the pair drafts with a
-    drafter fed by the target's own states (it drafts one sequence at a time); --parallel > 1 with one is an
-    error that says what to do."""
+    drafter fed by the target's own states (it drafts one sequence at a time): by default (the hybrid, which
+    then has it to choose from) unless --parallel asks for more, when the slots' hybrids draft without it;
+    pinned to one, --parallel > 1 is an error that says what to do."""
     mode = pair.mode_for(flags.request)
+    if mode == "hybrid" and any(name in FED_MODES for name in pair.drafting.own_models()):
+        return parallel or 1
     if mode not in FED_MODES:
         return parallel or DEFAULT_PARALLEL
     if parallel is not None and parallel > 1:

@@ -27,12 +27,14 @@ from spec_cli.llama.grammar import Grammar
 class Draft:
     """Proposed tokens d1..dK and, when sampling, the distributions q1..qK they were drawn from; `steps` are
     the draft model's decodes, (tokens fed, seconds) each, for the cost model; `convert_s` the seconds spent
-    translating between two vocabularies (drafting through text)."""
+    translating between two vocabularies (drafting through text); `way`, the drafting mode that made it where
+    a drafter chooses among several (the hybrid), for the statistics."""
 
     tokens: list[int] = field(default_factory=list)
     q: list[Law] = field(default_factory=list)
     steps: list[tuple[int, float]] = field(default_factory=list)
     convert_s: float = 0.0
+    way: str = ""
 
 
 DraftSteps = Generator[list[int], np.ndarray, Draft]

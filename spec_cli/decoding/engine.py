@@ -211,7 +211,7 @@ class Generation:
         self.stats.current_k = len(draft.tokens) or self.stats.current_k  # the K last drafted, for live views
         with self._timer.step("verify_s"):
             n, token = self._accepted_prefix(rows, draft)
-        self.stats.record_round(len(draft.tokens), n)
+        self.stats.record_round(len(draft.tokens), n, draft.way)
         self._advance_grammar(n, token)
         emitted = yield from self._emit(draft.tokens[:n], token)
         self._rewind()

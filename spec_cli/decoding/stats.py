@@ -19,6 +19,7 @@ class Stats:
     draft_max: int
     adaptive: bool = False
     draft_mode: str = "none"  # what drafted: model, mtp (the target's MTP head), ngram, hybrid or none
+    ways: dict[str, list[int]] = field(default_factory=dict)  # the hybrid's: per way, [rounds, drafted, accepted]
     current_k: int = 0
     prompt_tokens: int = 0
     prompt_cached: int = 0  # prompt tokens already in the target's cache, not evaluated again
@@ -53,10 +54,16 @@ class Stats:
             mine.extend([0] * (len(theirs) - len(mine)))
             for i, count in enumerate(theirs):
                 mine[i] += count
+        for way, counts in other.ways.items():
+            self.ways[way] = [mine + theirs for mine, theirs in zip(self.ways.get(way, [0, 0, 0]), counts)]
         self.costs.merge(other.costs)
 
-    def record_round(self, drafted: int, accepted: int) -> None:
-        """Count one draft-and-verify round in which `accepted` of `drafted` tokens were kept."""
+    def record_round(self, drafted: int, accepted: int, way: str = "") -> None:
+        """Count one draft-and-verify round in which `accepted` of `drafted` tokens were kept, drafted by `way`
+        (a hybrid's choice; "" for a pinned mode)."""
+        if way:
+            counts = self.ways.setdefault(way, [0, 0, 0])
+            counts[0], counts[1], counts[2] = counts[0] + 1, counts[1] + drafted, counts[2] + accepted
         self.rounds += 1
         self.rejected_rounds += accepted < drafted
         self.drafted += drafted
@@ -80,6 +87,15 @@ class Stats:
         """How often draft position i (0-based) was accepted when it was drafted."""
         accepted = self.accepted_at + [0] * (len(self.drafted_at) - len(self.accepted_at))
         return [a / d for a, d in zip(accepted, self.drafted_at)]
+
+    def way_shares(self) -> dict[str, dict[str, float | int]]:
+        """Per way a hybrid chose: its rounds, their share of the rounds it chose for (not the last ones, where
+        no token is left to draft), the tokens drafted and kept, and the tokens its rounds yielded each (kept
+        drafts and the target's own token)."""
+        chosen = sum(rounds for rounds, _drafted, _accepted in self.ways.values())
+        return {way: {"rounds": rounds, "share": rounds / chosen, "drafted": drafted, "accepted": accepted,
+                      "tokens_per_round": 1.0 + accepted / rounds}
+                for way, (rounds, drafted, accepted) in self.ways.items() if rounds}
 
     @property
     def batch_size(self) -> float:
@@ -138,6 +154,7 @@ class Stats:
             "overhead_s": self.overhead_s,
             "draft_max": self.draft_max,
             "draft_mode": self.draft_mode,
+            "ways": self.way_shares(),
             "adaptive_k": self.adaptive,
             "current_k": self.current_k,
             "memory": self.memory,

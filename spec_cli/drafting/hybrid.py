@@ -1,15 +1,16 @@
-"""The hybrid drafter: each round n-gram lookup, the pair's own drafter (a draft model or a head, an EAGLE-3 or
-DFlash drafter) or no draft,
-whichever serves the long-run rate best (the policy is in `HybridDrafter`'s notes)."""
+"""The hybrid drafter, the default way of drafting: each round n-gram lookup, one of the pair's own drafters
+(a draft model, an EAGLE-3 head, a DFlash drafter, the target's MTP head) or no draft at all, whichever is
+expected to serve the long-run rate best (the policy is in `HybridDrafter`'s notes)."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
 
-from spec_cli.decoding.costs import FREE, PER_TOKEN, LoopCosts
+from spec_cli.decoding.costs import FREE, LoopCosts
 from spec_cli.decoding.draft_length import DraftLength
 from spec_cli.decoding.drafter import Draft, Drafter
 from spec_cli.decoding.sampling import SamplingParams
@@ -17,100 +18,124 @@ from spec_cli.drafting.base import CatchUpDrafter
 from spec_cli.drafting.ngram import NgramDrafter
 from spec_cli.llama.grammar import Grammar
 
-CARRIED = 0.1  # of decayed counts worth ~20 rounds, what a new prompt keeps: about two rounds
+CARRIED = 0.1  # of decayed yields worth ~20 rounds, what a new prompt keeps: about two rounds
+OUT = "out"  # the regime in which none of the pair's own drafters is in use
+NONE, NGRAM = "none", "ngram"
+
+
+@dataclass
+class Yield:
+    """Tokens and seconds of rounds, older ones weighing `decay`× less at each new one: a rate that follows
+    the text."""
+
+    tokens: float = 0.0
+    seconds: float = 0.0
+
+    def add(self, tokens: float, seconds: float, decay: float) -> None:
+        self.tokens = self.tokens * decay + tokens
+        self.seconds = self.seconds * decay + seconds
+
+    def scale(self, keep: float) -> None:
+        self.tokens, self.seconds = self.tokens * keep, self.seconds * keep
+
+    @property
+    def rate(self) -> float | None:
+        return self.tokens / self.seconds if self.seconds else None
 
 
 @dataclass
 class HybridState:
-    """What a hybrid drafter learns, kept across generations: a K controller (with its acceptance) for each
-    of its drafters, how often each has drafted, ρ (the tokens per second its rounds have been yielding,
-    decayed), and the regret of deferring the draft model against the backlog's price when deferring began
-    (a backlog grows while the model waits; a price fixed at the start keeps the rule from chasing it)."""
+    """What a hybrid drafter learns, kept across generations: a K controller (with its acceptance) for
+    n-gram lookup and for each own drafter; for each regime (one own drafter in use, or none: `OUT`) the
+    rate its choices would have yielded; the regime in use, and the seconds lost so far by staying in it
+    while another looked better."""
 
     lengths: dict[str, DraftLength]
-    warmup_rounds: int = 8
     decay: float = 0.95
-    tokens: float = 0.0
-    seconds: float = 0.0
+    regimes: dict[str, Yield] = field(default_factory=dict)
+    in_use: str = OUT
     regret_s: float = 0.0
-    backlog_s: float = 0.0
-    tried: dict[str, int] = field(default_factory=dict)  # rounds each drafter has drafted
-    model_share: float = 1.0  # of recent rounds, decayed: how much the draft model is still in use
 
     def new_text(self) -> None:
-        """A new prompt: the model starts caught up (in use, nothing to defer); ρ and the n-gram's acceptance,
-        learnt on other text, count for about two rounds (a lookup right on copied code is wrong on prose, and
-        the reverse). The model's acceptance carries over: it depends on the pair more than on the text."""
-        self.regret_s, self.model_share = 0.0, 1.0
-        self.tokens, self.seconds = self.tokens * CARRIED, self.seconds * CARRIED
-        self.lengths["ngram"].acceptance.forget(CARRIED)
+        """A new prompt: the regimes' rates, learnt on other text, count for about two rounds, and so does the
+        n-gram's acceptance (a lookup right on copied code is wrong on prose, and the reverse). The own
+        drafters' acceptance carries over: it depends on the pair more than on the text."""
+        self.regret_s = 0.0
+        for regime in self.regimes.values():
+            regime.scale(CARRIED)
+        self.lengths[NGRAM].acceptance.forget(CARRIED)
 
-    def record(self, chosen: str, tokens: int, seconds: float) -> None:
-        """A round drafted by `chosen` emitted `tokens` in an expected `seconds` (0: not priced yet)."""
-        self.tried[chosen] = self.tried.get(chosen, 0) + 1
-        self.model_share = self.model_share * self.decay + (1.0 - self.decay) * (chosen == "model")
-        if seconds:
-            self.tokens = self.tokens * self.decay + tokens
-            self.seconds = self.seconds * self.decay + seconds
 
-    @property
-    def rho(self) -> float | None:
-        return self.tokens / self.seconds if self.seconds else None
+@dataclass(frozen=True)
+class Option:
+    """One way to draft this round: E[tokens] it emits and E[seconds] it takes (None: not priced yet)."""
+
+    tokens: float
+    seconds: float | None
 
 
 class HybridDrafter(Drafter):
-    """Each round, n-gram lookup, the draft model or no draft at all (a plain target step), whichever is
-    expected to serve the long-run rate best.
+    """Each round, n-gram lookup, one of the pair's own drafters or no draft at all (a plain target step,
+    K = 0), whichever is expected to serve the long-run rate best.
 
-    Each option's round is priced by the cost model (`LoopCosts`): E[tokens] from that drafter's own
-    acceptance by position (n-gram rounds and model rounds are tracked apart), E[seconds] from its costs (an
-    n-gram proposal is nearly free to draft; no draft yields one token for one target step). The choice is
-    the largest E[tokens] − ρ·E[seconds], ρ being the rate rounds have been yielding lately: the rule that
-    maximises tokens per second over many rounds (a renewal-reward argument). Picking the best rate per
-    round instead would spend a 9-token, 165 ms model round where a plain step and the n-gram rounds that
-    follow it yield more per second.
+    Each option is priced by the cost model (`LoopCosts`): E[tokens] from its drafter's acceptance by
+    position, E[seconds] from the costs measured on this machine (the cost book a pair starts from, then
+    the running means): its drafting (an n-gram proposal's host time, a model's steps), the target's pass
+    over its K + 1 rows, the loop's own work per token. An option not priced yet is tried once.
 
-    The draft model sits n-gram and plain rounds out: it catches up on what they emitted in one batch when
-    it is next chosen (about 4 ms a token on the demo's Q4_1 draft). So the other options are charged that
-    growth of the backlog, in proportion to the model's share of recent rounds: on fresh text the model is
-    in use and an n-gram round must beat it after paying its catch-up; on text that keeps repeating itself
-    the model is out, and stays out. A large backlog costs more than the model's next round saves (45 tokens
-    took 223 ms). So while the model would be the best choice but for its backlog, the runner-up drafts,
-    and the time it loses against the model is added up; once that regret reaches the backlog's price when
-    deferring began, the model pays it (the ski-rental rule: never more than twice the cost of the best
-    choice in hindsight). Deferring saves the price only if the model then stays out for good, so the price
-    is weighed by the share of recent rounds the model did not draft. Which drafter proposed a token never
-    touches exactness (tests as for every mode).
+    An own drafter sits out the rounds others draft and catches up on them in one batch when it is next
+    chosen. Whether that backlog is a cost depends on whether the drafter will be used again, so the choice
+    is made within a regime: "d in use" (d, n-gram or none; each round d does not draft is charged what its
+    catch-up grows by) or "out" (n-gram or none, uncharged). Within a regime the choice is the largest
+    E[tokens] − ρ·E[seconds], ρ the rate that regime's choices have been yielding (a renewal-reward argument:
+    the rule that maximises tokens per second over many rounds). Every regime's choice is priced every round,
+    so each regime's rate is known whichever runs; the loop runs in the regime with the best rate.
+    Leaving a drafter's regime is free. Entering it means paying its backlog first, so it is entered only
+    once the time lost by staying out adds up to that backlog's price (the ski-rental rule: never more than
+    twice the best choice in hindsight). Which drafter proposed a token never touches exactness.
     """
 
-    def __init__(self, ngram: NgramDrafter, model: CatchUpDrafter, costs: LoopCosts, state: HybridState,
-                 pricing: str = PER_TOKEN) -> None:
-        """`pricing`: how the model's drafting grows with K (`costs.PER_TOKEN`; a block drafter's `PER_ROUND`)."""
+    def __init__(self, ngram: NgramDrafter, own: dict[str, CatchUpDrafter], books: dict[str, LoopCosts],
+                 costs: LoopCosts, state: HybridState, pricing: dict[str, str]) -> None:
+        """`own`: the pair's own drafters by mode name, each priced with its book in `books` and drafting as
+        `pricing` says (`costs.PER_TOKEN`, a block drafter's `PER_ROUND`); `costs`: the hybrid's own book
+        (the target's passes, the loop's work, n-gram lookup's host time)."""
         self.ngram = ngram
-        self.model = model
-        self.pricing = pricing
+        self.own = own
+        self.books = books
         self.costs = costs
         self.state = state
+        self.pricing = pricing
+        for regime in (OUT, *own):
+            state.regimes.setdefault(regime, Yield())
+        if state.in_use not in state.regimes:
+            state.in_use = OUT
         self.chosen: tuple[str, float] | None = None  # the option of the round in flight, and its E[seconds]
+        self._draft = Draft()  # the proposal of the round in flight
         self._unused: tuple[int, list[int]] | None = None  # (where, what): the n-gram proposal a round passed over
+        self._lookup = Yield()  # n-gram lookups: calls and their host seconds
 
     @property
     def busy_s(self) -> float:
-        return self.model.busy_s
+        return sum(drafter.busy_s for drafter in self.own.values())
 
     @property
     def rollback_s(self) -> float:
-        return self.model.rollback_s
+        return sum(drafter.rollback_s for drafter in self.own.values())
 
     def prefill(self, tokens: Sequence[int]) -> list[tuple[int, float]]:
-        """A new prompt, taken in whole by the model (see `HybridState.new_text`)."""
+        """A new prompt, taken in whole by every own drafter: each starts caught up, so the first rounds choose
+        by rates alone, as a pinned mode would start."""
         self._new_prompt(tokens)
-        return self.model.prefill(tokens)
+        for name, drafter in self.own.items():
+            self.books[name].record_draft(drafter.prefill(tokens))
+        return []
 
     def start(self, tokens: Sequence[int]) -> None:
-        """A new prompt, which the model takes in when it first drafts (its backlog, which the hybrid prices)."""
+        """A new prompt, which each own drafter takes in when it first drafts (its backlog, which is priced)."""
         self._new_prompt(tokens)
-        self.model.start(tokens)
+        for drafter in self.own.values():
+            drafter.start(tokens)
 
     def _new_prompt(self, tokens: Sequence[int]) -> None:
         self.state.new_text()
@@ -121,55 +146,88 @@ class HybridDrafter(Drafter):
                 grammar: Grammar | None = None) -> Draft:
         lengths = self.state.lengths
         self._learn_in_hindsight(tokens)
-        ngram = self.ngram.propose(tokens, min(k, lengths["ngram"].next_k()), sampling, rng)
-        k_model = min(k, lengths["model"].next_k())
-        options = {"none": (0, lengths["model"].acceptance, FREE)}
-        if ngram.tokens:
-            options["ngram"] = (len(ngram.tokens), lengths["ngram"].acceptance, FREE)
-        if k_model:
-            options["model"] = (k_model, lengths["model"].acceptance, self.pricing)
-        priced = {name: (acceptance.expected_tokens(n), self.costs.round_seconds(n, acceptance, pricing))
-                  for name, (n, acceptance, pricing) in options.items()}
-        name = self._choose(priced, self.model.pending(tokens))
-        self.chosen = (name, priced[name][1] or 0.0)  # 0: not priced yet, so left out of ρ
-        self._unused = (len(tokens), ngram.tokens) if ngram.tokens and name != "ngram" else None
-        if name == "model":
-            return self.model.propose(tokens, k_model, sampling, rng, grammar)
-        return ngram if name == "ngram" else Draft()
+        started = time.perf_counter()
+        ngram = self.ngram.propose(tokens, min(k, lengths[NGRAM].next_k()), sampling, rng)
+        self._lookup.add(1.0, time.perf_counter() - started, self.state.decay)
+        ks = {name: min(k, lengths[name].next_k()) for name in self.own}
+        options = self._price(len(ngram.tokens), ks)
+        name = self._choose(options, {name: self.own[name].pending(tokens) for name in self.own})
+        self.chosen = (name, options[name].seconds or 0.0)
+        self._unused = (len(tokens), ngram.tokens) if ngram.tokens and name != NGRAM else None
+        if name in self.own:
+            self._draft = self.own[name].propose(tokens, ks[name], sampling, rng, grammar)
+        else:
+            self._draft = ngram if name == NGRAM else Draft()
+        self._draft.way = name
+        return self._draft
 
-    def _choose(self, priced: dict[str, tuple[float, float | None]], pending: int) -> str:
-        """The option with the largest E[tokens] − ρ·E[seconds] (see the class notes)."""
+    def _price(self, n_ngram: int, ks: dict[str, int]) -> dict[str, Option]:
+        """Every option of this round: no draft, the n-gram's proposal of `n_ngram` tokens where it made one,
+        each own drafter at its controller's K (where it is above 0)."""
+        lengths, costs = self.state.lengths, self.costs
+        none = lengths[NGRAM].acceptance
+        options = {NONE: Option(1.0, costs.round_seconds(0, none, FREE))}
+        if n_ngram:
+            acceptance = lengths[NGRAM].acceptance
+            seconds = costs.round_seconds(n_ngram, acceptance, FREE)
+            lookup_s = self._lookup.seconds / self._lookup.tokens
+            options[NGRAM] = Option(acceptance.expected_tokens(n_ngram),
+                                    None if seconds is None else seconds + lookup_s)
+        for name, k in ks.items():
+            if k:
+                acceptance = lengths[name].acceptance
+                options[name] = Option(acceptance.expected_tokens(k),
+                                       self.books[name].round_seconds(k, acceptance, self.pricing[name]))
+        return options
+
+    def _choose(self, options: dict[str, Option], pending: dict[str, int]) -> str:
+        """Try what is not priced yet (the n-gram first: it costs no decode); else the choice of the regime
+        the loop runs in, after weighing a move to the regime with the best rate (see the class notes)."""
+        for name in (NGRAM, *self.own, NONE):
+            if name in options and options[name].seconds is None:
+                return name
         state = self.state
-        for name in ("ngram", "model"):
-            if name in priced and (priced[name][1] is None or state.tried.get(name, 0) < state.warmup_rounds):
-                return name  # too little known yet: try it (the n-gram first, it costs no draft-model work)
-        if priced["none"][1] is None:
-            return "none"
-        rho = state.rho or 1.0 / priced["none"][1]
-        # Whatever the model sits out, it catches up on later; that is a cost of the other options as far as
-        # the model is still in use (its share of recent rounds).
-        growth = {name: 0.0 if name == "model" else
-                  self._catch_up_s(pending + round(tokens)) - self._catch_up_s(pending)
-                  for name, (tokens, _seconds) in priced.items()}
-        surplus = {name: tokens - rho * (seconds + state.model_share * growth[name])
-                   for name, (tokens, seconds) in priced.items()}
-        best = max(surplus, key=lambda name: surplus[name])
-        if best != "model":
-            if best == "ngram":
-                state.regret_s = 0.0  # the n-gram's stretch grows the backlog: price it afresh after it
-            return best
-        if state.regret_s == 0.0:  # the price, fixed when deferring starts; deferring saves it only if the
-            # model stays out for good, which is as unlikely as the model is still in use
-            state.backlog_s = (1.0 - state.model_share) * (self._catch_up_s(pending) - self._catch_up_s(2))
-        runner_up = max((name for name in surplus if name != "model"), key=lambda name: surplus[name])
-        # Deferring one more round loses the surplus against the model and grows the backlog by its tokens.
-        regret_s = state.regret_s + (surplus["model"] - surplus[runner_up]) / rho \
-            + (1.0 - state.model_share) * growth[runner_up]
-        if regret_s >= state.backlog_s:
+        picks = {regime: self._regime_choice(regime, options) for regime in state.regimes}
+        for regime, (name, tokens, seconds) in picks.items():
+            state.regimes[regime].add(tokens, seconds, state.decay)
+        rates = {regime: state.regimes[regime].rate or 0.0 for regime in state.regimes}
+        best = max(rates, key=lambda regime: rates[regime])
+        if best != state.in_use and rates[best] > rates[state.in_use]:
+            # This round's tokens, at the best regime's rate instead of this one's: the time staying loses.
+            tokens = picks[state.in_use][1]
+            state.regret_s += tokens / rates[state.in_use] - tokens / rates[best] if rates[state.in_use] else 0.0
+            if best == OUT or state.regret_s >= self._backlog_price(best, pending[best]):
+                state.in_use, state.regret_s = best, 0.0
+        else:
             state.regret_s = 0.0
-            return "model"
-        state.regret_s = regret_s
-        return runner_up
+        return picks[state.in_use][0]
+
+    def _regime_choice(self, regime: str, options: dict[str, Option]) -> tuple[str, float, float]:
+        """(the option, its E[tokens], its E[seconds] with the catch-up it leaves) that `regime` chooses: the
+        largest E[tokens] − ρ·E[seconds] among no draft, the n-gram and the regime's own drafter."""
+        rho = self.state.regimes[regime].rate or options[NONE].tokens / (options[NONE].seconds or 1.0)
+        best: tuple[str, float, float] | None = None
+        for name, option in options.items():
+            if name in self.own and name != regime:
+                continue
+            assert option.seconds is not None
+            seconds = option.seconds
+            if regime != OUT and name != regime:  # the regime's drafter will catch up on these tokens
+                seconds += self._catch_up_s(regime, 1 + round(option.tokens)) - self._catch_up_s(regime, 1)
+            if best is None or option.tokens - rho * seconds > best[1] - rho * best[2]:
+                best = (name, option.tokens, seconds)
+        assert best is not None
+        return best
+
+    def _backlog_price(self, name: str, pending: int) -> float:
+        """What entering `name`'s regime costs beyond a steady-state round: its catch-up on `pending` tokens
+        instead of on the two a fully accepted round leaves."""
+        return max(0.0, self._catch_up_s(name, pending) - self._catch_up_s(name, 2))
+
+    def _catch_up_s(self, name: str, pending: int) -> float:
+        """c_d(pending) of own drafter `name` (0 while none has been measured), read between the sizes
+        measured: a backlog is far larger than a draft step."""
+        return self.books[name].draft.interpolated(max(pending, 1)) or 0.0
 
     def _learn_in_hindsight(self, tokens: Sequence[int]) -> None:
         """Score last round's untaken n-gram proposal against the tokens the round emitted.
@@ -187,21 +245,18 @@ class HybridDrafter(Drafter):
         emitted = tokens[start:start + len(proposal)]
         matched = next((i for i, (d, x) in enumerate(zip(proposal, emitted)) if d != x), len(emitted))
         if emitted:
-            self.state.lengths["ngram"].acceptance.update(min(matched + 1, len(emitted)), matched)
-
-    def _catch_up_s(self, pending: int) -> float:
-        """c_d(pending): the draft model's catch-up on `pending` tokens (0 while none has been measured), read
-        between the sizes measured: a backlog is far larger than a draft step."""
-        return self.costs.draft.interpolated(max(pending, 1)) or 0.0
+            self.state.lengths[NGRAM].acceptance.update(min(matched + 1, len(emitted)), matched)
 
     def update(self, drafted: int, accepted: int) -> None:
         if self.chosen is None:
             return
-        name, seconds = self.chosen
+        name = self.chosen[0]
         if name in self.state.lengths:
             self.state.lengths[name].update(drafted, accepted)
-        self.state.record(name, accepted + 1, seconds)
+        if name in self.own:
+            self.books[name].record_draft(self._draft.steps)
 
     def rewind(self, n_keep: int) -> None:
         self.ngram.rewind(n_keep)
-        self.model.rewind(n_keep)
+        for drafter in self.own.values():
+            drafter.rewind(n_keep)

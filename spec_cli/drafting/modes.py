@@ -1,11 +1,12 @@
 """The drafting modes, in one registry: what each is called and how it is described, whether it loads the
-draft file, which running costs its rounds are priced with, and how its drafter is built. The pair, the
-commands, chat, the server and the benchmark all read it; a new mode is a drafter module and one entry in
-`MODES`.
+draft file, and how its drafter is built. The pair, the commands, chat, the server and the benchmark all read
+it; a new mode is a drafter module and one entry in `MODES`. The default is the hybrid, which chooses among
+every other way this pair allows each round.
 
 `Drafting` is a pair's side of it: the models drafters draw on (`Sources`) and what they learn across
 generations (the loop's costs, one K controller per mode, drafter and K, the hybrid's state), so that one
-prompt (or chat turn) starts where the last left off.
+prompt (or chat turn) starts where the last left off, and a new process where the last one on this machine
+left off (`cost_book`).
 """
 
 from __future__ import annotations
@@ -13,10 +14,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from spec_cli.decoding.costs import FREE, PER_ROUND, PER_TOKEN, LoopCosts
+from spec_cli.decoding.costs import FREE, PER_ROUND, PER_TOKEN, BatchCosts, LoopCosts
 from spec_cli.decoding.draft_length import AUTO_K_MAX, AdaptiveK, DraftLength, FixedK
 from spec_cli.decoding.drafter import Drafter
 from spec_cli.drafting.base import CatchUpDrafter
+from spec_cli.drafting.cost_book import Entry
 from spec_cli.drafting.dflash import DFlashDrafter
 from spec_cli.drafting.eagle3 import Eagle3Drafter
 from spec_cli.drafting.hybrid import HybridDrafter, HybridState
@@ -30,6 +32,8 @@ from spec_cli.llama.context import Context
 from spec_cli.llama.heads import BlockContext, HeadContext
 
 COSTS_DECAY = 0.95  # each call of a size weighs 5% less at the next: the costs follow the machine's load
+BOOK_CALLS = 4.0  # calls each mean in the cost book counts as when a pair starts from it
+BOOK_ROUNDS = 8.0  # rounds' worth of an own drafter's acceptance that a pair starts from
 
 
 @dataclass(frozen=True)
@@ -54,11 +58,12 @@ class Mode:
     """One way of drafting.
 
     `loads_draft`: the draft file, where one is given, is loaded for it. `available`: whether a pair's sources
-    can draft this way (`missing` says why not). `book`: the running costs its rounds are priced with and
-    recorded in (the MTP head's steps apart from the draft model's: one step costs what it costs).
-    `build(drafting, p_min, K)`: its drafter and the controller of its K. `own_drafter(sources, p_min)`: for
-    a mode that drafts with a model of the pair's own (`own_model`), that drafter alone. `pricing`: how its
-    drafting cost grows with K (`costs`). `k_limit`: the most it can draft in a round.
+    can draft this way (`missing` says why not). Its rounds are priced with and recorded in a cost book of its
+    own (`Drafting.costs`: the MTP head's steps apart from the draft model's), over the target's passes,
+    which every book shares. `build(drafting, p_min, K)`: its drafter and the controller of its K.
+    `own_drafter(sources, p_min)`: for a mode that drafts with a model of the pair's own (`own_model`), that
+    drafter alone. `pricing`: how its drafting cost grows with K (`costs`). `k_limit`: the most it can draft in
+    a round.
     """
 
     name: str
@@ -67,7 +72,6 @@ class Mode:
     loads_draft: bool
     available: Callable[[Sources], bool]
     missing: Callable[[Sources], str]
-    book: Callable[[Sources], str]
     build: Build
     own_drafter: Callable[[Sources, float], CatchUpDrafter] | None = None
     pricing: str = PER_TOKEN
@@ -76,13 +80,13 @@ class Mode:
     @property
     def own_model(self) -> bool:
         """Whether it drafts with a model of the pair's own (the draft model, an EAGLE-3 head or DFlash drafter,
-        the MTP head). Such a mode is the pair's default where it is available, is what the hybrid pairs with
-        n-gram lookup, and costs decodes, so `-k auto` prices them and the benchmark predicts its fixed-K rows."""
+        the MTP head). The hybrid chooses among such modes and n-gram lookup; they cost decodes, so `-k auto`
+        prices them and the benchmark predicts their fixed-K rows."""
         return self.own_drafter is not None
 
 
 def _ngram(drafting: Drafting, _p_min: float, k: int | str) -> tuple[Drafter | None, DraftLength]:
-    return NgramDrafter(drafting.sources.target.model.n_vocab), drafting.length("ngram", "ngram", k, FREE)
+    return NgramDrafter(drafting.sources.target.model.n_vocab), drafting.length(("ngram", "ngram", k), "ngram", FREE)
 
 
 def _model_drafter(sources: Sources, p_min: float) -> CatchUpDrafter:
@@ -118,22 +122,26 @@ def _alone(name: str) -> Build:
     def build(drafting: Drafting, p_min: float, k: int | str) -> tuple[Drafter | None, DraftLength]:
         own = MODES[name]
         assert own.own_drafter is not None
-        length = drafting.length(name, name, k, own.pricing, own.k_limit(drafting.sources))
+        length = drafting.length((name, name, k), name, own.pricing, own.k_limit(drafting.sources))
         return own.own_drafter(drafting.sources, p_min), length
     return build
 
 
 def _hybrid(drafting: Drafting, p_min: float, k: int | str) -> tuple[Drafter | None, DraftLength]:
-    """n-gram lookup and the pair's own model. The hybrid chooses K for each of its drafters itself, each with
-    its own controller; the loop only caps it at AUTO_K_MAX. K (fixed, or auto) is the model's: each of its
-    drafts costs a step. An n-gram proposal costs nothing to make and a longer verify pass little, so n-gram
-    rounds run as long as their own controller finds worth it, whatever the model's K (capped at the model's
-    K = 5, the hybrid ran at 0.89x n-gram lookup alone on text that copies its prompt)."""
-    partner = drafting.own_model()
-    assert partner.own_drafter is not None
-    hybrid = HybridDrafter(NgramDrafter(drafting.sources.target.model.n_vocab),
-                           partner.own_drafter(drafting.sources, p_min), drafting.costs("hybrid"),
-                           drafting.hybrid_state(k), partner.pricing)
+    """n-gram lookup, every own drafter of the pair and no draft. The hybrid chooses K for each of its drafters
+    itself, each with its own controller; the loop only caps it at AUTO_K_MAX. K (fixed, or auto) is the own
+    drafters': each of their drafts costs a step. An n-gram proposal costs little to make and a longer verify
+    pass little, so n-gram rounds run as long as their own controller finds worth it, whatever the own
+    drafters' K (capped at K = 5, the hybrid ran at 0.89x n-gram lookup alone on text that copies its prompt)."""
+    own = drafting.own_models()
+    drafters: dict[str, CatchUpDrafter] = {}
+    for name in own:
+        make = MODES[name].own_drafter
+        assert make is not None
+        drafters[name] = make(drafting.sources, p_min)
+    hybrid = HybridDrafter(NgramDrafter(drafting.sources.target.model.n_vocab), drafters,
+                           {name: drafting.costs(name) for name in own}, drafting.costs("hybrid"),
+                           drafting.hybrid_state(k), {name: MODES[name].pricing for name in own})
     return hybrid, FixedK(0 if k == 0 else AUTO_K_MAX)
 
 
@@ -165,28 +173,26 @@ def own_model(sources: Sources) -> Mode:
 
 MODES: dict[str, Mode] = {mode.name: mode for mode in (
     Mode("model", "draft model", "the draft model", loads_draft=True, available=lambda s: s.draft is not None,
-         missing=_no_draft_model("model"), book=lambda _s: "model", build=_alone("model"),
-         own_drafter=_model_drafter),
+         missing=_no_draft_model("model"), build=_alone("model"), own_drafter=_model_drafter),
     Mode("eagle3", "EAGLE-3 head", "an EAGLE-3 head given as --draft", loads_draft=True,
          available=lambda s: s.eagle3 is not None, missing=_no_drafter_file("eagle3", "an EAGLE-3 head"),
-         book=lambda _s: "eagle3", build=_alone("eagle3"), own_drafter=_eagle3_drafter),
+         build=_alone("eagle3"), own_drafter=_eagle3_drafter),
     Mode("dflash", "DFlash block", "a DFlash drafter given as --draft: a block in one pass", loads_draft=True,
          available=lambda s: s.dflash is not None, missing=_no_drafter_file("dflash", "a DFlash drafter"),
-         book=lambda _s: "dflash", build=_alone("dflash"), own_drafter=_dflash_drafter, pricing=PER_ROUND,
+         build=_alone("dflash"), own_drafter=_dflash_drafter, pricing=PER_ROUND,
          k_limit=_block_limit),
     Mode("mtp", "MTP head", "the target's own MTP head, no draft file", loads_draft=False,
          available=lambda s: s.head is not None,
          missing=lambda s: f"{s.target.model.path.name} has no MTP layers to draft with (nextn_predict_layers is "
                            "0, or a conversion stripped them); give a draft model, or use --draft-mode ngram",
-         book=lambda _s: "mtp", build=_alone("mtp"), own_drafter=_mtp_drafter),
-    # n-gram rounds take no draft steps: they share the draft model's book.
+         build=_alone("mtp"), own_drafter=_mtp_drafter),
     Mode("ngram", "n-gram lookup", "prompt lookup, no draft model needed", loads_draft=False,
-         available=lambda _s: True, missing=lambda _s: "", book=lambda _s: "model", build=_ngram, pricing=FREE),
-    Mode("hybrid", "hybrid", "n-gram lookup and the pair's own drafter (draft model, EAGLE-3, DFlash or MTP)",
-         loads_draft=True, available=lambda s: own_model(s) is not NONE, missing=_no_draft_model("hybrid"),
-         book=lambda s: own_model(s).book(s), build=_hybrid),
+         available=lambda _s: True, missing=lambda _s: "", build=_ngram, pricing=FREE),
+    Mode("hybrid", "hybrid", "the default: each round n-gram lookup, the pair's own drafters or no draft, "
+         "whichever the costs measured here say serves best", loads_draft=True, available=lambda _s: True,
+         missing=lambda _s: "", build=_hybrid),
     Mode("none", "no draft", "the target alone", loads_draft=False, available=lambda _s: True,
-         missing=lambda _s: "", book=lambda _s: "model", build=_none, pricing=FREE),
+         missing=lambda _s: "", build=_none, pricing=FREE),
 )}
 NONE = MODES["none"]
 FED_MODES = ("eagle3", "dflash", "mtp")  # the modes whose drafters read the target's hidden states or features
@@ -209,9 +215,11 @@ class Drafting:
 
     def __init__(self, sources: Sources) -> None:
         self.sources = sources
+        self._verify = BatchCosts(COSTS_DECAY)  # the target's passes, whoever drafted: one for every book
         self._costs: dict[str, LoopCosts] = {}
         self._lengths: dict[tuple[str, str, int | str], DraftLength] = {}
         self._hybrids: dict[int | str, HybridState] = {}
+        self._acceptance: dict[str, dict[str, float | list[float]]] = {}  # the cost book's, by own drafter
 
     @property
     def modes(self) -> tuple[str, ...]:
@@ -221,6 +229,10 @@ class Drafting:
     def own_model(self) -> Mode:
         """The pair's own drafting model (see `own_model`)."""
         return own_model(self.sources)
+
+    def own_models(self) -> tuple[str, ...]:
+        """Every mode that drafts with a model of this pair's own."""
+        return tuple(m.name for m in MODES.values() if m.own_model and m.available(self.sources))
 
     def check(self, name: str) -> Mode:
         """The mode called `name`, if this pair can draft that way."""
@@ -234,24 +246,86 @@ class Drafting:
         return self.check(name).build(self, p_min, k)
 
     def costs(self, name: str) -> LoopCosts:
-        """The running costs mode `name`'s rounds are priced with and recorded in."""
-        return self._costs.setdefault(MODES[name].book(self.sources), LoopCosts(decay=COSTS_DECAY))
+        """The running costs mode `name`'s rounds are priced with and recorded in: its drafter's decodes and the
+        loop's work its own, the target's passes shared."""
+        if name not in self._costs:
+            self._costs[name] = LoopCosts.sharing(self._verify, COSTS_DECAY)
+        return self._costs[name]
 
-    def length(self, name: str, drafter: str, k: int | str, pricing: str, limit: int = AUTO_K_MAX) -> DraftLength:
-        """The controller of K for `drafter` (a mode's name, or "model" for the hybrid's own model) drafting in
-        mode `name`, whose cost grows with K as `pricing` says, at most `limit` a round; kept across
-        generations."""
-        key = (name, drafter, k)
+    def length(self, key: tuple[str, str, int | str], drafter: str, pricing: str,
+               limit: int = AUTO_K_MAX) -> DraftLength:
+        """The controller of K under `key` (mode, drafter, K asked) for `drafter` (a mode's name), priced with
+        that drafter's costs as `pricing` says, at most `limit` a round; kept across generations. An own
+        drafter's starts from the acceptance in the cost book."""
         if key not in self._lengths:
-            self._lengths[key] = FixedK(min(k, limit)) if k != "auto" else AdaptiveK(
-                self.costs(name), pricing, k_max=min(AUTO_K_MAX, limit))
+            k = key[2]
+            length: DraftLength = FixedK(min(k, limit)) if k != "auto" else AdaptiveK(
+                self.costs(drafter), pricing, k_max=min(AUTO_K_MAX, limit))
+            if drafter in self._acceptance:
+                length.seed(self._acceptance[drafter], BOOK_ROUNDS)
+            self._lengths[key] = length
         return self._lengths[key]
 
     def hybrid_state(self, k: int | str) -> HybridState:
         """What the hybrid drafting with K = `k` has learnt: a K controller for each of its drafters."""
         if k not in self._hybrids:
-            own = self.own_model()
-            self._hybrids[k] = HybridState({
-                "ngram": self.length("hybrid", "ngram", "auto", FREE),
-                "model": self.length("hybrid", "model", k, own.pricing, own.k_limit(self.sources))})
+            lengths = {"ngram": self.length(("hybrid", "ngram", "auto"), "ngram", FREE)}
+            for name in self.own_models():
+                own = MODES[name]
+                lengths[name] = self.length(("hybrid", name, k), name, own.pricing, own.k_limit(self.sources))
+            self._hybrids[k] = HybridState(lengths)
         return self._hybrids[k]
+
+    def seed(self, entry: Entry | None) -> None:
+        """Start from a cost book's entry (`learnt`'s form): each mean counts as `BOOK_CALLS` calls, each own
+        drafter's acceptance as up to `BOOK_ROUNDS` rounds. An entry that does not read as such is ignored."""
+        if not entry:
+            return
+        try:
+            verify = _means(entry.get("verify", {}))
+            books = {name: (_means(book.get("draft", {})), float(book.get("per_token", 0.0)))
+                     for name, book in entry.get("books", {}).items() if name in MODES}
+            acceptance = {name: _counts(counts) for name, counts in entry.get("acceptance", {}).items()
+                          if name in self.own_models()}
+        except (AttributeError, KeyError, TypeError, ValueError):
+            return
+        self._verify.seed(verify, BOOK_CALLS)
+        for name, (draft, per_token) in books.items():
+            costs = self.costs(name)
+            costs.draft.seed(draft, BOOK_CALLS)
+            costs.other_s, costs.other_tokens = BOOK_CALLS * per_token, BOOK_CALLS
+        self._acceptance = acceptance
+
+    def learnt(self) -> Entry | None:
+        """What to keep in the cost book: the costs measured so far, and for each own drafter the acceptance of
+        its most-measured controller; None when nothing was measured."""
+        if not self._verify.weight:
+            return None
+        own = self.own_models()
+        acceptance: dict[str, dict[str, float | list[float]]] = {}
+        best: dict[str, float] = {}
+        for (_mode, drafter, _k), length in self._lengths.items():
+            measured = length.acceptance.measured
+            if drafter in own and measured > best.get(drafter, 0.0):
+                acceptance[drafter], best[drafter] = length.acceptance.as_counts(), measured
+        # Only own drafters decode to draft: the other books' steps are not theirs (the hybrid's mixes them).
+        books = {name: {"draft": costs.draft.as_dict() if name in own else {}, "per_token": costs.per_token}
+                 for name, costs in self._costs.items()}
+        return {"verify": self._verify.as_dict(), "books": books, "acceptance": {**self._acceptance, **acceptance}}
+
+
+def _means(means: dict[str, float]) -> dict[str, float]:
+    """A cost book's means by size, checked: sizes are counts, seconds are positive and finite."""
+    checked = {str(int(n)): float(seconds) for n, seconds in means.items()}
+    if any(not 0.0 < seconds < 1e6 for seconds in checked.values()):
+        raise ValueError("a cost out of range")
+    return checked
+
+
+def _counts(counts: dict[str, float | list[float]]) -> dict[str, float | list[float]]:
+    """A cost book's acceptance counts, checked (`PositionAcceptance.as_counts`'s form)."""
+    reached, accepted_at = counts["reached"], counts["accepted_at"]
+    if not isinstance(reached, list) or not isinstance(accepted_at, list) or len(accepted_at) > len(reached):
+        raise ValueError("acceptance counts of another form")
+    return {"accepted": float(counts["accepted"]), "rejections": float(counts["rejections"]),  # type: ignore[arg-type]
+            "reached": [float(x) for x in reached], "accepted_at": [float(x) for x in accepted_at]}

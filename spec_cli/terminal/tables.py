@@ -8,7 +8,7 @@ from rich.table import Table
 
 from spec_cli.models.reports import MemberReport, PairRow
 from spec_cli.models.vocab import Rule
-from spec_cli.summary import percent
+from spec_cli.summary import percent, way_shares
 from spec_cli.terminal.output import human_size
 
 
@@ -36,10 +36,14 @@ def show_comparison(result: dict) -> None:
             line, style = _same_text_line(c)
             console.print(line, style=style, markup=False)
     for c in result["configs"]:
-        if "against_best_pure" in c:
+        if c.get("ways"):
             where = f" ({c['task']})" if c["task"] else ""
-            best = c["against_best_pure"]
-            console.print(f"{c['label']}{where}: {best['ratio']:.2f}× the better of its pure modes ({best['label']})")
+            console.print(f"{c['label']}{where} chose: {way_shares(c['ways'])}", style="dim")
+    for c in result["configs"]:
+        if "against_best_pinned" in c:
+            where = f" ({c['task']})" if c["task"] else ""
+            best = c["against_best_pinned"]
+            console.print(f"{c['label']}{where}: {best['ratio']:.2f}× the best pinned mode ({best['label']})")
     for task, task_costs in costs.items():
         console.print(_costs_line(task_costs, "" if task == "all" else f", {task}"), style="dim")
     console.print("runs interleaved across configurations; tokens/s counts decoding only; speed-ups are against the "
