@@ -182,7 +182,8 @@ def test_the_cheapest_of_several_own_drafters_is_taken() -> None:
 
 def test_a_large_backlog_defers_the_model_until_the_regret_reaches_its_price() -> None:
     """Ski rental: out of the model's regime, each round that regime would have done better adds the time lost
-    to the regret; the model pays its backlog once the regret reaches that backlog's price."""
+    to the regret; the model pays its backlog once the regret reaches that backlog's price when deferring
+    began."""
     drafter, model = hybrid(model_accepts=4, pending=40)
     price = drafter.books["model"].draft.seconds(40) - drafter.books["model"].draft.seconds(2)
     deferred, regrets = 0, []
@@ -192,6 +193,7 @@ def test_a_large_backlog_defers_the_model_until_the_regret_reaches_its_price() -
         drafter.update(0, 0)
         assert deferred < 100
     assert deferred >= 2 and regrets[-1] < price and drafter.state.in_use == "model"
+    assert drafter.state.price_s == pytest.approx(price)  # fixed when deferring began, though the backlog grew
     assert regrets == sorted(regrets) and drafter.state.regret_s == 0.0
     # A backlog of 3 costs less than one round of deferring: the model catches up at once.
     drafter, model = hybrid(model_accepts=4, pending=3)
@@ -236,7 +238,7 @@ def test_the_ngram_lookups_host_time_is_priced() -> None:
 
 def test_a_new_prompt_starts_afresh() -> None:
     """The prompt's prefill catches every own drafter up: no regret carries over, the regime in use stays, and
-    the rates learnt on the last text weigh about two rounds."""
+    the rates learnt on the last text weigh a round or two."""
     drafter, _ = hybrid(model_accepts=4, pending=40)
     assert choice(drafter, NO_MATCH) == "none" and drafter.state.regret_s > 0
     drafter.state.regimes[OUT].add(20, 0.1, 1.0)
@@ -244,7 +246,8 @@ def test_a_new_prompt_starts_afresh() -> None:
     drafter.prefill(MATCH[:1])
     assert drafter.state.regret_s == 0.0 and drafter.state.in_use == OUT
     assert drafter.state.regimes[OUT].rate == pytest.approx(rate)
-    drafter.state.regimes[OUT].add(1, 0.025, 0.95)
+    for _ in range(3):
+        drafter.state.regimes[OUT].add(1, 0.025, drafter.state.decay)
     assert drafter.state.regimes[OUT].rate < 0.5 * rate
 
 

@@ -80,7 +80,10 @@ def test_run_pulls_on_first_use(fake_hub: FakeHub) -> None:
     result = spec("run", "--pair", "tiny-hub", "--raw", "-n", "6", "--json", "the cat")
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
-    assert len(data["token_ids"]) == 6 and data["stats"]["draft_max"] == 3  # the pair's K
+    assert len(data["token_ids"]) == 6 and data["stats"]["adaptive_k"]  # the default chooses K by costs
+    pinned = json.loads(spec("run", "--pair", "tiny-hub", "--raw", "-n", "6", "--json", "--draft-mode", "model",
+                             "the cat").stdout)
+    assert pinned["stats"]["draft_max"] == 3  # the pair's K, for its draft model
     assert fake_hub.gets("target.gguf") and fake_hub.gets("draft.gguf")
 
 

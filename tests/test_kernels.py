@@ -86,7 +86,7 @@ def test_under_the_draft_verdict_only_the_draft_uses_them_one_token_at_a_time(
         assert pair.draft is not None and pair.draft.extra_buffers and pair.draft.one_token_batches
         assert pair.draft_context is not None and pair.draft_context.n_ubatch == 1
         assert pair.target_context.n_ubatch == pair.target_context.n_batch
-        generation = pair.generate("the cat", raw=True, max_tokens=24, draft_max=3)
+        generation = pair.generate("the cat", raw=True, max_tokens=24, draft_max=3, draft_mode="model")
         for _ in generation:
             pass
     assert generation.token_ids == reference.token_ids and generation.stats.drafted > 0

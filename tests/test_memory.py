@@ -223,7 +223,7 @@ def test_recurrent_and_attention_models_draft_for_each_other(tmp_path: Path, att
         reference = finish(solo.generate(PROMPT, raw=True, max_tokens=40, draft_mode="none")).token_ids
     with load_pair(target, draft) as pair:
         for k in (2, 5):
-            generation = finish(pair.generate(PROMPT, raw=True, max_tokens=40, draft_max=k))
+            generation = finish(pair.generate(PROMPT, raw=True, max_tokens=40, draft_max=k, draft_mode="model"))
             assert generation.token_ids == reference
             assert generation.stats.rejected_rounds > 0
 

@@ -178,7 +178,7 @@ def test_a_registry_pair_without_a_draft_file_drafts_with_the_head(mtp_pair_name
     ran = spec("run", "--pair", mtp_pair_name, "--raw", "-n", "24", "--json", "the cat")
     assert ran.exit_code == 0, ran.output
     stats = json.loads(ran.stdout)["stats"]  # the default chooses among the head, n-gram lookup and no draft
-    assert stats["draft_mode"] == "hybrid" and stats["draft_max"] == 3
+    assert stats["draft_mode"] == "hybrid" and stats["adaptive_k"]
     assert set(stats["ways"]) <= {"mtp", "ngram", "none"}
     pinned = json.loads(spec("run", "--pair", mtp_pair_name, "--raw", "-n", "24", "--json", "--draft-mode", "mtp",
                              "the cat").stdout)["stats"]

@@ -124,7 +124,7 @@ def test_greedy_output_equals_the_target_alone(files: dict[str, Path], alone: Pa
     with load_pair(files["target"], files[draft]) as pair:
         for prompt in PROMPTS:
             reference = finish(alone.generate(prompt, raw=True, max_tokens=40, draft_mode="none"))
-            generation = finish(pair.generate(prompt, raw=True, max_tokens=40, draft_max=k))
+            generation = finish(pair.generate(prompt, raw=True, max_tokens=40, draft_max=k, draft_mode="model"))
             assert generation.token_ids == reference.token_ids
             totals.merge(generation.stats)
     assert totals.accepted > 0 and totals.rejected_rounds > 0
@@ -137,7 +137,7 @@ def test_greedy_output_equals_the_target_alone_the_other_way_round(files: dict[s
     with load_pair(files[draft]) as target_alone, load_pair(files[draft], files["target"]) as pair:
         for prompt in PROMPTS:
             reference = finish(target_alone.generate(prompt, raw=True, max_tokens=40, draft_mode="none"))
-            generation = finish(pair.generate(prompt, raw=True, max_tokens=40, draft_max=3))
+            generation = finish(pair.generate(prompt, raw=True, max_tokens=40, draft_max=3, draft_mode="model"))
             assert generation.token_ids == reference.token_ids
             assert generation.stats.drafted > 0
 
@@ -254,6 +254,7 @@ def test_under_a_grammar_drafts_through_text_are_cut_where_it_forbids(bpe_pair: 
     letters = r'root ::= [a-t ]+ "."'
     for prompt in PROMPTS:
         reference = finish(alone.generate(prompt, raw=True, max_tokens=40, draft_mode="none", grammar=letters))
-        generation = finish(bpe_pair.generate(prompt, raw=True, max_tokens=40, draft_max=3, grammar=letters))
+        generation = finish(bpe_pair.generate(prompt, raw=True, max_tokens=40, draft_max=3, grammar=letters,
+                                              draft_mode="model"))
         assert generation.token_ids == reference.token_ids
         assert generation.stats.accepted > 0

@@ -21,7 +21,7 @@ from spec_cli.llama import kernels, rpc
 from spec_cli.llama.model import supports_gpu_offload
 from spec_cli.models import registry
 from spec_cli.pair import DEFAULT_CTX, Pair, load_pair
-from spec_cli.request import MAX_K, GenerationRequest, draft_max_from_text
+from spec_cli.request import AUTO, MAX_K, GenerationRequest, draft_max_from_text
 from spec_cli.structured import Constraint
 from spec_cli.terminal.output import note
 
@@ -118,7 +118,12 @@ class RequestFlags:
         return largest_k([self.request.draft_max] if self.k_given else [])
 
     def for_pair(self, loaded: Loaded) -> GenerationRequest:
-        request = self.request if self.k_given else replace(self.request, draft_max=loaded.draft_max)
+        """The request for this pair: without -k, the pair's tuned K for a mode pinned to one drafter, and auto
+        for the default, the hybrid, which chooses K for each of its drafters by the costs measured here (a
+        tuned K was measured for the draft model alone)."""
+        pinned = self.request.draft_mode not in (None, "hybrid")
+        request = self.request if self.k_given else replace(self.request,
+                                                            draft_max=loaded.draft_max if pinned else AUTO)
         if self.sampling is not None:
             request = replace(request, sampling=self.sampling.for_pair(loaded.pair))
         return request

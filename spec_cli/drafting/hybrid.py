@@ -18,7 +18,7 @@ from spec_cli.drafting.base import CatchUpDrafter
 from spec_cli.drafting.ngram import NgramDrafter
 from spec_cli.llama.grammar import Grammar
 
-CARRIED = 0.1  # of decayed yields worth ~20 rounds, what a new prompt keeps: about two rounds
+CARRIED = 0.3  # of decayed yields worth ~5 rounds, what a new prompt keeps: about two rounds
 OUT = "out"  # the regime in which none of the pair's own drafters is in use
 NONE, NGRAM = "none", "ngram"
 
@@ -47,14 +47,18 @@ class Yield:
 class HybridState:
     """What a hybrid drafter learns, kept across generations: a K controller (with its acceptance) for
     n-gram lookup and for each own drafter; for each regime (one own drafter in use, or none: `OUT`) the
-    rate its choices would have yielded; the regime in use, and the seconds lost so far by staying in it
-    while another looked better."""
+    rate its choices would have yielded; the regime in use, the seconds lost so far by staying in it while
+    another looked better, and that other's entry price when they began (a backlog grows while its drafter
+    waits: a price fixed at the start keeps the rule from chasing it)."""
 
     lengths: dict[str, DraftLength]
-    decay: float = 0.95
+    # A regime's yield is priced by the cost model, not measured, so it is smooth: a short memory (~5 rounds)
+    # follows the text (a stretch of copied code, then prose) without chasing noise.
+    decay: float = 0.8
     regimes: dict[str, Yield] = field(default_factory=dict)
     in_use: str = OUT
     regret_s: float = 0.0
+    price_s: float = 0.0  # what entering the better regime costs, fixed when staying out began
 
     def new_text(self) -> None:
         """A new prompt: the regimes' rates, learnt on other text, count for about two rounds, and so does the
@@ -193,10 +197,12 @@ class HybridDrafter(Drafter):
         rates = {regime: state.regimes[regime].rate or 0.0 for regime in state.regimes}
         best = max(rates, key=lambda regime: rates[regime])
         if best != state.in_use and rates[best] > rates[state.in_use]:
+            if state.regret_s == 0.0:
+                state.price_s = 0.0 if best == OUT else self._backlog_price(best, pending[best])
             # This round's tokens, at the best regime's rate instead of this one's: the time staying loses.
             tokens = picks[state.in_use][1]
-            state.regret_s += tokens / rates[state.in_use] - tokens / rates[best] if rates[state.in_use] else 0.0
-            if best == OUT or state.regret_s >= self._backlog_price(best, pending[best]):
+            state.regret_s += tokens / rates[state.in_use] - tokens / rates[best] if rates[state.in_use] else 1e-9
+            if state.regret_s >= state.price_s:
                 state.in_use, state.regret_s = best, 0.0
         else:
             state.regret_s = 0.0
