@@ -175,8 +175,8 @@ class Pair:
         generation = Generation(target, drafter, tokens, request.sampling, seed, draft_length,
                                 request.max_tokens, request.verify, drafting.costs(mode.name), grammar)
         generation.stats.adaptive = request.adaptive and drafter is not None
-        if mode.name == "hybrid" and isinstance(request.draft_max, int):
-            generation.stats.draft_max = request.draft_max  # its own drafters' K (the loop's cap is the n-gram's)
+        if isinstance(request.draft_max, int):  # the K asked, within the loop's cap (the hybrid's is its n-gram's)
+            generation.stats.draft_max = min(request.draft_max, generation.stats.draft_max)
         generation.stats.draft_mode = mode.name
         in_use = ("target", "draft") if mode.loads_draft and self.draft_context else ("target",)
         generation.stats.memory = {name: facts for name, facts in self.memory().items() if name in in_use}

@@ -18,8 +18,9 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from spec_cli.decoding.costs import PER_ROUND, PER_TOKEN, LoopCosts
+from spec_cli.decoding.costs import LoopCosts
 from spec_cli.decoding.draft_length import AUTO_K_MAX, PositionAcceptance
+from spec_cli.drafting.modes import MODES
 from spec_cli.llama import kernels
 from spec_cli.paths import cache_dir
 
@@ -83,14 +84,14 @@ def reading(entry: Entry) -> list[str]:
     for name, book in entry.get("books", {}).items():
         step, target = book.get("draft", {}).get("1"), verify.get("0")
         counts = entry.get("acceptance", {}).get(name)
-        if not step or not target or not counts:
+        if not step or not target or not counts or name not in MODES:
             continue
         costs = LoopCosts()
         costs.verify.seed(verify, 1.0)
         costs.draft.seed(book["draft"], 1.0)
         acceptance = PositionAcceptance(prior_weight=0.0)
         acceptance.seed(counts, float("inf"))
-        pricing = PER_ROUND if name == "dflash" else PER_TOKEN
+        pricing = MODES[name].pricing
         alone = costs.rate(0, acceptance, pricing) or 0.0
         best_k = max(range(1, AUTO_K_MAX + 1), key=lambda k: costs.rate(k, acceptance, pricing) or 0.0)
         speedup = (costs.rate(best_k, acceptance, pricing) or 0.0) / alone if alone else 0.0

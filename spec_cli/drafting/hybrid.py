@@ -103,7 +103,7 @@ class HybridDrafter(Drafter):
                  costs: LoopCosts, state: HybridState, pricing: dict[str, str]) -> None:
         """`own`: the pair's own drafters by mode name, each priced with its book in `books` and drafting as
         `pricing` says (`costs.PER_TOKEN`, a block drafter's `PER_ROUND`); `costs`: the hybrid's own book
-        (the target's passes, the loop's work, n-gram lookup's host time)."""
+        (the target's passes, the loop's work), which prices n-gram and plain rounds."""
         self.ngram = ngram
         self.own = own
         self.books = books
@@ -201,7 +201,7 @@ class HybridDrafter(Drafter):
                 state.price_s = 0.0 if best == OUT else self._backlog_price(best, pending[best])
             # This round's tokens, at the best regime's rate instead of this one's: the time staying loses.
             tokens = picks[state.in_use][1]
-            state.regret_s += tokens / rates[state.in_use] - tokens / rates[best] if rates[state.in_use] else 1e-9
+            state.regret_s += tokens / rates[state.in_use] - tokens / rates[best]  # every regime has a round now
             if state.regret_s >= state.price_s:
                 state.in_use, state.regret_s = best, 0.0
         else:
@@ -212,6 +212,7 @@ class HybridDrafter(Drafter):
         """(the option, its E[tokens], its E[seconds] with the catch-up it leaves) that `regime` chooses: the
         largest E[tokens] − ρ·E[seconds] among no draft, the n-gram and the regime's own drafter."""
         rho = self.state.regimes[regime].rate or options[NONE].tokens / (options[NONE].seconds or 1.0)
+        step_s = self._catch_up_s(regime, 1) if regime != OUT else 0.0
         best: tuple[str, float, float] | None = None
         for name, option in options.items():
             if name in self.own and name != regime:
@@ -219,7 +220,7 @@ class HybridDrafter(Drafter):
             assert option.seconds is not None
             seconds = option.seconds
             if regime != OUT and name != regime:  # the regime's drafter will catch up on these tokens
-                seconds += self._catch_up_s(regime, 1 + round(option.tokens)) - self._catch_up_s(regime, 1)
+                seconds += self._catch_up_s(regime, 1 + round(option.tokens)) - step_s
             if best is None or option.tokens - rho * seconds > best[1] - rho * best[2]:
                 best = (name, option.tokens, seconds)
         assert best is not None

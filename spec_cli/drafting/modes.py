@@ -12,13 +12,12 @@ left off (`cost_book`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 from spec_cli.decoding.costs import FREE, PER_ROUND, PER_TOKEN, BatchCosts, LoopCosts
 from spec_cli.decoding.draft_length import AUTO_K_MAX, AdaptiveK, DraftLength, FixedK
 from spec_cli.decoding.drafter import Drafter
 from spec_cli.drafting.base import CatchUpDrafter
-from spec_cli.drafting.cost_book import Entry
 from spec_cli.drafting.dflash import DFlashDrafter
 from spec_cli.drafting.eagle3 import Eagle3Drafter
 from spec_cli.drafting.hybrid import HybridDrafter, HybridState
@@ -165,12 +164,6 @@ def _no_drafter_file(mode: str, what: str) -> Callable[[Sources], str]:
                              "--draft, or use --draft-mode ngram")
 
 
-def own_model(sources: Sources) -> Mode:
-    """The pair's own drafting model: the draft model where there is one, else an EAGLE-3 head or DFlash
-    drafter, else the target's MTP head, else none (the target alone)."""
-    return next((m for m in MODES.values() if m.own_model and m.available(sources)), NONE)
-
-
 MODES: dict[str, Mode] = {mode.name: mode for mode in (
     Mode("model", "draft model", "the draft model", loads_draft=True, available=lambda s: s.draft is not None,
          missing=_no_draft_model("model"), build=_alone("model"), own_drafter=_model_drafter),
@@ -226,10 +219,6 @@ class Drafting:
         """The ways this pair can draft (the target alone aside)."""
         return tuple(m.name for m in MODES.values() if m is not NONE and m.available(self.sources))
 
-    def own_model(self) -> Mode:
-        """The pair's own drafting model (see `own_model`)."""
-        return own_model(self.sources)
-
     def own_models(self) -> tuple[str, ...]:
         """Every mode that drafts with a model of this pair's own."""
         return tuple(m.name for m in MODES.values() if m.own_model and m.available(self.sources))
@@ -276,7 +265,7 @@ class Drafting:
             self._hybrids[k] = HybridState(lengths)
         return self._hybrids[k]
 
-    def seed(self, entry: Entry | None) -> None:
+    def seed(self, entry: dict[str, Any] | None) -> None:
         """Start from a cost book's entry (`learnt`'s form): each mean counts as `BOOK_CALLS` calls, each own
         drafter's acceptance as up to `BOOK_ROUNDS` rounds. An entry that does not read as such is ignored."""
         if not entry:
@@ -296,7 +285,7 @@ class Drafting:
             costs.other_s, costs.other_tokens = BOOK_CALLS * per_token, BOOK_CALLS
         self._acceptance = acceptance
 
-    def learnt(self) -> Entry | None:
+    def learnt(self) -> dict[str, Any] | None:
         """What to keep in the cost book: the costs measured so far, and for each own drafter the acceptance of
         its most-measured controller; None when nothing was measured."""
         if not self._verify.weight:
