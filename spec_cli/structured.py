@@ -179,3 +179,39 @@ def read_text(path: Path, field: str) -> str:
     except (OSError, UnicodeDecodeError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         raise InvalidConstraint(field, f"{{name}}: cannot read {path}: {reason}") from None
+
+
+@dataclass(frozen=True)
+class Thought:
+    """A template that lets its model think before it answers: the thought's markers, and whether the prompt
+    opens the thought (Qwen3.5/3.6, DeepSeek-R1) or the model may open one itself (Qwen3)."""
+
+    opened: bool
+    open: str = "<think>"
+    close: str = "</think>"
+
+
+def after_thought(compiled: str, thought: Thought, gap: bool = True) -> str:
+    """llguidance's grammar `compiled` with a free thought in front of it, as llama.cpp puts an optional
+    `<think>…</think>` before a grammar on a thinking template: any text up to the thought's close marker
+    (where the grammar wakes), after an open marker unless the prompt opened it. `gap`: whitespace may come
+    between the thought and what `compiled` allows (a grammar that starts with text of its own takes none)."""
+    grammars = json.loads(compiled)["grammars"] if compiled.lstrip().startswith("{") else [{"lark_grammar": compiled}]
+    answer = grammars[0].get("name") or "answer"
+    grammars[0] = {**grammars[0], "name": answer}
+    thought_rule = "thought" if thought.opened else f"({json.dumps(thought.open)} thought)?"
+    lark = (f"start: {thought_rule} {'GAP ' if gap else ''}@{answer}\n"
+            f"thought[lazy]: /(?s:.*)/ {json.dumps(thought.close)}\n" + ("GAP: /[ \\t\\n]*/\n" if gap else ""))
+    return json.dumps({"grammars": [{"lark_grammar": lark}, *grammars]})
+
+
+REGEX_SPECIAL = set("\\.+*?()|[]{}^$#&-~/")
+
+
+def lazy_start(trigger: str, then: str) -> list[str]:
+    """Lark rules of a lazy grammar, llama.cpp's for tool calls: `start` is any text without `trigger`, or text
+    up to the first `trigger` and rule `then` from there. Before the trigger nothing is constrained but that
+    text (an end of generation is allowed); from it on, `then` decides every token."""
+    escaped = "".join(f"\\{c}" if c in REGEX_SPECIAL else c for c in trigger)  # Rust's regex, between slashes
+    return [f"start: TEXT | text_then_trigger {then}", f"TEXT: /(?s:.*)/ & ~/(?s:.*{escaped}.*)/",
+            f"text_then_trigger[lazy]: /(?s:.*)/ {json.dumps(trigger)}"]

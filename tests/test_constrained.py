@@ -4,6 +4,7 @@ included), and the χ² test of sampled output against the constrained law compu
 
 from __future__ import annotations
 
+import json
 import re
 from collections import Counter
 from dataclasses import replace
@@ -18,6 +19,8 @@ from spec_cli import Generation, Pair, SamplingParams, load_pair
 from spec_cli.decoding.constrained import NothingAllowed, constrained_greedy, constrained_probabilities
 from spec_cli.decoding.sampling import probabilities
 from spec_cli.llama.context import Context
+from spec_cli.llama.grammar import Grammar
+from spec_cli.structured import lazy_start
 
 PROMPT = "the cat and the dog"
 # Letters a to e and spaces, ended by a full stop: a handful of the tiny vocabulary's tokens at each step
@@ -197,3 +200,63 @@ def test_greedy_under_a_grammar_on_every_memory_kind(tmp_path: Path, arch: str) 
                                           draft_mode="model"))
     assert generation.token_ids == plain.token_ids
     assert 0 < generation.stats.accepted < generation.stats.drafted
+
+
+# A lazy grammar (llama.cpp's for tool calls, `structured.lazy_start`): free until "z" (the tiny target's likely
+# first token after PROMPT), LETTERS' language from there. Drafts cross the trigger: the rows after it are masked.
+LAZY = json.dumps({"grammars": [{"lark_grammar": "\n".join([*lazy_start("z", "rest"), 'rest: /[a-e ]+/ "."'])}]})
+
+
+@pytest.fixture(scope="module")
+def lazy_reference(alone: Pair) -> Generation:
+    return finish(alone.generate(PROMPT, raw=True, max_tokens=30, draft_mode="none", grammar=LAZY))
+
+
+def test_a_lazy_grammar_is_free_until_its_trigger_and_holds_the_text_from_it(alone: Pair,
+                                                                             lazy_reference: Generation) -> None:
+    free = finish(alone.generate(PROMPT, raw=True, max_tokens=30, draft_mode="none"))
+    before, trigger, after = lazy_reference.text.partition("z")
+    assert trigger and free.text.startswith(before + trigger)
+    assert re.fullmatch(r"[a-e ]+\.?", after) and not free.text.startswith(lazy_reference.text)
+
+
+@pytest.mark.parametrize("drafter, mode, k", [("same", "model", 4), ("other", "model", 3), ("other", "hybrid", "auto")])
+def test_greedy_under_a_lazy_grammar_equals_the_target_alone(request: pytest.FixtureRequest,
+                                                             lazy_reference: Generation, drafter: str, mode: str,
+                                                             k: int | str) -> None:
+    pair: Pair = request.getfixturevalue(drafter)
+    generation = finish(pair.generate(PROMPT, raw=True, max_tokens=30, draft_max=k, draft_mode=mode, grammar=LAZY))
+    assert generation.token_ids == lazy_reference.token_ids
+    assert generation.stats.drafted > 0
+    if drafter == "other":
+        assert generation.stats.accepted < generation.stats.drafted
+
+
+@pytest.mark.parametrize("drafter, k, verify", [("same", 3, "block"), ("other", 2, "token")])
+def test_sampled_under_a_lazy_grammar_follows_the_target_where_the_trigger_falls_in_drafts(
+        request: pytest.FixtureRequest, alone: Pair, drafter: str, k: int, verify: str) -> None:
+    """P(x1, x2) with each row masked by the lazy grammar's state after the tokens before it (free, then LETTERS'
+    once "z" is written), against the first two tokens of seeded drafted generations."""
+    pair: Pair = request.getfixturevalue(drafter)
+    prompt = alone.prompt_tokens(PROMPT, raw=True)
+    expected = lazy_pair_distribution(alone, prompt)
+    assert sum(p for (x1, _), p in expected.items() if b"z" in alone.target.piece(x1)) > 0.5  # the trigger, mostly
+    observed, totals = sampled_pairs(pair, prompt, SAMPLED, k, "model", verify, grammar=LAZY)
+    assert totals.drafted > 0 and set(observed) <= set(expected)
+    assert chi_square_p_value(observed, expected, N_SAMPLES) > SIGNIFICANCE
+
+
+def lazy_pair_distribution(pair: Pair, prompt: list[int]) -> dict[tuple, float]:
+    context = Context(pair.target, n_ctx=64, n_threads=1)
+    start = pair.constraints.start(LAZY)
+    try:
+        def law(tokens: list[int], state: Grammar) -> np.ndarray:
+            context.trim(len(prompt))
+            logits = context.decode(tokens[context.n_past:], 1)[0]
+            return np.asarray(probabilities(np.where(state.mask(), logits, -np.inf).astype(np.float32), SAMPLED))
+
+        p1 = law(prompt, start)
+        return {(int(x1), int(x2)): float(p1[x1] * p2) for x1 in np.flatnonzero(p1)
+                for x2, p2 in enumerate(law([*prompt, int(x1)], start.after(int(x1)))) if p2 > 0}
+    finally:
+        context.close()

@@ -13,8 +13,7 @@ import openai
 import pytest
 from tiny_models import write_model
 
-from spec_cli import GenerationRequest, Pair, load_pair
-from spec_cli.models import registry
+from spec_cli import Pair, load_pair
 from spec_cli.server.openai_api import parse_chat
 
 from serving import HELLO, NAME, Running, running
@@ -83,8 +82,10 @@ def test_streamed_tool_calls_come_as_deltas_the_client_assembles(live: Running) 
     whole = client.chat.completions.create(**options)
     chunks = list(client.chat.completions.create(**options, stream=True))
     deltas = [call for chunk in chunks for call in (chunk.choices[0].delta.tool_calls or []) if chunk.choices]
-    assert [(d.index, d.function.name, d.function.arguments) for d in deltas] == [
-        (0, call.function.name, call.function.arguments) for call in whole.choices[0].message.tool_calls]
+    assert deltas[0].id and deltas[0].function.name == "lookup" and len(deltas) > 2  # arguments as written
+    assert {d.index for d in deltas} == {0} and not any(d.id or d.function.name for d in deltas[1:])
+    assert [(deltas[0].function.name, "".join(d.function.arguments for d in deltas))] == [
+        (call.function.name, call.function.arguments) for call in whole.choices[0].message.tool_calls]
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
     assert not any(chunk.choices[0].delta.content for chunk in chunks if chunk.choices)
 
@@ -150,37 +151,12 @@ def test_a_template_that_takes_tools_gets_them_and_an_open_thought_is_reasoning(
         answer = serving.client().chat.completions.create(model=NAME, messages=HELLO, temperature=0,
                                                           max_tokens=10, tools=[LOOKUP])
         forced = serving.client().chat.completions.create(model=NAME, messages=HELLO, temperature=0,
-                                                          max_tokens=150, tools=[LOOKUP], tool_choice="required")
+                                                          max_tokens=10, tools=[LOOKUP], tool_choice="required")
+        lines = serving.lines
     message = answer.choices[0].message
     assert message.model_extra["reasoning_content"] and not message.content  # the thought never closed
     assert answer.choices[0].finish_reason == "length"
-    # A forced call decides the answer from its first token: no thought to read, the call is the answer.
-    assert [name for name, _ in calls_of(forced.choices[0].message)] == ["lookup"]
-    assert "reasoning_content" not in forced.choices[0].message.model_extra
-
-
-@pytest.fixture(scope="module")
-def demo() -> Iterator[Pair]:
-    models = registry.load_registry()
-    target, draft = registry.resolve(models.get(models.default))
-    with load_pair(target, draft) as loaded:
-        yield loaded
-
-
-@pytest.mark.demo
-@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
-def test_the_demo_pair_answers_the_official_clients_tools_with_a_valid_call(demo: Pair, choice: object) -> None:
-    weather = {"type": "function", "function": {
-        "name": "get_weather", "description": "Current weather in a city.",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"},
-                                                        "unit": {"enum": ["celsius", "fahrenheit"]}},
-                       "required": ["city", "unit"]}}}
-    with running(demo, defaults=GenerationRequest(draft_max=4, draft_mode="model")) as serving:
-        answer = serving.client().chat.completions.create(
-            model=NAME, messages=[{"role": "user", "content": "What is the weather in Paris, in celsius?"}],
-            tools=[weather, CLOCK], tool_choice=choice, parallel_tool_calls=False, temperature=0, max_tokens=80)
-    (name, arguments), = calls_of(answer.choices[0].message)
-    assert answer.choices[0].finish_reason == "tool_calls"
-    assert name == "get_weather"
-    jsonschema.validate(arguments, weather["function"]["parameters"])
-    assert answer.model_extra["speculation"]["accepted"] > 0
+    # A forced call waits for the thought the prompt opened: this one runs out of tokens thinking.
+    assert forced.choices[0].message.model_extra["reasoning_content"] and not forced.choices[0].message.tool_calls
+    # Its calls (<call>…</call>) are no convention spec knows: the generic one is used, and the log says so once.
+    assert sum("tool-call convention is not one spec knows" in line for line in lines) == 1

@@ -6,11 +6,9 @@ from __future__ import annotations
 import json
 
 import pytest
-import numpy as np
+from grammars import accepts, assembled
 
 from spec_cli import Pair
-from spec_cli.llama.grammar import Constraints
-from spec_cli.llama.model import Model
 from spec_cli.server.errors import RequestError
 from spec_cli.server.tool_calls import (MAX_CALLS, AnswerSplitter, Tools, call_grammar, checked_parameters, parse_tools,
                                         spelt_out, template_messages)
@@ -40,11 +38,11 @@ def test_calls_thoughts_and_content_are_told_apart_however_the_text_comes(pieces
     deltas = split(text, pieces=pieces)
     assert joined(deltas, "reasoning_content") == "\nThe user wants weather.\n"
     assert joined(deltas, "content") == "Let me look."
-    calls = [call for delta in deltas for call in delta.get("tool_calls", [])]
-    assert [(c["index"], c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [
-        (0, "get_weather", {"city": "Paris"}), (1, "get_time", {})]
-    assert all(c["id"].startswith("call_") and c["type"] == "function" for c in calls)
-    assert len({c["id"] for c in calls}) == 2
+    assert assembled(deltas) == [("get_weather", {"city": "Paris"}), ("get_time", {})]
+    named = [call for delta in deltas for call in delta.get("tool_calls", []) if "id" in call]
+    assert [c["index"] for c in named] == [0, 1]
+    assert all(c["id"].startswith("call_") and c["type"] == "function" for c in named)
+    assert len({c["id"] for c in named}) == 2
 
 
 def test_text_that_only_looks_like_a_tag_is_content() -> None:
@@ -65,14 +63,23 @@ def test_a_thought_the_template_opened_runs_to_its_closing_tag() -> None:
 
 
 def test_a_call_left_open_at_the_end_is_read_if_whole() -> None:
-    deltas = split('<tool_call>\n{"name": "get_time", "arguments": {}}')
-    assert [call["function"]["name"] for delta in deltas for call in delta.get("tool_calls", [])] == ["get_time"]
+    assert assembled(split('<tool_call>\n{"name": "get_time", "arguments": {}}')) == [("get_time", {})]
 
 
-def test_a_call_cut_by_max_tokens_is_neither_a_call_nor_content() -> None:
+def test_a_call_cut_by_max_tokens_before_its_name_is_neither_a_call_nor_content() -> None:
     splitter = AnswerSplitter(TOOLS)
     deltas = [*splitter.feed('<tool_call>\n{"name": "'), *splitter.flush(cut=True)]
     assert deltas == [] and splitter.calls == []
+
+
+def test_a_call_cut_after_its_name_keeps_the_arguments_written_as_openai_streams_them() -> None:
+    splitter = AnswerSplitter(TOOLS)
+    deltas = [*splitter.feed('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa'),
+              *splitter.flush(cut=True)]
+    calls = [call for delta in deltas for call in delta["tool_calls"]]
+    assert calls[0]["function"] == {"name": "get_weather", "arguments": ""}
+    assert "".join(call["function"]["arguments"] for call in calls) == '{"city": "Pa'
+    assert splitter.calls == []
 
 
 def test_calls_past_a_turns_most_are_not_read() -> None:
@@ -80,7 +87,7 @@ def test_calls_past_a_turns_most_are_not_read() -> None:
     splitter = AnswerSplitter(Tools((WEATHER, TIME), "auto", parallel=False))
     deltas = [*splitter.feed(call * 3 + "and more"), *splitter.flush()]
     assert splitter.full and len(splitter.calls) == 1 and not joined(deltas, "content")
-    assert len(split(call * (MAX_CALLS + 2))) == MAX_CALLS
+    assert len(assembled(split(call * (MAX_CALLS + 2)))) == MAX_CALLS
 
 
 @pytest.mark.parametrize("choice, parallel, names", [
@@ -109,22 +116,6 @@ def test_a_forced_call_grammar_is_not_read_as_gbnf_whatever_its_schema_says(alon
         "at": {"type": "string", "description": "\nwhen ::= a time", "maxLength": 4}}}}
     grammar = call_grammar(Tools((noted,), "required", parallel=False))
     assert accepts(alone.target, grammar, '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>')
-
-
-def accepts(model: Model, grammar: str, text: str) -> bool:
-    """Whether the grammar takes `text` whole, each step the longest allowed token that spells its next bytes,
-    and is then complete."""
-    state = Constraints(model).start(grammar)
-    rest = text.encode()
-    while rest:
-        allowed = [int(t) for t in np.flatnonzero(state.mask()) if model.piece(int(t))
-                   and rest.startswith(model.piece(int(t)))]
-        if not allowed:
-            return False
-        token = max(allowed, key=lambda t: len(model.piece(t)))
-        state.accept(token)
-        rest = rest[len(model.piece(token)):]
-    return state.allows(model.vocab_info().eos)
 
 
 def test_parameters_that_are_not_an_object_schema_are_refused_naming_the_tool() -> None:

@@ -67,6 +67,7 @@ def models_check(
             if through_text:
                 show_facts("drafting through text", through_text)
         show_facts("memory", reports.memory_facts(target, draft, k))
+        show_facts("chat template", reports.template_facts(target))
         if draft is None and not mtp_layers(target) or fed is not None and not fed[1]:
             raise typer.Exit(EXIT_USER_ERROR)
 

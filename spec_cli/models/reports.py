@@ -9,7 +9,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from spec_cli import __version__
+from spec_cli import __version__, conventions
 from spec_cli.decoding.draft_length import AUTO_K_MAX
 from spec_cli.drafting import cost_book
 from spec_cli.errors import SpecError
@@ -97,6 +97,24 @@ def memory_facts(target: Path, draft: Path | None, draft_max: int) -> list[tuple
         if member == "target":
             facts.append(("target MTP layers", mtp_verdict(info.mtp_layers, drafts_alone=draft is None)))
     return facts
+
+
+def template_facts(target: Path) -> list[tuple[str, str]]:
+    """How the target's chat template writes tool calls (`conventions.read_off`), and whether it thinks first."""
+    model = Model(target, vocab_only=True)
+    try:
+        if model.chat_template() is None:
+            return [("tool calls", "no chat template in the GGUF (give one with --chat-format)")]
+        try:
+            found = conventions.read_off(lambda messages, **options: model.format_chat(messages, **options).text)
+        except SpecError as exc:
+            return [("tool calls", f"the template fails on a past call ({exc}): the generic <tool_call> JSON")]
+        thinking = model.format_chat([{"role": "user", "content": "hi"}]).text.rstrip().endswith(
+            (found or conventions.HERMES).think_open)
+        return [("tool calls", conventions.in_words(found)),
+                ("thought", "opened by the prompt: a constrained answer comes after it" if thinking else "not opened")]
+    finally:
+        model.close()
 
 
 def mtp_verdict(layers: int, drafts_alone: bool) -> str:

@@ -125,7 +125,8 @@ async def _answer(request: Request, api_request: ApiRequest, id_prefix: str) -> 
             answer = Answer(f"{id_prefix}-{uuid.uuid4().hex}", int(time.time()), service.name, api_request.endpoint,
                             api_request.unenforced)
             # A chat's answer is read for a thought and tool calls; a completion's text is the answer.
-            splitter = AnswerSplitter(api_request.tools, first.thinking) if api_request.endpoint == "chat" else None
+            splitter = (AnswerSplitter(api_request.tools, first.thinking, service.convention)
+                        if api_request.endpoint == "chat" else None)
             if api_request.stream:
                 return StreamingResponse(_stream(job, answer, first, splitter), media_type="text/event-stream",
                                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
@@ -159,8 +160,12 @@ def _message(deltas: list[dict[str, Any]]) -> dict[str, Any]:
     def joined(name: str) -> str:
         return "".join(delta[name] for delta in deltas if name in delta)
 
-    calls = [{key: value for key, value in call.items() if key != "index"}
-             for delta in deltas for call in delta.get("tool_calls", [])]
+    calls: list[dict[str, Any]] = []  # a call's first delta names it, and the next ones add to its arguments
+    for call in (call for delta in deltas for call in delta.get("tool_calls", [])):
+        if "id" in call:
+            calls.append({"id": call["id"], "type": call["type"], "function": dict(call["function"])})
+        else:
+            calls[call["index"]]["function"]["arguments"] += call["function"]["arguments"]
     message: dict[str, Any] = {"content": joined("content") or (None if calls else "")}
     if joined("reasoning_content"):
         message["reasoning_content"] = joined("reasoning_content")
@@ -172,7 +177,8 @@ def _message(deltas: list[dict[str, Any]]) -> dict[str, Any]:
 async def _stream(job: Job, answer: Answer, started: Started, splitter: AnswerSplitter | None) -> AsyncIterator[str]:
     """Server-sent events: a chunk of text (a round's) with the speculation so far, the finish reason, the
     usage when asked for, then `[DONE]`. A chat's text goes out as the deltas `splitter` makes of it (a tool
-    call once whole). Starlette cancels this when the client goes away, and so the job."""
+    call named first, then its arguments as they are written). Starlette cancels this when the client goes
+    away, and so the job."""
     stats = started.generation.stats
     try:
         if answer.endpoint == "chat":

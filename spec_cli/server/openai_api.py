@@ -13,12 +13,13 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from spec_cli.conventions import HERMES, Convention
 from spec_cli.decoding.stats import Stats
 from spec_cli.request import GenerationRequest, InvalidConstraint, InvalidRequest, shown
 from spec_cli.server.errors import RequestError, unicode_text
 from spec_cli.server.tool_calls import Tools, parse_tools
 from spec_cli.server.tool_calls import call_grammar, checked_parameters
-from spec_cli.structured import ANY_OBJECT, grammar_structure, schema_grammar
+from spec_cli.structured import ANY_OBJECT, Thought, after_thought, grammar_structure, schema_grammar
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 # Request fields as a client names them, for messages; extensions spec-cli adds to OpenAI's API.
@@ -184,16 +185,19 @@ def _response_format(value: object) -> Asked:
                        param="response_format")
 
 
-def structure(request: ApiRequest) -> ApiRequest:
-    """`request` with its constraint compiled: llguidance's grammar for what it asked (or for the call its
-    `tool_choice` forces) and the keywords a non-strict schema leaves unenforced. Every tool's parameters are
-    checked here too. This is the costly part of checking a request (a large schema takes milliseconds to
-    seconds): the server runs it off its event loop."""
+def structure(request: ApiRequest, convention: Convention = HERMES, thought: Thought | None = None) -> ApiRequest:
+    """`request` with its constraint compiled: llguidance's grammar for what it asked, or for its calls in the
+    template's `convention` (forced, or lazy for `tool_choice` "auto"), and the keywords a non-strict schema
+    leaves unenforced. Every tool's parameters are checked here too. On a thinking template (`thought`) a chat's
+    JSON answer or calls come after a free thought; a grammar given as text is taken as it is. This is the
+    costly part of checking a request (a large schema takes milliseconds to seconds): the server runs it off
+    its event loop."""
     tools, asked = request.tools, request.asked
     if tools is not None:
         for i, function in enumerate(tools.functions):
             checked_parameters(function, f"tools[{i}]")
-        return replace(request, grammar=call_grammar(tools)) if tools.forced else request
+        grammar = call_grammar(tools, convention)
+        return replace(request, grammar=after_thought(grammar, thought, gap=tools.forced) if thought else grammar)
     if asked is None:
         return request
     try:
@@ -203,7 +207,8 @@ def structure(request: ApiRequest) -> ApiRequest:
         compiled = schema_grammar(asked.value, asked.field, asked.strict)
     except InvalidConstraint as exc:
         raise RequestError(exc.named({asked.field: asked.name}), param=asked.field) from None
-    return replace(request, grammar=compiled.grammar, unenforced=compiled.unenforced)
+    grammar = after_thought(compiled.grammar, thought) if thought else compiled.grammar
+    return replace(request, grammar=grammar, unenforced=compiled.unenforced)
 
 
 def _messages(value: object) -> list[dict[str, Any]]:

@@ -22,6 +22,8 @@ import traceback
 from dataclasses import dataclass, replace
 from typing import Callable
 
+from spec_cli import conventions
+from spec_cli.conventions import Convention
 from spec_cli.decoding.engine import Generation, TokenEvent
 from spec_cli.decoding.prompt_cache import PromptCache
 from spec_cli.decoding.sampling import settle
@@ -36,7 +38,8 @@ from spec_cli.server import openai_api
 from spec_cli.server.errors import RequestError
 from spec_cli.server.openai_api import PARAMS, ApiRequest
 from spec_cli.server.stop_strings import StopStrings
-from spec_cli.server.tool_calls import THINK_OPEN, spelt_out, template_messages
+from spec_cli.server.tool_calls import spelt_out, template_messages
+from spec_cli.structured import Thought
 from spec_cli.summary import summary_line
 
 DEFAULT_QUEUE = 16
@@ -167,7 +170,8 @@ class Service:
                                code="constraint_too_complex") from None
 
     def _compile(self, request: ApiRequest) -> ApiRequest:
-        request = openai_api.structure(request)
+        request = (openai_api.structure(request, self.convention, self.thought) if request.endpoint == "chat"
+                   else openai_api.structure(request))
         if request.grammar is not None:
             try:
                 self.pair.constraints.compile(request.grammar)
@@ -280,9 +284,9 @@ class Service:
         except SpecError as exc:
             self._fail(job, RequestError(str(exc)))
             return
-        # A template that opens a thought starts the answer inside it, unless a grammar decides the answer.
-        text = prompt.text if prompt is not None else None
-        opened = text is not None and text.rstrip().endswith(THINK_OPEN) and settings.grammar is None
+        # A template that opens a thought starts the answer inside it (a grammar lets the thought come first).
+        opened = request.endpoint == "chat" and prompt is not None and \
+            prompt.text.rstrip().endswith(self.convention.think_open)
         job.post(Started(generation, thinking=opened))
         with self._lock:
             self._free.remove(slot)
@@ -433,8 +437,35 @@ class Service:
 
     @functools.cached_property
     def _template_takes_tools(self) -> bool:
-        """Whether the chat template shows the tools it is given (a probe tool's name appears in its prompt)."""
-        probe = [{"type": "function", "function": {"name": "spec_probe_tool", "parameters": {"type": "object"}}}]
+        """Whether the chat template shows the tools it is given (the probe tool's name appears in its prompt)."""
         shown_with = self.pair.target.format_chat([{"role": "user", "content": "hi"}], template=self.template,
-                                                  tools=probe)
-        return "spec_probe_tool" in shown_with.text
+                                                  tools=conventions.probe_tools())
+        return conventions.PROBE_NAME in shown_with.text
+
+    @functools.cached_property
+    def convention(self) -> Convention:
+        """How the template writes tool calls, read off its rendering of a probe call; the generic convention
+        for a template that knows nothing of tools, or writes calls some other way (said once in the log)."""
+        if not self._template_takes_tools:
+            return conventions.HERMES
+        try:
+            found = conventions.read_off(lambda messages, **options: self.pair.target.format_chat(
+                messages, template=self.template, **options).text)
+        except SpecError:  # the template's own error on a past call (raise_exception, a field it wants)
+            found = None
+        if found is None:
+            self.log("the chat template's tool-call convention is not one spec knows; calls are read and forced in "
+                     "the generic <tool_call> JSON")
+        return found or conventions.HERMES
+
+    @functools.cached_property
+    def thought(self) -> Thought | None:
+        """Whether the template lets its model think before it answers: a prompt that ends in the thought's
+        open marker opens one; a template that writes the close marker lets the model open one itself."""
+        convention = self.convention
+        prompt = self.pair.target.format_chat([{"role": "user", "content": "hi"}], template=self.template).text
+        if prompt.rstrip().endswith(convention.think_open):
+            return Thought(True, convention.think_open, convention.think_close)
+        source = self.template or self.pair.target.chat_template() or ""
+        return Thought(False, convention.think_open, convention.think_close) if convention.think_close in source \
+            else None

@@ -1,18 +1,18 @@
-"""Tool calls and thoughts in OpenAI's shape over a model's plain text.
+"""Tool calls and thoughts in OpenAI's shape over a model's plain text, in the convention its template uses.
 
-The convention is Hermes' `<tool_call>{"name": …, "arguments": {…}}</tool_call>`, which Qwen2.5/3/3.5/3.6,
-Hermes 2/3 and SmolLM3 are trained on; a thought is a `<think>…</think>` block at the start of the answer
-(or after a template that opens it), as DeepSeek-R1, Qwen3 and SmolLM3 write it. A template that takes
-`tools` gets them as they are; one that knows nothing of tools gets them described in the system message,
-with the convention spelt out (llama-server's generic handler does the same with its own format).
-`tool_choice` "required" or a named function forces the call with a grammar: a Lark grammar whose calls hold
-llguidance's JSON grammar for the functions' parameters (`%json`), inside the tags, so the arguments always
-parse and match their schema. A turn holds at most `MAX_CALLS` calls (one when `parallel_tool_calls` is
-false): a model cannot loop on calls until its context is full.
+The convention (`conventions`) is read off the chat template; a template that knows nothing of tools gets them
+described in the system message in the generic convention, Hermes' `<tool_call>{"name": …, "arguments": …}`
+(llama-server's generic handler does the same with its own format). A thought is a block at the start of the
+answer (`<think>…</think>`, or the convention's own markers), or after a template that opens it.
+Every request with tools is constrained (`call_grammar`): `tool_choice` "required" or a named function forces
+the calls; "auto" is a lazy grammar, free text until the convention's trigger and calls from there. Either
+way a call names a listed function and its arguments match its parameters schema. A turn holds at most
+`MAX_CALLS` calls (one when `parallel_tool_calls` is false): a model cannot loop on calls until its context
+is full.
 
 A request's `tools`, `tool_choice` and `parallel_tool_calls` are checked here into `Tools`; `AnswerSplitter`
-reads the answer as it streams and hands out OpenAI's delta fields: `reasoning_content`, `content`, and each
-`tool_calls` entry once its closing tag has come.
+reads the answer as it streams and hands out OpenAI's delta fields: `reasoning_content`, `content`, and
+`tool_calls`, a call's name first and then its arguments as they are written.
 """
 
 from __future__ import annotations
@@ -23,16 +23,15 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from spec_cli.conventions import HERMES, Convention, partial_tag, read_call
 from spec_cli.request import InvalidConstraint, shown
 from spec_cli.server.errors import RequestError, unicode_text
-from spec_cli.structured import JSON_OPTIONS, schema_grammar
+from spec_cli.structured import lazy_start, schema_grammar
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
-THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 TOOL_CHOICES = ("auto", "none", "required")
 FUNCTION_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's rule for a function's name
 MAX_CALLS = 8  # tool calls a turn may hold at most
-NEWLINE = "\n"
 
 
 @dataclass(frozen=True)
@@ -136,22 +135,24 @@ def checked_parameters(function: dict[str, Any], where: str) -> None:
                            param=f"{where}.function.parameters") from None
 
 
-def call_grammar(tools: Tools) -> str:
-    """llguidance's grammar for the calls `tools.choice` forces: one call (up to `MAX_CALLS` when parallel
-    calls are allowed and any function may be called) of the named function or of any, each
-    `<tool_call>\\n{"name": …, "arguments": {…}}\\n</tool_call>` with the arguments the function's parameters
-    schema describes (each schema checked by `checked_parameters` first)."""
-    chosen = [f for f in tools.functions if tools.choice in ("required", f["name"])]
-    calls = [{"type": "object", "properties": {"name": {"const": f["name"]}, "arguments": f["parameters"]},
-              "required": ["name", "arguments"], "additionalProperties": False} for f in chosen]
-    schema = {**(calls[0] if len(calls) == 1 else {"anyOf": calls}),
-              "x-guidance": {**JSON_OPTIONS, "lenient": True, "coerce_one_of": True}}
-    more = tools.most_calls - 1 if tools.choice == "required" else 0
-    repeat = f' ("\\n" call){{0,{more}}}' if more else ""
-    lark = (f"start: call{repeat}\n"
-            f"call: {json.dumps(CALL_OPEN + NEWLINE)} arguments {json.dumps(NEWLINE + CALL_CLOSE)}\n"
-            f"arguments: %json {json.dumps(schema)}\n")
-    return json.dumps({"grammars": [{"lark_grammar": lark}]})  # llguidance's own form: taken as it is
+def call_grammar(tools: Tools, convention: Convention = HERMES) -> str:
+    """llguidance's grammar for `tools`' calls in `convention`, each call's arguments held to its function's
+    parameters schema (each checked by `checked_parameters` first).
+
+    Forced (`tool_choice` "required" or a function): the answer is the calls, one of the named function or up
+    to `MAX_CALLS` (one when parallel calls are off) of any. Auto: a lazy grammar, as llama.cpp's: any text
+    without the convention's trigger, or text up to the trigger and calls from there (a convention without a
+    trigger calls only with its whole answer)."""
+    chosen = [f for f in tools.functions if tools.choice in ("required", "auto", f["name"])]
+    calls, rules = convention.calls_grammar(chosen, tools.most_calls if tools.choice in ("required", "auto") else 1)
+    trigger = convention.trigger
+    if tools.forced:
+        start = [f"start: {json.dumps(trigger)} calls" if trigger else "start: calls"]
+    elif trigger:
+        start = lazy_start(trigger, "calls")
+    else:
+        start = ["start: TEXT | calls", "TEXT: /(?s:([^{].*)?)/"]
+    return json.dumps({"grammars": [{"lark_grammar": "\n".join([*start, calls, *rules]) + "\n"}]})
 
 
 def described(tools: Tools) -> str:
@@ -185,8 +186,7 @@ def spelt_out(messages: list[dict[str, Any]], tools: Tools | None) -> list[dict[
     spelt = []
     for message in messages:
         if message.get("tool_calls"):
-            calls = "\n".join(f"{CALL_OPEN}\n{json.dumps(_call_json(call), ensure_ascii=False)}\n{CALL_CLOSE}"
-                              for call in message["tool_calls"])
+            calls = HERMES.written([_call_of(call) for call in message["tool_calls"]])
             spelt.append({"role": "assistant", "content": "\n".join(filter(None, [message["content"], calls]))})
         elif message["role"] == "tool":
             spelt.append({"role": "user", "content": f"<tool_response>\n{message['content']}\n</tool_response>"})
@@ -200,28 +200,30 @@ def spelt_out(messages: list[dict[str, Any]], tools: Tools | None) -> list[dict[
     return spelt
 
 
-def _call_json(call: dict[str, Any]) -> dict[str, Any]:
-    return {"name": call["function"]["name"], "arguments": _with_object_arguments(call)["function"]["arguments"]}
+def _call_of(call: dict[str, Any]) -> tuple[str, Any]:
+    return call["function"]["name"], _with_object_arguments(call)["function"]["arguments"]
 
 
 class AnswerSplitter:
     """An answer's text, fed as it comes, split into OpenAI's delta fields: `reasoning_content` (a thought at
-    the start), `content`, and `tool_calls` (each call once its closing tag has come, with an id).
+    the start), `content`, and `tool_calls` in the template's convention: each call's id and name once its name
+    is written, then its arguments' JSON text as it settles (OpenAI's and llama-server's streamed calls).
 
-    Text that may be the start of a tag is held back until it is known. Whitespace around the parts is
-    dropped once there is more than content (a thought, tools); plain content is the text as written. A
-    `<tool_call>` whose text is not a call of a listed function stays in the content as written.
-    `thinking`: the prompt opened the thought already (the template ends with `<think>`). Once `full` (the turn
-    holds its most calls), the face stops the generation."""
+    Text that may be the start of a marker is held back until it is known. Whitespace around the parts is
+    dropped once there is more than content (a thought, tools); plain content is the text as written. Text
+    after a trigger that is not a call of a listed function stays in the content as written. `thinking`: the
+    prompt opened the thought already. Once `full` (the turn holds its most calls), the face stops it."""
 
-    def __init__(self, tools: Tools | None, thinking: bool = False) -> None:
-        self._names = tools.names() if tools is not None else []
+    def __init__(self, tools: Tools | None, thinking: bool = False, convention: Convention = HERMES) -> None:
+        self._functions = {f["name"]: f for f in tools.functions} if tools is not None else {}
         self._most = tools.most_calls if tools is not None else 0
+        self._convention = convention
         self._state = "think" if thinking else "start"
-        self._trim = thinking or bool(self._names)
+        self._trim = thinking or bool(self._functions)
         self._buffer = ""
         self._blank = ""  # whitespace held until text follows it
         self._said_content = False
+        self._call: dict[str, Any] | None = None  # the call being read: its index, id, name, arguments said
         self.calls: list[dict[str, Any]] = []
 
     def feed(self, text: str) -> list[dict[str, Any]]:
@@ -234,66 +236,118 @@ class AnswerSplitter:
     @property
     def full(self) -> bool:
         """The answer holds as many calls as a turn may."""
-        return bool(self._names) and len(self.calls) >= self._most
+        return bool(self._functions) and len(self.calls) >= self._most
 
     def flush(self, cut: bool = False) -> list[dict[str, Any]]:
         """What is left at the end: a thought or a call never closed, held-back text. `cut`: the answer ran out
-        of tokens, so a call never closed is half a call, neither a call nor content: it is dropped."""
+        of tokens: a call begun keeps the arguments said so far, and a trigger cut short is dropped."""
         deltas: list[dict[str, Any]] = []
-        rest, self._buffer = self._buffer, ""
-        if self.full or (cut and self._names and CALL_OPEN.startswith(rest)):  # past the most calls, or a tag cut
+        if self.full:
             return deltas
-        if self._state == "think":
-            self._say(deltas, "reasoning_content", rest)
-        elif self._state == "call":
-            if not cut:
-                self._call(deltas, rest, closed=False)
-        else:
-            self._say(deltas, "content", rest)
+        if self._state == "call":
+            if cut:
+                return deltas
+            self._read(deltas, final=True)
+        rest, self._buffer = self._buffer, ""
+        if cut and self._trigger and self._trigger.startswith(rest) and rest:
+            return deltas
+        self._say(deltas, "reasoning_content" if self._state == "think" else "content", rest)
         return deltas
+
+    @property
+    def _trigger(self) -> str | None:
+        return self._convention.trigger if self._functions else None
 
     def _step(self, deltas: list[dict[str, Any]]) -> bool:
         """Move past one part of the buffer; False when what is left must wait for more text (or the turn holds
         its most calls: what follows them is not read)."""
-        buffer = self._buffer
         if self.full:
             return False
-        if self._state == "start":
-            stripped = buffer.lstrip()
-            if THINK_OPEN.startswith(stripped):
-                return False
-            self._state = "text"
-            if stripped.startswith(THINK_OPEN):
-                self._state, self._buffer, self._trim = "think", stripped[len(THINK_OPEN):], True
-            return True
-        if self._state == "think":
-            return self._until(deltas, THINK_CLOSE, "reasoning_content", "text")
-        if self._state == "text":
-            if self._names:
-                return self._until(deltas, CALL_OPEN, "content", "call")
-            self._say(deltas, "content", buffer)
+        return getattr(self, f"_in_{self._state}")(deltas)
+
+    def _in_start(self, deltas: list[dict[str, Any]]) -> bool:
+        stripped, opening = self._buffer.lstrip(), self._convention.think_open
+        if opening.startswith(stripped):
+            return False
+        self._state = "text"
+        if stripped.startswith(opening):
+            self._state, self._buffer, self._trim = "think", stripped[len(opening):], True
+        elif self._functions and self._trigger is None and stripped.startswith("{"):
+            self._state, self._buffer = "call", stripped  # a convention whose call is the whole answer
+        return True
+
+    def _in_think(self, deltas: list[dict[str, Any]]) -> bool:
+        return self._until(deltas, [self._convention.think_close], "reasoning_content")
+
+    def _in_text(self, deltas: list[dict[str, Any]]) -> bool:
+        markers = [*([self._trigger] if self._trigger else []), *self._convention.dropped]
+        if not markers:
+            self._say(deltas, "content", self._buffer)
             self._buffer = ""
             return False
-        end = buffer.find(CALL_CLOSE)
-        if end < 0:
+        found = self._until(deltas, markers, "content")
+        if found == self._trigger:
+            self._state = "call"
+        return bool(found)
+
+    def _in_call(self, deltas: list[dict[str, Any]]) -> bool:
+        return self._read(deltas, final=False)
+
+    def _in_after(self, deltas: list[dict[str, Any]]) -> bool:
+        """Between calls: the next one, the calls' end, or text."""
+        convention = self._convention
+        following = convention.between + convention.call_open
+        for marker, state in ((following, "call"), (convention.end, "text")):
+            if marker and self._buffer.startswith(marker):
+                self._buffer, self._state = self._buffer[len(marker):], state
+                return True
+        if any(marker.startswith(self._buffer) for marker in (following, convention.end) if marker):
             return False
-        self._buffer = buffer[end + len(CALL_CLOSE):]
-        self._call(deltas, buffer[:end], closed=True)
         self._state = "text"
         return True
 
-    def _until(self, deltas: list[dict[str, Any]], tag: str, field: str, then: str) -> bool:
-        """Say the buffer as `field` up to `tag` and go on in state `then`; without the tag, say what cannot be
-        the tag's start and wait."""
-        at = self._buffer.find(tag)
-        if at >= 0:
+    def _read(self, deltas: list[dict[str, Any]], final: bool) -> bool:
+        """Read the call in the buffer as far as it goes; False when it waits for more text."""
+        reading = read_call(self._convention, self._functions, self._buffer, final)
+        if reading is None:  # not a call: the trigger and its text as written
+            if self._call is not None:
+                self._call = None
+                self._buffer = ""
+                self._state = "text"
+                return True
+            self._say(deltas, "content", (self._trigger or "") + self._buffer)
+            self._buffer, self._state = "", "text"
+            return False
+        if reading.name is not None and self._call is None:
+            self._blank = ""
+            self._call = {"index": len(self.calls), "id": f"call_{uuid.uuid4().hex[:24]}", "said": ""}
+            deltas.append({"tool_calls": [{"index": self._call["index"], "id": self._call["id"], "type": "function",
+                                           "function": {"name": reading.name, "arguments": ""}}]})
+        if self._call is not None and len(reading.arguments) > len(self._call["said"]):
+            fragment = reading.arguments[len(self._call["said"]):]
+            self._call["said"] = reading.arguments
+            deltas.append({"tool_calls": [{"index": self._call["index"], "function": {"arguments": fragment}}]})
+        if not reading.whole:
+            return False
+        self.calls.append({"id": self._call["id"], "name": reading.name, "arguments": reading.arguments})
+        self._call, self._buffer, self._state = None, reading.rest, "after"
+        return True
+
+    def _until(self, deltas: list[dict[str, Any]], markers: list[str], field: str) -> str | None:
+        """Say the buffer as `field` up to the first of `markers` and return the marker found (leaving the thought
+        when it is the thought's close); without one, say what cannot start a marker and wait (None)."""
+        found = [(at, marker) for marker in markers if (at := self._buffer.find(marker)) >= 0]
+        if found:
+            at, marker = min(found)
             self._say(deltas, field, self._buffer[:at])
-            self._buffer, self._state = self._buffer[at + len(tag):], then
-            return True
-        keep = _partial_tag(self._buffer, tag)
+            self._buffer = self._buffer[at + len(marker):]
+            if self._state == "think":
+                self._state = "text"
+            return marker
+        keep = max(partial_tag(self._buffer, marker) for marker in markers)
         self._say(deltas, field, self._buffer[:len(self._buffer) - keep])
         self._buffer = self._buffer[len(self._buffer) - keep:]
-        return False
+        return None
 
     def _say(self, deltas: list[dict[str, Any]], field: str, text: str) -> None:
         if field == "content" and self._trim:
@@ -304,33 +358,3 @@ class AnswerSplitter:
             self._said_content = self._said_content or bool(text)
         if text:
             deltas.append({field: text})
-
-    def _call(self, deltas: list[dict[str, Any]], text: str, closed: bool) -> None:
-        call = self._parsed(text)
-        if call is None:
-            self._say(deltas, "content", f"{CALL_OPEN}{text}{CALL_CLOSE if closed else ''}")
-            return
-        self._blank = ""
-        self.calls.append(call)
-        deltas.append({"tool_calls": [{"index": len(self.calls) - 1, **call}]})
-
-    def _parsed(self, text: str) -> dict[str, Any] | None:
-        try:
-            value = json.loads(text)
-        except json.JSONDecodeError:
-            return None
-        if not isinstance(value, dict) or value.get("name") not in self._names:
-            return None
-        arguments = value.get("arguments", {})
-        if not isinstance(arguments, dict):
-            return None
-        return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-                "function": {"name": value["name"], "arguments": json.dumps(arguments, ensure_ascii=False)}}
-
-
-def _partial_tag(text: str, tag: str) -> int:
-    """How many characters at the end of `text` could start `tag`."""
-    for n in range(min(len(tag) - 1, len(text)), 0, -1):
-        if tag.startswith(text[-n:]):
-            return n
-    return 0

@@ -1,0 +1,78 @@
+"""`spec serve` as agents and editors use it, on the demo pair with a template in each tool-call convention,
+through the official `openai` client: forced and lazy calls that parse and validate, streamed calls equal to
+whole ones, a second turn that answers the tool's result; and a thought before a constrained answer."""
+
+from __future__ import annotations
+
+import json
+from typing import Iterator
+
+import jsonschema
+import pytest
+from chat_templates import template
+
+from spec_cli import GenerationRequest, Pair, load_pair
+from spec_cli.conventions import CONVENTIONS
+from spec_cli.models import registry
+
+from serving import NAME, Running
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather in a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"},
+                                                    "unit": {"enum": ["celsius", "fahrenheit"]}},
+                   "required": ["city", "unit"]}}}
+CLOCK = {"type": "function", "function": {"name": "clock", "parameters": {"type": "object", "properties": {}}}}
+ASK = [{"role": "user", "content": "What is the weather in Paris, in celsius? Call get_weather."}]
+
+
+@pytest.fixture(scope="module")
+def demo() -> Iterator[Pair]:
+    models = registry.load_registry()
+    target, draft = registry.resolve(models.get(models.default))
+    with load_pair(target, draft) as loaded:
+        yield loaded
+
+
+def validated(message: object) -> list[tuple[str, dict]]:
+    calls = [(call.function.name, json.loads(call.function.arguments)) for call in message.tool_calls or []]
+    for name, arguments in calls:
+        jsonschema.validate(arguments, {"get_weather": WEATHER, "clock": CLOCK}[name]["function"]["parameters"])
+    return calls
+
+
+@pytest.mark.demo
+@pytest.mark.parametrize("convention", [c.name for c in CONVENTIONS])
+def test_an_agent_turn_in_each_convention(demo: Pair, convention: str) -> None:
+    serving = Running(demo, defaults=GenerationRequest(draft_max=4, draft_mode="model"), template=template(convention))
+    try:
+        assert serving.service.convention.name == convention
+        client = serving.client()
+        options = dict(model=NAME, messages=ASK, tools=[WEATHER, CLOCK], temperature=0, max_tokens=60)
+        named = client.chat.completions.create(**options, tool_choice={"type": "function",
+                                                                       "function": {"name": "get_weather"}})
+        assert named.choices[0].finish_reason == "tool_calls"
+        assert [name for name, _ in validated(named.choices[0].message)] == ["get_weather"]
+        chunks = list(client.chat.completions.create(**options, stream=True, tool_choice={
+            "type": "function", "function": {"name": "get_weather"}}))
+        streamed = [call for chunk in chunks if chunk.choices for call in chunk.choices[0].delta.tool_calls or []]
+        assert streamed[0].function.name == "get_weather"
+        whole = named.choices[0].message.tool_calls[0].function.arguments
+        assert "".join(d.function.arguments for d in streamed) == whole
+        required = client.chat.completions.create(**options, tool_choice="required", parallel_tool_calls=False)
+        assert len(validated(required.choices[0].message)) == 1
+        auto = client.chat.completions.create(**options)
+        assert validated(auto.choices[0].message) if auto.choices[0].finish_reason == "tool_calls" \
+            else auto.choices[0].message.content
+        call = named.choices[0].message.tool_calls[0]
+        history = [*ASK, {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+                   {"role": "tool", "tool_call_id": call.id, "content": "18 degrees and sunny"}]
+        second = client.chat.completions.create(model=NAME, messages=history, tools=[WEATHER, CLOCK],
+                                                temperature=0, max_tokens=40)
+        answer = second.choices[0]  # an answer, or another call (whole unless cut by max_tokens)
+        assert answer.message.content or answer.message.tool_calls
+        if answer.finish_reason == "tool_calls":
+            validated(answer.message)
+        assert named.model_extra["speculation"]["accepted"] > 0
+    finally:
+        serving.stop()
