@@ -19,6 +19,7 @@ from typing import Any, Sequence, TypeVar
 
 from spec_cli.decoding.draft_length import AUTO_K_MAX
 from spec_cli.decoding.engine import Generation
+from spec_cli.decoding.reasoning import Budgeted
 from spec_cli.decoding.sampling import recommended
 from spec_cli.drafting import cost_book
 from spec_cli.drafting.modes import FED_MODES, MODES, Drafting, Sources
@@ -169,6 +170,8 @@ class Pair:
         """A generation of `tokens` on the target's sequence `target`, drafting with `drafting`'s sources."""
         self.check_prompt(tokens)
         grammar = self.grammar(request.grammar) if request.grammar is not None else None
+        if request.reasoning_budget is not None:
+            grammar = Budgeted(grammar, request.reasoning_budget, self.target)
         mode = MODES[self.mode_for(request)]
         drafter, draft_length = drafting.build(mode.name, request.draft_p_min, request.draft_max)
         seed = secrets.randbits(32) if request.seed is None else request.seed

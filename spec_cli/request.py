@@ -58,6 +58,16 @@ def shown(value: object) -> str:
 
 
 @dataclass(frozen=True)
+class ReasoningBudget:
+    """At most `tokens` tokens of thought, then the thought's `close` marker is forced (`decoding.reasoning`);
+    `open`: the marker that opens a thought the prompt did not (None: the prompt opened it)."""
+
+    tokens: int
+    close: str = "</think>"
+    open: str | None = None
+
+
+@dataclass(frozen=True)
 class GenerationRequest:
     """What to generate with. `draft_max` is K, or "auto" to let the loop choose K each round; `draft_mode` is
     a mode of `drafting.modes` (None: the pair's own drafting model, `Pair.mode_for`); `draft_p_min` the draft
@@ -66,7 +76,8 @@ class GenerationRequest:
     greedy rounds need none); `stop` strings end the text where the server
     cuts it; `seed` fixes the one random generator of a generation (None, or -1 as in llama.cpp: a random
     one); `grammar` is the grammar the output must follow: GBNF, Lark, or llguidance's JSON grammar (what
-    `structured` makes from a JSON schema), compiled over the target's vocabulary once per grammar."""
+    `structured` makes from a JSON schema), compiled over the target's vocabulary once per grammar;
+    `reasoning_budget` closes a thought after so many tokens."""
 
     sampling: SamplingParams = field(default_factory=SamplingParams)
     seed: int | None = None
@@ -77,6 +88,7 @@ class GenerationRequest:
     max_tokens: int = 256
     stop: tuple[str, ...] = ()
     grammar: str | None = None
+    reasoning_budget: ReasoningBudget | None = None
 
     def __post_init__(self) -> None:
         if self.seed == RANDOM_SEED:

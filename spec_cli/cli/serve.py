@@ -62,6 +62,7 @@ def serve(
     allow_remote: Annotated[bool, typer.Option("--allow-remote", help="Allow a --host other machines can reach.")] = False,
     api_key: Annotated[Optional[str], typer.Option("--api-key", envvar=API_KEY_ENV, help="Require 'Authorization: Bearer KEY' on every request but /health (or set SPEC_API_KEY, which keeps the key out of the process list).", show_default=False)] = None,
     parallel: Annotated[Optional[int], typer.Option("--parallel", "-np", min=1, max=MAX_SEQUENCES, help=f"Generations that run at once, verified together in one pass a step (default {DEFAULT_PARALLEL}: on a CPU or a GPU a pass of several sequences costs little more than one; 1 for a pair that drafts with an MTP head, EAGLE-3 head or DFlash drafter, which draft one sequence at a time). Each has --ctx tokens of its own.", show_default=False)] = None,
+    reasoning_budget: Annotated[Optional[int], typer.Option("--reasoning-budget", min=0, metavar="N", help="Close a thought after N tokens on a thinking template (a request's reasoning_budget overrides it; default: no bound).", show_default=False)] = None,
     queue: Annotated[int, typer.Option("--queue", min=0, help="Requests that may wait while every --parallel slot generates; more are answered 503 at once.")] = DEFAULT_QUEUE,
     cors: Annotated[Optional[str], typer.Option("--cors", metavar="ORIGIN[,ORIGIN]", help="Let web pages from these origins call the server from a browser (e.g. http://localhost:3000; * for any page).", show_default=False)] = None,
     max_body: Annotated[float, typer.Option("--max-body", min=0.001, metavar="MIB", help="Largest request body in MiB; larger ones are answered 413.")] = Limits.body_bytes / MIB,
@@ -97,7 +98,7 @@ def serve(
                 flags.for_pair(loaded), draft_max=AUTO)
             log = (lambda _line: None) if quiet else note
             service = Service(loaded.pair, model_name or _default_name(load), defaults, max_tokens, queue,
-                              template, log=log, parallel=slots)
+                              template, log=log, parallel=slots, reasoning_budget=reasoning_budget)
             address = sock.getsockname()
             serving(service.name, f"http://{_url_host(address[0])}:{address[1]}/v1",
                     f"{_drafting(loaded.pair, defaults)}, {slots} at once")

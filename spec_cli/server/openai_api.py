@@ -80,6 +80,7 @@ class ApiRequest:
     asked: Asked | None = None  # response_format, grammar or json_schema, as sent
     tools: Tools | None = None  # the functions the answer may call (none: tool_choice "none")
     grammar: str | None = None  # llguidance's grammar for `asked` or a forced call, once `structure` made it
+    reasoning_budget: int | None = None  # tokens of thought before the thought is closed (llama-server's)
     unenforced: tuple[str, ...] = ()  # the keywords of a non-strict schema left unenforced
 
     @property
@@ -97,7 +98,8 @@ def parse_chat(body: object) -> ApiRequest:
         raise RequestError("'tools' cannot be combined with a constrained 'response_format' (or 'grammar', "
                            "'json_schema'): a grammar leaves no room for a call; send one of them",
                            param="response_format")
-    return ApiRequest("chat", messages=_messages(fields.get("messages")), tools=tools, **common)
+    return ApiRequest("chat", messages=_messages(fields.get("messages")), tools=tools,
+                      reasoning_budget=_integer(fields, "reasoning_budget", minimum=0), **common)
 
 
 def parse_completion(body: object) -> ApiRequest:

@@ -33,7 +33,7 @@ from spec_cli.llama.context import common_prefix
 from spec_cli.llama.grammar import GrammarError
 from spec_cli.llama.prompt_text import PromptText
 from spec_cli.pair import Pair, Slot
-from spec_cli.request import GenerationRequest, InvalidRequest, shown
+from spec_cli.request import GenerationRequest, InvalidRequest, ReasoningBudget, shown
 from spec_cli.server import openai_api
 from spec_cli.server.errors import RequestError
 from spec_cli.server.openai_api import PARAMS, ApiRequest
@@ -129,10 +129,13 @@ class Service:
 
     def __init__(self, pair: Pair, name: str, defaults: GenerationRequest = GenerationRequest(),
                  max_tokens: int | None = None, queue_size: int = DEFAULT_QUEUE, template: str | None = None,
-                 log: Callable[[str], None] = lambda _line: None, parallel: int = 1) -> None:
+                 log: Callable[[str], None] = lambda _line: None, parallel: int = 1,
+                 reasoning_budget: int | None = None) -> None:
         """`defaults`: what a request that does not say gets (the CLI's flags, or the pair's tuned settings);
         `max_tokens`: the longest answer for requests that set none (None: until the context is full);
-        `parallel`: how many generations run at once (`Pair.slots`)."""
+        `parallel`: how many generations run at once (`Pair.slots`); `reasoning_budget`: the tokens of thought
+        a chat that sets none may take (None: no bound)."""
+        self.reasoning_budget = reasoning_budget
         self.pair, self.name, self.defaults, self.queue_size = pair, name, defaults, queue_size
         self.max_tokens = max_tokens
         self.template, self.log = template, log
@@ -399,7 +402,16 @@ class Service:
         GGUF recommends, as in spec chat. A forced tool call is a grammar like any other (`openai_api.structure`)."""
         return replace(self.defaults, **request.fields, stop=request.stop, grammar=request.grammar,
                        sampling=settle("model", self.pair.recommended_sampling(), request.sampling),
-                       max_tokens=request.max_tokens or self.max_tokens or self.pair.n_ctx)
+                       max_tokens=request.max_tokens or self.max_tokens or self.pair.n_ctx,
+                       reasoning_budget=self._budget(request))
+
+    def _budget(self, request: ApiRequest) -> ReasoningBudget | None:
+        """The request's reasoning budget (or the server's), where its template has a thought to close."""
+        tokens = request.reasoning_budget if request.reasoning_budget is not None else self.reasoning_budget
+        thought = self.thought if request.endpoint == "chat" else None
+        if tokens is None or thought is None:
+            return None
+        return ReasoningBudget(tokens, thought.close, None if thought.opened else thought.open)
 
     def _prompt(self, request: ApiRequest) -> tuple[PromptText | None, list[int], Slot]:
         """The prompt (None for token ids), its tokens, and the free slot to run it on: the one whose memory

@@ -1,0 +1,91 @@
+"""A reasoning budget: a thought closed after N tokens, as llama-server's `--reasoning-budget` closes it.
+
+Once the thought has taken `tokens` tokens without writing its close marker, the next tokens are forced to
+spell the marker (the target's own tokenization of it), and the answer goes on from there. The budget is a
+constraint like a grammar (`Budgeted` is a `Grammar` state, over the request's grammar if it has one): p and q
+are masked alike at every position, so the loop stays exact, and a thought drafted past its budget is cut
+where the budget forbids, as every constrained draft is.
+
+A thought is the answer's start when the prompt opened it (`open` None), or when the answer starts with the
+template's open marker (Qwen3 lets the model decide).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from spec_cli.llama.grammar import Grammar
+from spec_cli.llama.model import Model
+from spec_cli.request import ReasoningBudget
+
+
+class Budgeted(Grammar):
+    """The state of a reasoning budget over `inner` (the request's grammar, or None): where the answer stands
+    (before a thought may open, thinking, forced to close, after), the thought's tokens and text so far."""
+
+    def __init__(self, inner: Grammar | None, budget: ReasoningBudget, model: Model) -> None:
+        self._inner, self._budget, self._model = inner, budget, model
+        self._phase = "thinking" if budget.open is None else "before"
+        self._spent = 0
+        self._text = b""  # the answer's text before a thought opens, or the thought's since it opened
+        self._forced: tuple[int, ...] = ()  # the close marker's tokens still to come
+
+    def mask(self) -> np.ndarray:
+        if self._forced:
+            mask = np.zeros(self._model.n_vocab, dtype=bool)
+            mask[self._forced[0]] = True
+            return mask & self._inner.mask() if self._inner is not None else mask
+        return self._inner.mask() if self._inner is not None else np.ones(self._model.n_vocab, dtype=bool)
+
+    def allowed_tokens(self) -> np.ndarray:
+        if self._forced or self._inner is None:
+            return np.flatnonzero(self.mask())
+        return self._inner.allowed_tokens()
+
+    def allows(self, token: int) -> bool:
+        if self._forced:
+            return token == self._forced[0] and (self._inner is None or self._inner.allows(token))
+        return self._inner is None or self._inner.allows(token)
+
+    def accept(self, token: int) -> None:
+        if not self.allows(token):
+            raise ValueError(f"the reasoning budget does not allow token {token} here")
+        if self._inner is not None:
+            self._inner.accept(token)
+        self._advance(token)
+
+    def clone(self) -> Budgeted:
+        twin = Budgeted.__new__(Budgeted)
+        twin.__dict__.update(self.__dict__)
+        twin._inner = self._inner.clone() if self._inner is not None else None
+        return twin
+
+    def after(self, token: int) -> Budgeted | None:
+        if not self.allows(token):
+            return None
+        state = self.clone()
+        state.accept(token)
+        return state
+
+    def _advance(self, token: int) -> None:
+        budget = self._budget
+        if self._forced:
+            self._forced = self._forced[1:]
+            self._phase = "thinking" if self._forced else "after"
+            return
+        if self._phase == "before":
+            self._text += self._model.piece(token, special=True)
+            start, opening = self._text.lstrip(), (budget.open or "").encode()
+            if start.startswith(opening):
+                self._phase, self._text = "thinking", start[len(opening):]
+            elif not opening.startswith(start):
+                self._phase = "after"
+            return
+        if self._phase != "thinking":
+            return
+        self._spent += 1
+        self._text += self._model.piece(token, special=True)
+        if budget.close.encode() in self._text:
+            self._phase = "after"
+        elif self._spent >= budget.tokens:
+            self._forced = tuple(self._model.tokenize(budget.close, add_special=False))
