@@ -248,6 +248,11 @@ class Slot:
                                                "several at once; use model, ngram, hybrid or none")
         return self.pair._generation(list(tokens), request, self.target, self.drafting)
 
+    def contexts(self) -> list[Context]:
+        """The sequences whose memories hold this slot's conversation: the target's, then the draft's."""
+        draft = self.drafting.sources.draft
+        return [self.target] if draft is None else [self.target, draft]
+
 
 def load_pair(target: str | os.PathLike[str], draft: str | os.PathLike[str] | None = None, *,
               n_ctx: int = DEFAULT_CTX, n_threads: int | None = None, gpu_layers: int | None = None,

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import replace
 from typing import Annotated, Optional
 
 import typer
 
 from spec_cli import chat as conversation
-from spec_cli.cli.common import csv_list, reachable_from_outside, user_errors
+from spec_cli.cli.common import EXIT_USAGE, csv_list, reachable_from_outside, user_errors
 from spec_cli.cli.options import (ChatFormatOpt, DraftMaxOpt, DraftModeOpt, LoadOptions, NoDraftOpt, RequestFlags,
                                   VerifyOpt, loads_pair, open_pair)
 from spec_cli.decoding.scheduler import MAX_SEQUENCES
@@ -17,12 +18,17 @@ from spec_cli.decoding.verification import DEFAULT_VERIFY
 from spec_cli.drafting.modes import FED_MODES
 from spec_cli.errors import SpecError
 from spec_cli.llama import rpc
+from spec_cli.llama.kernels import machine_memory
 from spec_cli.models import registry
 from spec_cli.pair import Pair
 from spec_cli.request import AUTO, GenerationRequest
 from spec_cli.server import app as server
 from spec_cli.server.connections import MIB, Limits
 from spec_cli.server.service import DEFAULT_QUEUE, Service
+
+DEFAULT_CACHE_RAM = "1GiB"
+SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([KMG](?:i?B)?)?", re.IGNORECASE)
+UNITS = {"K": 2**10, "M": 2**20, "G": 2**30}
 from spec_cli.terminal.output import error, note, serving
 
 API_KEY_ENV = "SPEC_API_KEY"
@@ -63,6 +69,7 @@ def serve(
     api_key: Annotated[Optional[str], typer.Option("--api-key", envvar=API_KEY_ENV, help="Require 'Authorization: Bearer KEY' on every request but /health (or set SPEC_API_KEY, which keeps the key out of the process list).", show_default=False)] = None,
     parallel: Annotated[Optional[int], typer.Option("--parallel", "-np", min=1, max=MAX_SEQUENCES, help=f"Generations that run at once, verified together in one pass a step (default {DEFAULT_PARALLEL}: on a CPU or a GPU a pass of several sequences costs little more than one; 1 for a pair that drafts with an MTP head, EAGLE-3 head or DFlash drafter, which draft one sequence at a time). Each has --ctx tokens of its own.", show_default=False)] = None,
     reasoning_budget: Annotated[Optional[int], typer.Option("--reasoning-budget", min=0, metavar="N", help="Close a thought after N tokens on a thinking template (a request's reasoning_budget overrides it; default: no bound).", show_default=False)] = None,
+    cache_ram: Annotated[str, typer.Option("--cache-ram", metavar="SIZE", help="Host RAM that keeps finished sequences' states, so that a request on another slot (an agent's next call, the same long system prompt and tools) starts from them instead of prefilling again: MiB, or with a unit (512MiB, 2GiB); 0 turns it off.")] = DEFAULT_CACHE_RAM,
     queue: Annotated[int, typer.Option("--queue", min=0, help="Requests that may wait while every --parallel slot generates; more are answered 503 at once.")] = DEFAULT_QUEUE,
     cors: Annotated[Optional[str], typer.Option("--cors", metavar="ORIGIN[,ORIGIN]", help="Let web pages from these origins call the server from a browser (e.g. http://localhost:3000; * for any page).", show_default=False)] = None,
     max_body: Annotated[float, typer.Option("--max-body", min=0.001, metavar="MIB", help="Largest request body in MiB; larger ones are answered 413.")] = Limits.body_bytes / MIB,
@@ -74,10 +81,15 @@ def serve(
 ) -> None:
     """Serve the pair over OpenAI's HTTP API, with exact speculative decoding: /v1/chat/completions, /v1/completions (streamed or not), /v1/models, /health.
 
-    Point any OpenAI-compatible client at http://HOST:PORT/v1. Requests may set temperature, top_p, top_k, min_p, penalties, seed, stop and max_tokens, response_format (json_object, json_schema), grammar, json_schema, tools and tool_choice (calls come back in message.tool_calls, forced ones by a grammar), and spec-cli's draft_max, draft_mode and verify; sampling they leave out follows what the target's GGUF recommends, as in spec chat. Every answer carries a speculation object (drafted, accepted, acceptance, tokens per target pass, tokens/s).
+    Point any OpenAI-compatible client at http://HOST:PORT/v1. Requests may set temperature, top_p, top_k, min_p, penalties, seed, stop and max_tokens, response_format (json_object, json_schema), grammar, json_schema, tools and tool_choice (calls come back in message.tool_calls, in the convention the chat template writes: forced ones and tool_choice auto held by a grammar), reasoning_budget, and spec-cli's draft_max, draft_mode and verify; sampling they leave out follows what the target's GGUF recommends, as in spec chat. Every answer carries a speculation object (drafted, accepted, acceptance, tokens per target pass, tokens/s).
 
-    Up to --parallel generations run at once, in arrival order, verified together in one target pass a step; with -k auto (the default for several) each gets the K that raises the whole batch's tokens per second, 0 where drafting does not pay. A chat that resends its history costs only its new tokens, even when other clients' requests come in between. A client that disconnects stops its generation, waiting or running. GET /health reports the sequences generating, the requests waiting, tokens per second and acceptance. Text in messages is always text: typed control tokens (<|im_end|>) are not parsed. One line per answer goes to stderr.
+    Up to --parallel generations run at once, in arrival order, verified together in one target pass a step; with -k auto (the default for several) each gets the K that raises the whole batch's tokens per second, 0 where drafting does not pay. A chat that resends its history costs only its new tokens, even when other clients' requests come in between, and a request on another slot starts from the states --cache-ram keeps. A client that disconnects stops its generation, waiting or running. GET /health reports the sequences generating, the requests waiting, tokens per second and acceptance. Text in messages is always text: typed control tokens (<|im_end|>) are not parsed. One line per answer goes to stderr.
     """
+    try:
+        cache_bytes = ram_size(cache_ram, "--cache-ram")
+    except SpecError as exc:  # a bad option value, as Click's own: status 2
+        error(str(exc))
+        raise typer.Exit(EXIT_USAGE) from None
     with user_errors():
         remote = reachable_from_outside(host, allow_remote, "use this server", " (and --api-key to require a key)")
         if api_key is None:  # Click reads an empty SPEC_API_KEY as unset: an empty key must not pass unseen
@@ -98,7 +110,8 @@ def serve(
                 flags.for_pair(loaded), draft_max=AUTO)
             log = (lambda _line: None) if quiet else note
             service = Service(loaded.pair, model_name or _default_name(load), defaults, max_tokens, queue,
-                              template, log=log, parallel=slots, reasoning_budget=reasoning_budget)
+                              template, log=log, parallel=slots, reasoning_budget=reasoning_budget,
+                              cache_ram=cache_bytes)
             address = sock.getsockname()
             serving(service.name, f"http://{_url_host(address[0])}:{address[1]}/v1",
                     f"{_drafting(loaded.pair, defaults)}, {slots} at once")
@@ -117,6 +130,19 @@ def serve(
             finally:
                 service.close()
             note("server stopped")
+
+
+def ram_size(text: str, flag: str) -> int:
+    """A size of host RAM in bytes: MiB, or a number with a unit (KiB, MiB, GiB; K, M, G), within the machine's
+    memory; a `SpecError` that says what was wrong otherwise."""
+    found = SIZE.fullmatch(text.strip())
+    if found is None:
+        raise SpecError(f"{flag} must be a size: MiB (2048), or with a unit (512MiB, 2GiB); got {text!r}")
+    size = round(float(found.group(1)) * UNITS[(found.group(2) or "M")[0].upper()])
+    memory = machine_memory()
+    if memory and size > memory:
+        raise SpecError(f"{flag} {text} is more than this machine's memory ({memory / 2**30:.1f} GiB)")
+    return size
 
 
 def _slots(pair: Pair, flags: RequestFlags, parallel: int | None) -> int:

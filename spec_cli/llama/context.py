@@ -258,6 +258,32 @@ class Context:
         self._trim_s += elapsed
         self.busy_s += elapsed
 
+    @property
+    def portable(self) -> bool:
+        """Whether this sequence's whole state can be saved and loaded elsewhere (`saved_state`): not when it
+        keeps hidden states or features beside its memory, which a state does not carry."""
+        return self.hidden is None and self._features is None
+
+    def saved_state(self) -> tuple[ctypes.Array[ctypes.c_uint8], int]:
+        """This sequence's whole state (every kind of memory it has), as llama.cpp writes it: (buffer, size)."""
+        size = llama_cpp.llama_state_seq_get_size_ext(self._handle, self.seq, 0)
+        buffer = (ctypes.c_uint8 * size)()
+        written = llama_cpp.llama_state_seq_get_data_ext(self._handle, buffer, size, self.seq, 0)
+        if written == 0 and size > 0:
+            raise SpecError(f"llama.cpp could not save the state of {self.model.path.name}")
+        return buffer, written
+
+    def load_state(self, buffer: ctypes.Array[ctypes.c_uint8], size: int, tokens: Sequence[int]) -> None:
+        """Make this sequence hold `tokens` from a state `saved_state` wrote for them (on any sequence of a
+        context over the same model): what it held before, and its snapshots, are forgotten."""
+        self.memory.clear()
+        self.tokens = []
+        if llama_cpp.llama_state_seq_set_data_ext(self._handle, buffer, size, self.seq, 0) == 0:
+            self.memory.clear()
+            raise SpecError(f"llama.cpp could not load a saved state of {self.model.path.name}")
+        self.tokens = list(tokens)
+        self.memory.after_prompt(self.n_past)
+
     def close(self) -> None:
         """Forget this sequence; the last of a llama.cpp context's sequences to close frees it."""
         if not self._handle:

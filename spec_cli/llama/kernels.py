@@ -155,3 +155,10 @@ def cpu_name() -> str:
     except OSError:
         pass
     return platform.processor()
+
+
+def machine_memory() -> int:
+    """This machine's memory in bytes (0 where the platform does not say)."""
+    if not hasattr(os, "sysconf"):
+        return 0
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")

@@ -232,7 +232,7 @@ def kernels_fact(found: kernels.Verdict) -> str:
 def doctor_facts(default: PairSpec, probe_again: bool = False) -> list[tuple[str, str]]:
     version, system_info = versions()
     gpu = supports_gpu_offload()
-    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else 0
+    memory = kernels.machine_memory()
     registry_path = user_registry_path()
     facts = [
         ("spec-cli", __version__),

@@ -31,6 +31,7 @@ from spec_cli.decoding.scheduler import Scheduler
 from spec_cli.errors import SpecError
 from spec_cli.llama.context import common_prefix
 from spec_cli.llama.grammar import GrammarError
+from spec_cli.llama.prefix_store import PrefixStore
 from spec_cli.llama.prompt_text import PromptText
 from spec_cli.pair import Pair, Slot
 from spec_cli.request import GenerationRequest, InvalidRequest, ReasoningBudget, shown
@@ -130,12 +131,14 @@ class Service:
     def __init__(self, pair: Pair, name: str, defaults: GenerationRequest = GenerationRequest(),
                  max_tokens: int | None = None, queue_size: int = DEFAULT_QUEUE, template: str | None = None,
                  log: Callable[[str], None] = lambda _line: None, parallel: int = 1,
-                 reasoning_budget: int | None = None) -> None:
+                 reasoning_budget: int | None = None, cache_ram: int = 0) -> None:
         """`defaults`: what a request that does not say gets (the CLI's flags, or the pair's tuned settings);
         `max_tokens`: the longest answer for requests that set none (None: until the context is full);
         `parallel`: how many generations run at once (`Pair.slots`); `reasoning_budget`: the tokens of thought
-        a chat that sets none may take (None: no bound)."""
+        a chat that sets none may take (None: no bound); `cache_ram`: the bytes of host RAM that keep finished
+        sequences' states for requests on other slots (`PrefixStore`; 0: none)."""
         self.reasoning_budget = reasoning_budget
+        self._store = PrefixStore(cache_ram) if cache_ram > 0 else None
         self.pair, self.name, self.defaults, self.queue_size = pair, name, defaults, queue_size
         self.max_tokens = max_tokens
         self.template, self.log = template, log
@@ -202,7 +205,8 @@ class Service:
             drafted = self._drafted + sum(a.generation.stats.drafted for a in self._active.values())
             accepted = self._accepted + sum(a.generation.stats.accepted for a in self._active.values())
         return {"generating": bool(active), "waiting": waiting, "slots": self.parallel, "active": len(active),
-                "tokens_per_second": recent / RATE_WINDOW_S, "acceptance": accepted / drafted if drafted else None}
+                "tokens_per_second": recent / RATE_WINDOW_S, "acceptance": accepted / drafted if drafted else None,
+                **({"cache_ram": self._store.report()} if self._store is not None else {})}
 
     def check_model(self, model: str | None, status: int = 400) -> None:
         if model is not None and model != self.name:
@@ -373,6 +377,8 @@ class Service:
         and remembers the conversation, and the job gets its finish reason (unless its client left)."""
         generation, job = active.generation, active.job
         self._scheduler.leave(generation)
+        if self._store is not None and generation.error is None and not self._closing:
+            self._store.save(active.slot.contexts())
         stats = generation.stats
         with self._lock:
             del self._active[id(generation)]
@@ -434,6 +440,8 @@ class Service:
             if best is None or score > best[0]:
                 best = (score, tokens, candidate)
         assert best is not None
+        if self._store is not None:
+            self._store.load(best[2].contexts(), best[1])
         return prompt, best[1], best[2]
 
     def _chat_prompt(self, request: ApiRequest) -> PromptText:
