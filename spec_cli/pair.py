@@ -22,7 +22,7 @@ from spec_cli.decoding.engine import Generation
 from spec_cli.decoding.reasoning import Budgeted
 from spec_cli.decoding.sampling import recommended
 from spec_cli.drafting import cost_book
-from spec_cli.drafting.modes import FED_MODES, MODES, Drafting, Sources
+from spec_cli.drafting.modes import MODES, Drafting, Sources
 from spec_cli.drafting.translation import Translation
 from spec_cli.errors import SpecError
 from spec_cli.llama import features
@@ -190,19 +190,39 @@ class Pair:
         """`n` sequences to generate on at once (`decoding.scheduler`). One is the pair's own contexts and
         drafting. Several are each a sequence of one new target context (and of one new draft context) with
         drafting state of its own; their memories go back by cuts or snapshots (never in place: llama.cpp's
-        in-place rollback is per batch, not per sequence), and drafters fed with the target's hidden states
-        or features (an MTP head, an EAGLE-3 head, a DFlash drafter), which draft one sequence at a time, are
-        not among theirs: they draft with the draft model, n-gram lookup, both, or not at all."""
+        in-place rollback is per batch, not per sequence). A drafter fed with the target's hidden states or
+        features (an MTP head, an EAGLE-3 head, a DFlash drafter) gets a context of its own in each slot, and
+        each sequence of the target keeps its own rows of what feeds it."""
         if n == 1:
             return [Slot(self, self.target_context, self.drafting)]
-        targets = self._sequences(self.target, n)
+        own = self.target_context
+        targets = self._sequences(self.target, n, hidden_states=own.hidden is not None,
+                                  feature_layers=own.feature_layers)
         drafts = self._sequences(self.draft, n) if self.draft_context is not None else [None] * n
-        return [Slot(self, target, Drafting(Sources(target, draft, translation=self.translation)))
+        return [Slot(self, target, Drafting(self._fed(Sources(target, draft, translation=self.translation))))
                 for target, draft in zip(targets, drafts)]
 
-    def _sequences(self, model: Model, n: int) -> list[Context]:
-        first = self._add(Context(model, self.n_ctx, self.n_threads, sequences=n))
+    def _sequences(self, model: Model, n: int, hidden_states: bool = False,
+                   feature_layers: tuple[int, ...] = ()) -> list[Context]:
+        first = self._add(Context(model, self.n_ctx, self.n_threads, sequences=n, hidden_states=hidden_states,
+                                  feature_layers=feature_layers))
         return [first, *(self._add(first.sequence(seq)) for seq in range(1, n))]
+
+    def _fed(self, sources: Sources) -> Sources:
+        """`sources` with the drafters fed by its target that the pair's own sources have, each a context of
+        its own over the same model."""
+        own, target = self.drafting.sources, sources.target
+        if own.head is not None:
+            sources = replace(sources, head=self._add(HeadContext(self.target, self.n_ctx, self.n_threads)))
+        if own.eagle3 is not None:
+            sources = replace(sources, eagle3=self._add(HeadContext(self.draft, self.n_ctx, self.n_threads,
+                                                                    target=target)))
+        if own.dflash is not None:
+            block = own.dflash
+            sources = replace(sources, dflash=self._add(BlockContext(self.draft, target, self.n_threads,
+                                                                     block.block_size, block.mask_token,
+                                                                     block.causal)))
+        return sources
 
     def grammar(self, text: str) -> Grammar:
         """The start state of grammar `text` (GBNF, Lark, or llguidance's JSON grammar) over the target's
@@ -238,14 +258,9 @@ class Slot:
 
     def __init__(self, pair: Pair, target: Context, drafting: Drafting) -> None:
         self.pair, self.target, self.drafting = pair, target, drafting
-        self.shared = target is not pair.target_context  # a sequence among several
 
     def generate(self, tokens: Sequence[int], request: GenerationRequest) -> Generation:
         """A generation of `tokens` on this slot, for a scheduler to run (`Pair.generate` otherwise)."""
-        mode = self.pair.mode_for(request)
-        if self.shared and mode in FED_MODES:
-            raise InvalidRequest("draft_mode", f"{{name}} {mode!r} drafts one sequence at a time, and this runs "
-                                               "several at once; use model, ngram, hybrid or none")
         return self.pair._generation(list(tokens), request, self.target, self.drafting)
 
     def contexts(self) -> list[Context]:

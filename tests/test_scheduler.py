@@ -192,9 +192,9 @@ def test_a_sequence_sampled_in_a_batch_follows_the_target_law(other: Pair, slots
     assert chi_square_p_value(observed, expected, N_SAMPLES) > SIGNIFICANCE
 
 
-def test_a_fed_drafter_is_refused_on_a_shared_slot(other: Pair, slots: list) -> None:
-    with pytest.raises(Exception, match="drafts one sequence at a time"):
-        slots[0].generate([5, 6], GenerationRequest(draft_mode="mtp"))
+def test_a_slot_refuses_a_drafter_its_pair_lacks_as_the_pair_does(other: Pair, slots: list) -> None:
+    with pytest.raises(Exception, match="has no MTP layers to draft with"):
+        slots[1].generate([5, 6], GenerationRequest(draft_mode="mtp"))
 
 
 def test_rounds_that_do_not_fit_one_batch_run_in_several_passes(other: Pair, slots: list) -> None:

@@ -15,7 +15,7 @@ import httpx
 import pytest
 from exactness import finish, greedy_agreement
 from serving import NAME, Running, running
-from tiny_models import write_qwen35_mtp
+from tiny_models import CHAT_TEMPLATE, write_dflash, write_eagle3, write_model, write_qwen35_mtp
 from typer.testing import CliRunner
 
 from spec_cli import GenerationRequest, Pair, load_pair
@@ -33,8 +33,8 @@ def four(chat_pair: Pair) -> Iterator[Running]:
         yield serving
 
 
-def lone(pair: Pair, prompt: str, max_tokens: int, k: int | str = "auto") -> str:
-    return finish(pair.generate(prompt, raw=True, sampling=SamplingParams(), draft_max=k, draft_mode="model",
+def lone(pair: Pair, prompt: str, max_tokens: int, k: int | str = "auto", mode: str = "model") -> str:
+    return finish(pair.generate(prompt, raw=True, sampling=SamplingParams(), draft_max=k, draft_mode=mode,
                                 max_tokens=max_tokens)).text
 
 
@@ -127,13 +127,36 @@ def test_a_full_server_answers_503_once_every_slot_and_the_queue_are_taken(chat_
         assert refused.status_code == 503 and "2 generating and 1 waiting" in refused.json()["error"]["message"]
 
 
-def test_spec_serve_parallel_refuses_a_drafter_of_one_sequence(models_dir: Path) -> None:
-    target = write_qwen35_mtp(models_dir / "mtp-parallel.gguf")
-    result = CliRunner().invoke(app, ["serve", "--target", str(target), "--draft-mode", "mtp", "--parallel", "2",
-                                      "--port", "0"])
-    assert result.exit_code == 1
-    assert "drafts one sequence at a time: serve it with --parallel 1" in result.output
-    assert "Traceback" not in result.output
+@pytest.mark.parametrize("mode", ["mtp", "eagle3", "dflash"])
+def test_four_clients_of_a_pair_with_a_fed_drafter_each_get_their_lone_greedy_text(models_dir: Path,
+                                                                                    mode: str) -> None:
+    """Each slot has a head (or DFlash drafter) of its own, fed with its own sequence's hidden states or
+    features from the passes all four share: each drafts what it drafts alone, so each keeps as many."""
+    if mode == "mtp":
+        files = (write_qwen35_mtp(models_dir / "mtp-parallel.gguf"), None)
+    else:
+        target = write_model(models_dir / "fed-parallel.gguf", seed=1, layer_scale=0.3, chat_template=CHAT_TEMPLATE)
+        files = (target, write_eagle3(models_dir / "eagle3-parallel.gguf") if mode == "eagle3"
+                 else write_dflash(models_dir / "dflash-parallel.gguf", target, block_size=8))
+    with load_pair(*files) as pair:
+        alone = [finish(pair.generate(prompt, raw=True, sampling=SamplingParams(), draft_max=3, draft_mode=mode,
+                                      max_tokens=24)) for prompt in PROMPTS]
+        with running(pair, parallel=4, defaults=GenerationRequest(draft_max=3, draft_mode=mode)) as serving:
+            client = serving.client()
+            barrier = threading.Barrier(len(PROMPTS))
+
+            def ask(prompt: str) -> object:
+                barrier.wait()
+                return client.completions.create(model=NAME, prompt=prompt, temperature=0, max_tokens=24)
+
+            with ThreadPoolExecutor(len(PROMPTS)) as clients:
+                answers = list(clients.map(ask, PROMPTS))
+    assert [answer.choices[0].text for answer in answers] == [generation.text for generation in alone]
+    assert max(answer.model_extra["speculation"]["batch_size"] for answer in answers) > 1.5
+    kept = [(answer.model_extra["speculation"]["drafted"], answer.model_extra["speculation"]["accepted"])
+            for answer in answers]
+    assert kept == [(generation.stats.drafted, generation.stats.accepted) for generation in alone]
+    assert 0 < sum(accepted for _, accepted in kept) < sum(drafted for drafted, _ in kept)
 
 
 def test_bench_concurrency_prints_both_sides_at_each_level(chat_target_path: Path, other_draft_path: Path,

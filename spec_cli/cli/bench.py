@@ -117,9 +117,6 @@ def _concurrency(load: LoadOptions, levels: list[int], prompts_file: Path | None
     with open_pair(replace(load, needs_draft=needs_draft, max_draft=largest_k([k]))) as loaded:
         pair = loaded.pair
         mode_name = mode_list[0] if mode_list else pair.default_draft_mode
-        if mode_name in FED_MODES:
-            raise SpecError(f"draft mode {mode_name!r} drafts one sequence at a time; --concurrency needs a draft "
-                            "model, n-gram lookup or the hybrid (--modes ngram)")
         texts = benchmark.load_prompts(prompts_file, notify=note) if prompts_file else benchmark.builtin_prompts(task)
         prompts = [pair.prompt_tokens(text, raw=not pair.has_chat_template) for text in texts]
         speculative = GenerationRequest(draft_max=k, draft_mode=mode_name, max_tokens=max_tokens)

@@ -67,7 +67,7 @@ def serve(
     port: Annotated[int, typer.Option("--port", min=0, max=65535, help="TCP port to listen on (0: any free port, printed at start).")] = server.DEFAULT_PORT,
     allow_remote: Annotated[bool, typer.Option("--allow-remote", help="Allow a --host other machines can reach.")] = False,
     api_key: Annotated[Optional[str], typer.Option("--api-key", envvar=API_KEY_ENV, help="Require 'Authorization: Bearer KEY' on every request but /health (or set SPEC_API_KEY, which keeps the key out of the process list).", show_default=False)] = None,
-    parallel: Annotated[Optional[int], typer.Option("--parallel", "-np", min=1, max=MAX_SEQUENCES, help=f"Generations that run at once, verified together in one pass a step (default {DEFAULT_PARALLEL}: on a CPU or a GPU a pass of several sequences costs little more than one; 1 for a pair that drafts with an MTP head, EAGLE-3 head or DFlash drafter, which draft one sequence at a time). Each has --ctx tokens of its own.", show_default=False)] = None,
+    parallel: Annotated[Optional[int], typer.Option("--parallel", "-np", min=1, max=MAX_SEQUENCES, help=f"Generations that run at once, verified together in one pass a step (default {DEFAULT_PARALLEL}: on a CPU or a GPU a pass of several sequences costs little more than one; 1 for a pair that drafts with an MTP head, EAGLE-3 head or DFlash drafter, where more slots each get a head of their own). Each has --ctx tokens of its own.", show_default=False)] = None,
     reasoning_budget: Annotated[Optional[int], typer.Option("--reasoning-budget", min=0, metavar="N", help="Close a thought after N tokens on a thinking template (a request's reasoning_budget overrides it; default: no bound).", show_default=False)] = None,
     cache_ram: Annotated[str, typer.Option("--cache-ram", metavar="SIZE", help="Host RAM that keeps finished sequences' states, so that a request on another slot (an agent's next call, the same long system prompt and tools) starts from them instead of prefilling again: MiB, or with a unit (512MiB, 2GiB); 0 turns it off.")] = DEFAULT_CACHE_RAM,
     queue: Annotated[int, typer.Option("--queue", min=0, help="Requests that may wait while every --parallel slot generates; more are answered 503 at once.")] = DEFAULT_QUEUE,
@@ -147,18 +147,11 @@ def ram_size(text: str, flag: str) -> int:
 
 def _slots(pair: Pair, flags: RequestFlags, parallel: int | None) -> int:
     """How many generations run at once: --parallel, else `DEFAULT_PARALLEL`, or 1 where the pair drafts with a
-    drafter fed by the target's own states (it drafts one sequence at a time): by default (the hybrid, which
-    then has it to choose from) unless --parallel asks for more, when the slots' hybrids draft without it;
-    pinned to one, --parallel > 1 is an error that says what to do."""
+    drafter fed by the target's own states (an MTP, EAGLE-3 or DFlash head: each slot then needs one of its
+    own, and one sequence is where it is measured best)."""
     mode = pair.mode_for(flags.request)
-    if mode == "hybrid" and any(name in FED_MODES for name in pair.drafting.own_models()):
-        return parallel or 1
-    if mode not in FED_MODES:
-        return parallel or DEFAULT_PARALLEL
-    if parallel is not None and parallel > 1:
-        raise SpecError(f"draft mode {mode!r} drafts one sequence at a time: serve it with --parallel 1, or draft "
-                        "with --draft-mode ngram (or --no-draft) to run several at once")
-    return 1
+    fed = mode in FED_MODES or mode == "hybrid" and any(name in FED_MODES for name in pair.drafting.own_models())
+    return parallel or (1 if fed else DEFAULT_PARALLEL)
 
 
 def _default_name(load: LoadOptions) -> str:

@@ -82,9 +82,7 @@ class Context:
         tokens llama.cpp computes at once (default: the batch; 1 over a model with `one_token_batches`).
         `feature_layers`: keep, in `features`, the inputs of these layers side by side at every position
         decoded (what an EAGLE-3 or DFlash drafter reads). `sequences`: how many sequences of `n_ctx` tokens
-        the llama.cpp context holds (hidden states and features are kept for one only)."""
-        if sequences > 1 and (hidden_states or feature_layers):
-            raise ValueError("hidden states and feature layers are kept for a context of one sequence")
+        the llama.cpp context holds (each keeps hidden states and features of its own)."""
         self.model = model
         self.seq = 0
         self.n_batch = min(n_batch, n_ctx)
@@ -127,6 +125,11 @@ class Context:
         other = copy.copy(self)
         other.seq, other.tokens, other.busy_s, other._trim_s = seq, [], 0.0, 0.0
         other.memory = memory.for_context(self._handle, self.model._handle, self.model.path.name, seq)
+        if self.hidden is not None:
+            other.hidden = np.zeros_like(self.hidden)
+        if self._features is not None:
+            other._features = np.zeros_like(self._features)
+            other._features_address = other._features.ctypes.data
         return other
 
     @property
@@ -178,11 +181,7 @@ class Context:
             status = llama_cpp.llama_decode(self._handle, self._batch)
             if status != 0:
                 self._fail(status)
-            if self.hidden is not None:
-                rows = self.hidden[self.n_past:self.n_past + len(chunk)]
-                ctypes.memmove(rows.ctypes.data, llama_cpp_ext.llama_get_embeddings_nextn(self._handle), rows.nbytes)
-            if self._features is not None:
-                self._keep_features(len(chunk))
+            self._keep_rows(0, len(chunk))
             self.tokens.extend(chunk)
         if n_logits == 0:
             return np.empty((0, self.model.n_vocab), dtype=np.float32)
@@ -198,14 +197,21 @@ class Context:
         assert self._features is not None
         return self._features[:, start:end].transpose(1, 0, 2).reshape(end - start, -1)
 
-    def _keep_features(self, n_rows: int) -> None:
-        """Copy the feature layers' inputs of the decode just made into their rows, one memmove a layer."""
-        assert self._features is not None
-        held, row_bytes = self._features.shape[1], self.model.n_embd * 4
-        address = self._features_address + self.n_past * row_bytes
-        for i, layer in enumerate(self.feature_layers):
-            ctypes.memmove(address + i * held * row_bytes, features.layer_inputs(self._handle, layer),
-                           n_rows * row_bytes)
+    def _keep_rows(self, first: int, n_rows: int) -> None:
+        """Keep the hidden states and feature layers' inputs of this sequence's `n_rows` rows of the decode just
+        made, from batch row `first` on, at its next positions: one memmove each (a layer each)."""
+        row_bytes = self.model.n_embd * 4
+        if self.hidden is not None:
+            rows = self.hidden[self.n_past:self.n_past + n_rows]
+            source = llama_cpp_ext.llama_get_embeddings_nextn(self._handle)
+            ctypes.memmove(rows.ctypes.data, ctypes.cast(source, ctypes.c_void_p).value + first * row_bytes,
+                           rows.nbytes)
+        if self._features is not None:
+            held = self._features.shape[1]
+            address = self._features_address + self.n_past * row_bytes
+            for i, layer in enumerate(self.feature_layers):
+                source = ctypes.cast(features.layer_inputs(self._handle, layer), ctypes.c_void_p).value
+                ctypes.memmove(address + i * held * row_bytes, source + first * row_bytes, n_rows * row_bytes)
 
     def _fail(self, status: int) -> None:
         """llama.cpp refused a batch: forget everything (the memory may hold part of it) and say why."""
@@ -319,8 +325,9 @@ def decode_together(parts: Sequence[Part]) -> list[np.ndarray]:
     total = sum(len(tokens) for _, tokens, _ in todo)
     if total > first.n_batch or any(context._handle != first._handle for context, _, _ in todo):
         raise ValueError(f"{len(parts)} parts of {total} tokens are not one batch of one context")
-    started, at = time.perf_counter(), 0
+    started, at, firsts = time.perf_counter(), 0, []
     for context, tokens, n_logits in todo:
+        firsts.append(at)
         at = context._put(at, tokens, len(tokens) - n_logits)
     first._batch.n_tokens = at
     Backend.forget()
@@ -333,7 +340,8 @@ def decode_together(parts: Sequence[Part]) -> list[np.ndarray]:
     n_rows = sum(n_logits for _, _, n_logits in todo)
     rows = copy_rows(llama_cpp.llama_get_logits(first._handle), n_rows, first.model.n_vocab) if n_rows else None
     elapsed, out, row = time.perf_counter() - started, [], 0
-    for context, tokens, n_logits in todo:
+    for (context, tokens, n_logits), first_row in zip(todo, firsts):
+        context._keep_rows(first_row, len(tokens))
         context.tokens.extend(tokens)
         context.busy_s += elapsed
         out.append(rows[row:row + n_logits] if rows is not None else np.empty((0, first.model.n_vocab), np.float32))

@@ -174,7 +174,7 @@ class BlockContext(_FedContext):
         batch = max(n_batch, block_size)
         super().__init__(model, target.n_ctx + block_size, n_threads, batch, ctx_other=target._handle,
                          n_ubatch=batch)
-        self.block_size, self.mask_token = block_size, mask_token
+        self.block_size, self.mask_token, self.causal = block_size, mask_token, causal
         llama_cpp.llama_set_causal_attn(self._handle, causal)
 
     def inject(self, tokens: Sequence[int], features: np.ndarray) -> None:
