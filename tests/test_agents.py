@@ -1,6 +1,6 @@
 """`spec serve` as agents and editors use it, on the demo pair with a template in each tool-call convention,
-through the official `openai` client: named and lazy calls that parse and validate (every forced choice's
-grammar is held to its functions in `test_conventions`), streamed calls equal to
+through the official `openai` client: named, required and lazy calls that parse and validate (the lazy one
+after an earlier exchange the template writes in its convention), streamed calls equal to
 whole ones, a second turn that answers the tool's result; and a thought before a constrained answer."""
 
 from __future__ import annotations
@@ -42,6 +42,14 @@ def validated(message: object) -> list[tuple[str, dict]]:
     return calls
 
 
+# One earlier exchange in the history, written by the template in its convention: what makes a call likely.
+EARLIER = [{"role": "user", "content": "What is the weather in Oslo, in celsius?"},
+           {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function", "function": {
+               "name": "get_weather", "arguments": '{"city": "Oslo", "unit": "celsius"}'}}]},
+           {"role": "tool", "tool_call_id": "call_1", "content": "3 degrees"},
+           {"role": "assistant", "content": "It is 3 degrees in Oslo."}]
+
+
 @pytest.mark.demo
 @pytest.mark.parametrize("convention", [c.name for c in CONVENTIONS])
 def test_an_agent_turn_in_each_convention(demo: Pair, convention: str) -> None:
@@ -54,17 +62,19 @@ def test_an_agent_turn_in_each_convention(demo: Pair, convention: str) -> None:
                                                                        "function": {"name": "get_weather"}})
         assert named.choices[0].finish_reason == "tool_calls"
         assert [name for name, _ in validated(named.choices[0].message)] == ["get_weather"]
-        chunks = list(client.chat.completions.create(**options, stream=True, tool_choice={
-            "type": "function", "function": {"name": "get_weather"}}))
+        required = client.chat.completions.create(**options, tool_choice="required", parallel_tool_calls=False)
+        chunks = list(client.chat.completions.create(**options, tool_choice="required", parallel_tool_calls=False,
+                                                     stream=True))
         streamed = [call for chunk in chunks if chunk.choices for call in chunk.choices[0].delta.tool_calls or []]
-        assert streamed[0].function.name == "get_weather"
-        whole = named.choices[0].message.tool_calls[0].function.arguments
-        assert "".join(d.function.arguments for d in streamed) == whole
-        auto = client.chat.completions.create(**{**options, "max_tokens": 40})
-        assert validated(auto.choices[0].message) if auto.choices[0].finish_reason == "tool_calls" \
-            else auto.choices[0].message.content
-        call = named.choices[0].message.tool_calls[0]
-        history = [*ASK, {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+        (whole,) = required.choices[0].message.tool_calls
+        assert streamed[0].id and streamed[0].function.name == whole.function.name
+        assert "".join(d.function.arguments for d in streamed) == whole.function.arguments
+        validated(required.choices[0].message)
+        auto = client.chat.completions.create(**{**options, "messages": [*EARLIER, *ASK]})  # tool_choice auto
+        assert auto.choices[0].finish_reason == "tool_calls"
+        assert validated(auto.choices[0].message) == [("get_weather", {"city": "Paris", "unit": "celsius"})]
+        call = auto.choices[0].message.tool_calls[0]
+        history = [*EARLIER, *ASK, {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
                    {"role": "tool", "tool_call_id": call.id, "content": "18 degrees and sunny"}]
         second = client.chat.completions.create(model=NAME, messages=history, tools=[WEATHER, CLOCK],
                                                 temperature=0, max_tokens=40)
