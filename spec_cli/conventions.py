@@ -29,6 +29,7 @@ from typing import Any, Callable, Iterator, Sequence
 JSON_WHITESPACE = r"(?: |\n[ \t]{0,20})"  # as `structured.JSON_OPTIONS`: no padding until max_tokens
 PROBE_NAME, PROBE_KEY = "spec_probe_tool", "spec_probe_key"
 Functions = dict[str, dict[str, Any]]  # the listed functions by name
+Spell = Callable[[str], str]  # a marker as Lark writes it: text, or a model's control token as itself
 XML_VALUE_CLOSE = "\n</parameter>\n"
 
 
@@ -60,14 +61,17 @@ class Convention:
                   for name, arguments in calls]
         return self.begin + self.between.join(bodies) + self.end if bodies else ""
 
-    def calls_grammar(self, functions: Sequence[dict[str, Any]], most: int) -> tuple[str, list[str]]:
+    def calls_grammar(self, functions: Sequence[dict[str, Any]], most: int,
+                      spell: Spell | None = None) -> tuple[str, list[str]]:
         """Lark: (the calls' text after the trigger, or whole when there is none, as rule `calls`; the rules it
-        uses), for 1 to `most` calls of `functions`."""
-        rules = [f"call: {_lit(self.call_open)} body {_lit(self.call_close)}",
-                 *_BODY_GRAMMARS[self.shape](self, functions)]
-        more = f" ({_lit(self.between)} call){{0,{most - 1}}}" if most > 1 else ""
-        first = ("body " + _lit(self.call_close)) if self.trigger else "call"
-        return f"calls: {first}{more} {_lit(self.end)}".rstrip(), rules
+        uses), for 1 to `most` calls of `functions`. `spell` writes a marker for the grammar (a model's control
+        tokens as themselves, `Service.spell`); by default as text."""
+        spell = spell or _lit
+        rules = [f"call: {spell(self.call_open)} body {spell(self.call_close)}",
+                 *_BODY_GRAMMARS[self.shape](self, functions, spell)]
+        more = f" ({spell(self.between)} call){{0,{most - 1}}}" if most > 1 else ""
+        first = ("body " + spell(self.call_close)) if self.trigger else "call"
+        return f"calls: {first}{more} {spell(self.end)}".rstrip(), rules
 
 
 def _lit(text: str) -> str:
@@ -106,18 +110,18 @@ _BODY_WRITERS: dict[str, Callable[[Convention, str, dict[str, Any]], str]] = {
     "object": _write_object, "named": _write_named, "xml": _write_xml, "pythonic": _write_pythonic}
 
 
-def _object_body(convention: Convention, functions: Sequence[dict[str, Any]]) -> list[str]:
+def _object_body(convention: Convention, functions: Sequence[dict[str, Any]], spell: Spell) -> list[str]:
     calls = [{"type": "object", "properties": {"name": {"const": f["name"]}, convention.arguments_key: f["parameters"]},
               "required": ["name", convention.arguments_key], "additionalProperties": False} for f in functions]
     return [f"body: {_json_schema(calls[0] if len(calls) == 1 else {'anyOf': calls})}"]
 
 
-def _named_body(convention: Convention, functions: Sequence[dict[str, Any]]) -> list[str]:
-    return ["body: " + " | ".join(f"{_lit(f['name'] + convention.name_close)} {_json_schema(f['parameters'])}"
+def _named_body(convention: Convention, functions: Sequence[dict[str, Any]], spell: Spell) -> list[str]:
+    return ["body: " + " | ".join(f"{_lit(f['name'])} {spell(convention.name_close)} {_json_schema(f['parameters'])}"
                                   for f in functions)]
 
 
-def _xml_body(convention: Convention, functions: Sequence[dict[str, Any]]) -> list[str]:
+def _xml_body(convention: Convention, functions: Sequence[dict[str, Any]], spell: Spell) -> list[str]:
     rules = ["body: " + " | ".join(f"fn_{i}" for i in range(len(functions))),
              f"text_value[lazy]: /(?s:.*)/ {_lit(XML_VALUE_CLOSE)}"]
     for i, function in enumerate(functions):
@@ -138,7 +142,7 @@ def _xml_choices(schema: dict[str, Any]) -> str:
     return _json_schema(schema)
 
 
-def _pythonic_body(convention: Convention, functions: Sequence[dict[str, Any]]) -> list[str]:
+def _pythonic_body(convention: Convention, functions: Sequence[dict[str, Any]], spell: Spell) -> list[str]:
     rules = ["body: " + " | ".join(f"fn_{i}" for i in range(len(functions)))]
     for i, function in enumerate(functions):
         properties = _properties(function)
@@ -195,7 +199,7 @@ def _is_string(schema: dict[str, Any]) -> bool:
     return schema.get("type") == "string" or bool(values) and all(isinstance(value, str) for value in values)
 
 
-_BODY_GRAMMARS: dict[str, Callable[[Convention, Sequence[dict[str, Any]]], list[str]]] = {
+_BODY_GRAMMARS: dict[str, Callable[[Convention, Sequence[dict[str, Any]], Spell], list[str]]] = {
     "object": _object_body, "named": _named_body, "xml": _xml_body, "pythonic": _pythonic_body}
 
 HERMES = Convention("hermes", "Qwen2.5, Qwen3, Hermes 2/3, SmolLM3", r"<tool_call>\s*\{\s*\"name\"\s*:\s*\"{name}\"",

@@ -77,7 +77,8 @@ class GenerationRequest:
     cuts it; `seed` fixes the one random generator of a generation (None, or -1 as in llama.cpp: a random
     one); `grammar` is the grammar the output must follow: GBNF, Lark, or llguidance's JSON grammar (what
     `structured` makes from a JSON schema), compiled over the target's vocabulary once per grammar;
-    `reasoning_budget` closes a thought after so many tokens."""
+    `reasoning_budget` closes a thought after so many tokens; `control_text`: the control tokens the target
+    writes are in the text as their own text (what a chat's tool-call reader reads), not left out."""
 
     sampling: SamplingParams = field(default_factory=SamplingParams)
     seed: int | None = None
@@ -89,6 +90,7 @@ class GenerationRequest:
     stop: tuple[str, ...] = ()
     grammar: str | None = None
     reasoning_budget: ReasoningBudget | None = None
+    control_text: bool = False
 
     def __post_init__(self) -> None:
         if self.seed == RANDOM_SEED:

@@ -13,7 +13,7 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import llguidance
 
@@ -191,17 +191,23 @@ class Thought:
     close: str = "</think>"
 
 
-def after_thought(compiled: str, thought: Thought, gap: bool = True) -> str:
+def after_thought(compiled: str, thought: Thought, gap: bool = True,
+                  spell: Callable[[str], str] | None = None) -> str:
     """llguidance's grammar `compiled` with a free thought in front of it, as llama.cpp puts an optional
     `<think>…</think>` before a grammar on a thinking template: any text up to the thought's close marker
     (where the grammar wakes), after an open marker unless the prompt opened it. `gap`: whitespace may come
-    between the thought and what `compiled` allows (a grammar that starts with text of its own takes none)."""
+    between the thought and what `compiled` allows (a grammar that starts with text of its own takes none);
+    `spell` writes the markers (a model's control tokens as themselves), by default as text."""
+    spell = spell or json.dumps
     grammars = json.loads(compiled)["grammars"] if compiled.lstrip().startswith("{") else [{"lark_grammar": compiled}]
     answer = grammars[0].get("name") or "answer"
     grammars[0] = {**grammars[0], "name": answer}
-    thought_rule = "thought" if thought.opened else f"({json.dumps(thought.open)} thought)?"
-    lark = (f"start: {thought_rule} {'GAP ' if gap else ''}@{answer}\n"
-            f"thought[lazy]: /(?s:.*)/ {json.dumps(thought.close)}\n" + ("GAP: /[ \\t\\n]*/\n" if gap else ""))
+    thought_rule = "thought" if thought.opened else f"({spell(thought.open)} thought)?"
+    close = spell(thought.close)
+    # Text up to the close marker: lazily where the marker is text; a control token ends the text by itself.
+    body = f"thought: THOUGHT {close}\nTHOUGHT: /(?s:.*)/" if close.startswith("<[") else \
+        f"thought[lazy]: /(?s:.*)/ {close}"
+    lark = f"start: {thought_rule} {'GAP ' if gap else ''}@{answer}\n{body}\n" + ("GAP: /[ \\t\\n]*/\n" if gap else "")
     return json.dumps({"grammars": [{"lark_grammar": lark}, *grammars]})
 
 

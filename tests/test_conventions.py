@@ -3,20 +3,21 @@ the text streams, and held by its grammar (forced and lazy) to the listed functi
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from chat_templates import UNKNOWN, template
 from grammars import accepts, assembled
-from tiny_models import write_model
+from tiny_models import CONTROL, default_tokenizer, write_model
 
-from spec_cli import Pair
+from spec_cli import GenerationRequest, Pair, load_pair
 from spec_cli.conventions import CONVENTIONS, HERMES, Convention, detect, probe_messages, probe_tools
 from spec_cli.models.reports import template_facts
 from spec_cli.server.tool_calls import AnswerSplitter, Tools, call_grammar
 from spec_cli.structured import Thought, after_thought, schema_grammar
 
-from serving import Running
+from serving import NAME, Running
 
 WEATHER = {"name": "get_weather", "parameters": {"type": "object", "properties": {
     "city": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit"]}, "days": {"type": "integer"}},
@@ -111,3 +112,41 @@ def test_spec_models_check_names_the_templates_convention(tmp_path: Path) -> Non
     facts = dict(template_facts(target))
     assert facts["tool calls"].startswith("qwen3-xml (as Qwen3-Coder")
     assert facts["thought"].startswith("opened by the prompt")
+
+
+def with_control_markers(path: Path, markers: tuple[str, ...], chat_template: str) -> Path:
+    """The tiny model over a vocabulary whose last tokens are `markers` as control tokens (as Mistral's GGUFs
+    hold `[TOOL_CALLS]` and `[ARGS]`)."""
+    base = default_tokenizer()
+    tokens = [*base.tokens[:-len(markers)], *markers]
+    types = [*base.types[:-len(markers)], *[CONTROL] * len(markers)]
+    return write_model(path, seed=1, chat_template=chat_template,
+                       tokenizer=replace(base, tokens=tokens, types=types))
+
+
+def test_markers_that_are_control_tokens_are_forced_as_themselves_and_read(tmp_path: Path,
+                                                                           other_draft_path: Path) -> None:
+    markers = ("[TOOL_CALLS]", "[ARGS]")
+    target = with_control_markers(tmp_path / "mistral.gguf", markers, template("mistral"))
+    with load_pair(target, None) as pair:
+        serving = Running(pair, defaults=GenerationRequest(draft_mode="ngram", draft_max=3))
+        try:
+            assert serving.service.convention == convention("mistral")
+            ids = [pair.target.tokenize(marker, add_special=False) for marker in markers]
+            assert all(len(found) == 1 and pair.target.is_control(found[0]) for found in ids)
+            auto = call_grammar(Tools((WEATHER, TIME), "auto"), convention("mistral"), serving.service.spell)
+            assert f"<[{ids[0][0]}]>" in auto and f"<[{ids[1][0]}]>" in auto
+            state = pair.constraints.start(auto)  # free text, then the control token wakes the calls
+            for token in pair.target.tokenize("the cat", add_special=False):
+                state.accept(token)
+            state.accept(ids[0][0])
+            g, w = (max(t for t in range(pair.target.n_vocab) if pair.target.piece(t) == c) for c in (b"g", b"w"))
+            assert state.allows(g) and not state.allows(w)  # get_time, and no other name
+            answer = serving.client().chat.completions.create(
+                model=NAME, messages=[{"role": "user", "content": "time?"}], temperature=0, max_tokens=40,
+                tools=[{"type": "function", "function": TIME}], tool_choice="required", parallel_tool_calls=False)
+        finally:
+            serving.stop()
+    assert answer.choices[0].finish_reason == "tool_calls"
+    assert [(c.function.name, c.function.arguments) for c in answer.choices[0].message.tool_calls] == [
+        ("get_time", "{}")]

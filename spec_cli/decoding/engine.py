@@ -62,10 +62,11 @@ class Generation:
     def __init__(self, target: Context, drafter: Drafter | None, prompt: Sequence[int],
                  sampling: SamplingParams, seed: int, draft_length: DraftLength, max_tokens: int,
                  verify: str = DEFAULT_VERIFY, costs: LoopCosts | None = None,
-                 grammar: Grammar | None = None) -> None:
+                 grammar: Grammar | None = None, control_text: bool = False) -> None:
         """`costs`: running estimates that outlive this generation (the pair's), fed with each round's
         timings; the generation's own timings are in `stats.costs`. `grammar`: the start state of a grammar
-        the output must follow (this generation's own: it advances it)."""
+        the output must follow (this generation's own: it advances it). `control_text`: control tokens are
+        in the text as their own text (by default they write nothing)."""
         self.target = target
         self.drafter = drafter
         self.prompt = list(prompt)
@@ -87,6 +88,7 @@ class Generation:
         self._rng = np.random.default_rng(seed)
         self._noise = GumbelNoise(seed) if verify == GUMBEL else None
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._control_text = control_text
         self._timer = RoundTimer(self.stats, [target, *filter(None, [drafter])],
                                  [self.stats.costs, *filter(None, [costs])])
         self._draft = Draft()  # the round `plan` began
@@ -308,7 +310,7 @@ class Generation:
                 return i
             self._seq.append(x)
             self.token_ids.append(x)
-            piece = self._decoder.decode(model.piece(x))
+            piece = self._decoder.decode(model.piece(x, special=self._control_text))
             self.text += piece
             self.stats.generated_tokens += 1
             self._timer.tick()

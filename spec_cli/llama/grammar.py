@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import collections
 import hashlib
+import json
 import re
 import threading
 import warnings
@@ -216,3 +217,19 @@ def _mask(matcher: llguidance.LLMatcher, n_vocab: int) -> np.ndarray:
     matcher.unsafe_compute_mask_ptr(words.ctypes.data, words.nbytes)
     return np.unpackbits(words.view(np.uint8), count=n_vocab, bitorder="little").view(bool)
 
+
+
+def spelt(model: Model, text: str) -> str:
+    """`text` as a Lark grammar writes it for `model`: each of the model's control tokens in it as itself
+    (`<[id]>`: no plain text spells a control token, and a model writes its markers as them: Mistral's
+    `[TOOL_CALLS]`, LFM2's `<|tool_call_start|>`, gpt-oss's channels), the text between as quoted strings."""
+    parts, rest = [], text
+    for token in model.tokenize(text, add_special=False):
+        if not model.is_control(token):
+            continue
+        marker = model.piece(token, special=True).decode("utf-8", errors="replace")
+        before, found, rest = rest.partition(marker)
+        parts += [json.dumps(before)] if before else []
+        parts += [f"<[{token}]>"] if found else []
+    parts += [json.dumps(rest)] if rest else []
+    return " ".join(parts)

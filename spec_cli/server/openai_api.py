@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from spec_cli.conventions import HERMES, Convention
+from spec_cli.conventions import HERMES, Convention, Spell
 from spec_cli.decoding.stats import Stats
 from spec_cli.request import GenerationRequest, InvalidConstraint, InvalidRequest, shown
 from spec_cli.server.errors import RequestError, unicode_text
@@ -187,19 +187,21 @@ def _response_format(value: object) -> Asked:
                        param="response_format")
 
 
-def structure(request: ApiRequest, convention: Convention = HERMES, thought: Thought | None = None) -> ApiRequest:
+def structure(request: ApiRequest, convention: Convention = HERMES, thought: Thought | None = None,
+              spell: Spell | None = None) -> ApiRequest:
     """`request` with its constraint compiled: llguidance's grammar for what it asked, or for its calls in the
     template's `convention` (forced, or lazy for `tool_choice` "auto"), and the keywords a non-strict schema
     leaves unenforced. Every tool's parameters are checked here too. On a thinking template (`thought`) a chat's
-    JSON answer or calls come after a free thought; a grammar given as text is taken as it is. This is the
+    JSON answer or calls come after a free thought; a grammar given as text is taken as it is. `spell` writes
+    the convention's markers as the model's control tokens where they are (`Service.spell`). This is the
     costly part of checking a request (a large schema takes milliseconds to seconds): the server runs it off
     its event loop."""
     tools, asked = request.tools, request.asked
     if tools is not None:
         for i, function in enumerate(tools.functions):
             checked_parameters(function, f"tools[{i}]")
-        grammar = call_grammar(tools, convention)
-        return replace(request, grammar=after_thought(grammar, thought, gap=tools.forced) if thought else grammar)
+        grammar = call_grammar(tools, convention, spell)
+        return replace(request, grammar=after_thought(grammar, thought, tools.forced, spell) if thought else grammar)
     if asked is None:
         return request
     try:
@@ -209,7 +211,7 @@ def structure(request: ApiRequest, convention: Convention = HERMES, thought: Tho
         compiled = schema_grammar(asked.value, asked.field, asked.strict)
     except InvalidConstraint as exc:
         raise RequestError(exc.named({asked.field: asked.name}), param=asked.field) from None
-    grammar = after_thought(compiled.grammar, thought) if thought else compiled.grammar
+    grammar = after_thought(compiled.grammar, thought, spell=spell) if thought else compiled.grammar
     return replace(request, grammar=grammar, unenforced=compiled.unenforced)
 
 

@@ -30,6 +30,7 @@ from spec_cli.decoding.sampling import settle
 from spec_cli.decoding.scheduler import Scheduler
 from spec_cli.errors import SpecError
 from spec_cli.llama.context import common_prefix
+from spec_cli.llama import grammar
 from spec_cli.llama.grammar import GrammarError
 from spec_cli.llama.prefix_store import PrefixStore
 from spec_cli.llama.prompt_text import PromptText
@@ -176,8 +177,8 @@ class Service:
                                code="constraint_too_complex") from None
 
     def _compile(self, request: ApiRequest) -> ApiRequest:
-        request = (openai_api.structure(request, self.convention, self.thought) if request.endpoint == "chat"
-                   else openai_api.structure(request))
+        request = (openai_api.structure(request, self.convention, self.thought, self.spell)
+                   if request.endpoint == "chat" else openai_api.structure(request))
         if request.grammar is not None:
             try:
                 self.pair.constraints.compile(request.grammar)
@@ -409,7 +410,16 @@ class Service:
         return replace(self.defaults, **request.fields, stop=request.stop, grammar=request.grammar,
                        sampling=settle("model", self.pair.recommended_sampling(), request.sampling),
                        max_tokens=request.max_tokens or self.max_tokens or self.pair.n_ctx,
-                       reasoning_budget=self._budget(request))
+                       reasoning_budget=self._budget(request), control_text=self._reads_markers(request))
+
+    def spell(self, marker: str) -> str:
+        """A convention's marker as a grammar writes it for the target: its control tokens as themselves."""
+        return grammar.spelt(self.pair.target, marker)
+
+    def _reads_markers(self, request: ApiRequest) -> bool:
+        """Whether the answer's text must show the model's control tokens: a chat whose calls or channels the
+        convention marks with them (Mistral's `[TOOL_CALLS]`, gpt-oss's channels) is read through them."""
+        return request.endpoint == "chat" and (request.tools is not None or bool(self.convention.dropped))
 
     def _budget(self, request: ApiRequest) -> ReasoningBudget | None:
         """The request's reasoning budget (or the server's), where its template has a thought to close."""

@@ -23,7 +23,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from spec_cli.conventions import HERMES, Convention, partial_tag, read_call
+from spec_cli.conventions import HERMES, Convention, Spell, partial_tag, read_call
 from spec_cli.request import InvalidConstraint, shown
 from spec_cli.server.errors import RequestError, unicode_text
 from spec_cli.structured import lazy_start, schema_grammar
@@ -135,19 +135,24 @@ def checked_parameters(function: dict[str, Any], where: str) -> None:
                            param=f"{where}.function.parameters") from None
 
 
-def call_grammar(tools: Tools, convention: Convention = HERMES) -> str:
+def call_grammar(tools: Tools, convention: Convention = HERMES, spell: Spell | None = None) -> str:
     """llguidance's grammar for `tools`' calls in `convention`, each call's arguments held to its function's
     parameters schema (each checked by `checked_parameters` first).
 
     Forced (`tool_choice` "required" or a function): the answer is the calls, one of the named function or up
     to `MAX_CALLS` (one when parallel calls are off) of any. Auto: a lazy grammar, as llama.cpp's: any text
     without the convention's trigger, or text up to the trigger and calls from there (a convention without a
-    trigger calls only with its whole answer)."""
+    trigger calls only with its whole answer). `spell` writes the convention's markers (`Service.spell`: a
+    control token of the model as itself); by default as text."""
     chosen = [f for f in tools.functions if tools.choice in ("required", "auto", f["name"])]
-    calls, rules = convention.calls_grammar(chosen, tools.most_calls if tools.choice in ("required", "auto") else 1)
+    calls, rules = convention.calls_grammar(chosen, tools.most_calls if tools.choice in ("required", "auto") else 1,
+                                            spell)
     trigger = convention.trigger
+    spelt = (spell or json.dumps)(trigger) if trigger else ""
     if tools.forced:
-        start = [f"start: {json.dumps(trigger)} calls" if trigger else "start: calls"]
+        start = [f"start: {spelt} calls" if trigger else "start: calls"]
+    elif trigger and spelt.startswith("<["):  # a control token opens the calls: no text spells it
+        start = [f"start: TEXT | TEXT {spelt} calls", "TEXT: /(?s:.*)/"]
     elif trigger:
         start = lazy_start(trigger, "calls")
     else:
