@@ -47,27 +47,17 @@ class Budgeted(Grammar):
             return token == self._forced[0] and (self._inner is None or self._inner.allows(token))
         return self._inner is None or self._inner.allows(token)
 
-    def accept(self, token: int) -> None:
-        if not self.allows(token):
-            raise ValueError(f"the reasoning budget does not allow token {token} here")
-        if self._inner is not None:
-            self._inner.accept(token)
-        self._advance(token)
-
     def clone(self) -> Budgeted:
         twin = Budgeted.__new__(Budgeted)
         twin.__dict__.update(self.__dict__)
         twin._inner = self._inner.clone() if self._inner is not None else None
         return twin
 
-    def after(self, token: int) -> Budgeted | None:
-        if not self.allows(token):
-            return None
-        state = self.clone()
-        state.accept(token)
-        return state
-
     def _advance(self, token: int) -> None:
+        """Past `token` (allowed: `accept` and `after` ask first): the inner grammar, then where the answer
+        stands."""
+        if self._inner is not None:
+            self._inner.accept(token)
         budget = self._budget
         if self._forced:
             self._forced = self._forced[1:]
