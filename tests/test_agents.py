@@ -55,7 +55,7 @@ EARLIER = [{"role": "user", "content": "What is the weather in Oslo, in celsius?
 def test_an_agent_turn_in_each_convention(demo: Pair, convention: str) -> None:
     serving = Running(demo, defaults=GenerationRequest(draft_max=4, draft_mode="model"), template=template(convention))
     try:
-        assert serving.service.convention.name == convention
+        assert serving.service.dialect.convention.name == convention
         client = serving.client()
         options = dict(model=NAME, messages=ASK, tools=[WEATHER, CLOCK], temperature=0, max_tokens=60)
         named = client.chat.completions.create(**options, tool_choice={"type": "function",

@@ -101,8 +101,8 @@ def test_a_constrained_answer_may_follow_a_thought_and_a_trigger_inside_it_wakes
 def test_the_server_reads_the_convention_and_the_thought_off_its_template(chat_pair: Pair, thinking: bool) -> None:
     serving = Running(chat_pair, template=template("qwen3-xml", thinking))
     try:
-        assert serving.service.convention == convention("qwen3-xml")
-        assert serving.service.thought == (Thought(True) if thinking else None)
+        assert serving.service.dialect.convention == convention("qwen3-xml")
+        assert serving.service.dialect.thought == (Thought(True) if thinking else None)
     finally:
         serving.stop()
 
@@ -131,10 +131,10 @@ def test_markers_that_are_control_tokens_are_forced_as_themselves_and_read(tmp_p
     with load_pair(target, None) as pair:
         serving = Running(pair, defaults=GenerationRequest(draft_mode="ngram", draft_max=3))
         try:
-            assert serving.service.convention == convention("mistral")
+            assert serving.service.dialect.convention == convention("mistral")
             ids = [pair.target.tokenize(marker, add_special=False) for marker in markers]
             assert all(len(found) == 1 and pair.target.is_control(found[0]) for found in ids)
-            auto = call_grammar(Tools((WEATHER, TIME), "auto"), convention("mistral"), serving.service.spell)
+            auto = call_grammar(Tools((WEATHER, TIME), "auto"), convention("mistral"), serving.service.dialect.spell)
             assert f"<[{ids[0][0]}]>" in auto and f"<[{ids[1][0]}]>" in auto
             state = pair.constraints.start(auto)  # free text, then the control token wakes the calls
             for token in pair.target.tokenize("the cat", add_special=False):

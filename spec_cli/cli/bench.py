@@ -18,7 +18,7 @@ from spec_cli.concurrency import compare_concurrency
 from spec_cli.concurrency import report as concurrency_report
 from spec_cli.decoding.scheduler import MAX_SEQUENCES
 from spec_cli.decoding.verification import DEFAULT_VERIFY
-from spec_cli.drafting.modes import FED_MODES, MODES, mode
+from spec_cli.drafting.modes import MODES, mode
 from spec_cli.errors import SpecError
 from spec_cli.request import AUTO, GenerationRequest, draft_max_from_text
 from spec_cli.terminal.output import note

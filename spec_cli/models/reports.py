@@ -12,6 +12,7 @@ from pathlib import Path
 from spec_cli import __version__, conventions
 from spec_cli.decoding.draft_length import AUTO_K_MAX
 from spec_cli.drafting import cost_book
+from spec_cli.dialect import Dialect
 from spec_cli.errors import SpecError
 from spec_cli.llama import features, gguf, kernels, rpc
 from spec_cli.llama.model import Model, supports_gpu_offload, versions
@@ -100,19 +101,16 @@ def memory_facts(target: Path, draft: Path | None, draft_max: int) -> list[tuple
 
 
 def template_facts(target: Path) -> list[tuple[str, str]]:
-    """How the target's chat template writes tool calls (`conventions.read_off`), and whether it thinks first."""
+    """How the target's chat template writes tool calls, and whether its prompt opens a thought (`Dialect`)."""
     model = Model(target, vocab_only=True)
     try:
         if model.chat_template() is None:
             return [("tool calls", "no chat template in the GGUF (give one with --chat-format)")]
-        try:
-            found = conventions.read_off(lambda messages, **options: model.format_chat(messages, **options).text)
-        except SpecError as exc:
-            return [("tool calls", f"the template fails on a past call ({exc}): the generic <tool_call> JSON")]
-        thinking = model.format_chat([{"role": "user", "content": "hi"}]).text.rstrip().endswith(
-            (found or conventions.HERMES).think_open)
-        return [("tool calls", conventions.in_words(found)),
-                ("thought", "opened by the prompt: a constrained answer comes after it" if thinking else "not opened")]
+        dialect = Dialect(model)
+        thought = dialect.thought
+        opened = "opened by the prompt: a constrained answer comes after it" if thought and thought.opened else \
+            "the model may open one: a constrained answer may come after it" if thought else "none"
+        return [("tool calls", conventions.in_words(dialect.known_convention)), ("thought", opened)]
     finally:
         model.close()
 

@@ -125,7 +125,7 @@ async def _answer(request: Request, api_request: ApiRequest, id_prefix: str) -> 
             answer = Answer(f"{id_prefix}-{uuid.uuid4().hex}", int(time.time()), service.name, api_request.endpoint,
                             api_request.unenforced)
             # A chat's answer is read for a thought and tool calls; a completion's text is the answer.
-            splitter = (AnswerSplitter(api_request.tools, first.thinking, service.convention)
+            splitter = (AnswerSplitter(api_request.tools, first.thinking, service.dialect.convention)
                         if api_request.endpoint == "chat" else None)
             if api_request.stream:
                 return StreamingResponse(_stream(job, answer, first, splitter), media_type="text/event-stream",

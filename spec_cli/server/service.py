@@ -13,7 +13,6 @@ import asyncio
 import collections
 import concurrent.futures
 import contextlib
-import functools
 import os
 import sys
 import threading
@@ -22,15 +21,13 @@ import traceback
 from dataclasses import dataclass, replace
 from typing import Callable
 
-from spec_cli import conventions
-from spec_cli.conventions import Convention
 from spec_cli.decoding.engine import Generation, TokenEvent
 from spec_cli.decoding.prompt_cache import PromptCache
 from spec_cli.decoding.sampling import settle
 from spec_cli.decoding.scheduler import Scheduler
+from spec_cli.dialect import Dialect
 from spec_cli.errors import SpecError
 from spec_cli.llama.context import common_prefix
-from spec_cli.llama import grammar
 from spec_cli.llama.grammar import GrammarError
 from spec_cli.llama.prefix_store import PrefixStore
 from spec_cli.llama.prompt_text import PromptText
@@ -41,7 +38,6 @@ from spec_cli.server.errors import RequestError
 from spec_cli.server.openai_api import PARAMS, ApiRequest
 from spec_cli.server.stop_strings import StopStrings
 from spec_cli.server.tool_calls import spelt_out, template_messages
-from spec_cli.structured import Thought
 from spec_cli.summary import summary_line
 
 DEFAULT_QUEUE = 16
@@ -143,6 +139,7 @@ class Service:
         self.pair, self.name, self.defaults, self.queue_size = pair, name, defaults, queue_size
         self.max_tokens = max_tokens
         self.template, self.log = template, log
+        self.dialect = Dialect(pair.target, template, log)  # how the template has its model talk
         self.parallel = parallel
         self._slots = pair.slots(parallel)
         self._caches = {id(slot): PromptCache() for slot in self._slots}
@@ -177,7 +174,8 @@ class Service:
                                code="constraint_too_complex") from None
 
     def _compile(self, request: ApiRequest) -> ApiRequest:
-        request = (openai_api.structure(request, self.convention, self.thought, self.spell)
+        dialect = self.dialect
+        request = (openai_api.structure(request, dialect.convention, dialect.thought, dialect.spell)
                    if request.endpoint == "chat" else openai_api.structure(request))
         if request.grammar is not None:
             try:
@@ -294,7 +292,7 @@ class Service:
             return
         # A template that opens a thought starts the answer inside it (a grammar lets the thought come first).
         opened = request.endpoint == "chat" and prompt is not None and \
-            prompt.text.rstrip().endswith(self.convention.think_open)
+            prompt.text.rstrip().endswith(self.dialect.convention.think_open)
         job.post(Started(generation, thinking=opened))
         with self._lock:
             self._free.remove(slot)
@@ -410,21 +408,13 @@ class Service:
         return replace(self.defaults, **request.fields, stop=request.stop, grammar=request.grammar,
                        sampling=settle("model", self.pair.recommended_sampling(), request.sampling),
                        max_tokens=request.max_tokens or self.max_tokens or self.pair.n_ctx,
-                       reasoning_budget=self._budget(request), control_text=self._reads_markers(request))
-
-    def spell(self, marker: str) -> str:
-        """A convention's marker as a grammar writes it for the target: its control tokens as themselves."""
-        return grammar.spelt(self.pair.target, marker)
-
-    def _reads_markers(self, request: ApiRequest) -> bool:
-        """Whether the answer's text must show the model's control tokens: a chat whose calls or channels the
-        convention marks with them (Mistral's `[TOOL_CALLS]`, gpt-oss's channels) is read through them."""
-        return request.endpoint == "chat" and (request.tools is not None or bool(self.convention.dropped))
+                       reasoning_budget=self._budget(request),
+                       control_text=request.endpoint == "chat" and self.dialect.reads_markers(request.tools is not None))
 
     def _budget(self, request: ApiRequest) -> ReasoningBudget | None:
         """The request's reasoning budget (or the server's), where its template has a thought to close."""
         tokens = request.reasoning_budget if request.reasoning_budget is not None else self.reasoning_budget
-        thought = self.thought if request.endpoint == "chat" else None
+        thought = self.dialect.thought if request.endpoint == "chat" else None
         if tokens is None or thought is None:
             return None
         return ReasoningBudget(tokens, thought.close, None if thought.opened else thought.open)
@@ -460,42 +450,7 @@ class Service:
         model, messages, tools = self.pair.target, request.messages, request.tools
         if tools is None and not any(m.get("tool_calls") or m["role"] == "tool" for m in messages):
             return model.format_chat(messages, template=self.template)
-        if self._template_takes_tools:
+        if self.dialect.takes_tools:
             return model.format_chat(template_messages(messages), template=self.template,
                                      tools=tools.as_template_takes_them() if tools is not None else None)
         return model.format_chat(spelt_out(messages, tools), template=self.template)
-
-    @functools.cached_property
-    def _template_takes_tools(self) -> bool:
-        """Whether the chat template shows the tools it is given (the probe tool's name appears in its prompt)."""
-        shown_with = self.pair.target.format_chat([{"role": "user", "content": "hi"}], template=self.template,
-                                                  tools=conventions.probe_tools())
-        return conventions.PROBE_NAME in shown_with.text
-
-    @functools.cached_property
-    def convention(self) -> Convention:
-        """How the template writes tool calls, read off its rendering of a probe call; the generic convention
-        for a template that knows nothing of tools, or writes calls some other way (said once in the log)."""
-        if not self._template_takes_tools:
-            return conventions.HERMES
-        try:
-            found = conventions.read_off(lambda messages, **options: self.pair.target.format_chat(
-                messages, template=self.template, **options).text)
-        except SpecError:  # the template's own error on a past call (raise_exception, a field it wants)
-            found = None
-        if found is None:
-            self.log("the chat template's tool-call convention is not one spec knows; calls are read and forced in "
-                     "the generic <tool_call> JSON")
-        return found or conventions.HERMES
-
-    @functools.cached_property
-    def thought(self) -> Thought | None:
-        """Whether the template lets its model think before it answers: a prompt that ends in the thought's
-        open marker opens one; a template that writes the close marker lets the model open one itself."""
-        convention = self.convention
-        prompt = self.pair.target.format_chat([{"role": "user", "content": "hi"}], template=self.template).text
-        if prompt.rstrip().endswith(convention.think_open):
-            return Thought(True, convention.think_open, convention.think_close)
-        source = self.template or self.pair.target.chat_template() or ""
-        return Thought(False, convention.think_open, convention.think_close) if convention.think_close in source \
-            else None
