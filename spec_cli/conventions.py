@@ -221,10 +221,6 @@ CONVENTIONS = (
 )
 
 
-def named(name: str) -> Convention:
-    return next(c for c in CONVENTIONS if c.name == name)
-
-
 def probe_messages(call: bool = True) -> list[dict[str, Any]]:
     """A conversation holding one past call of the probe function and its result (or, without `call`, a
     plain answer in its place: the two renderings differ in the call alone)."""
@@ -254,12 +250,10 @@ def detect(with_call: str, without_call: str) -> Convention | None:
 
 
 def read_off(render: Callable[..., str]) -> Convention | None:
-    """The convention of the template `render` renders with (`Model.format_chat`'s arguments, giving text):
-    None when the template shows no tools, or writes calls no known way."""
-    tools = probe_tools()
-    if PROBE_NAME not in render([{"role": "user", "content": "probe"}], tools=tools):
-        return None
-    return detect(*(render(probe_messages(call), tools=tools, add_generation_prompt=False) for call in (True, False)))
+    """The convention of a template that shows tools, `render` rendering with it (`Model.format_chat`'s
+    arguments, giving text): None when it writes calls no known way."""
+    return detect(*(render(probe_messages(call), tools=probe_tools(), add_generation_prompt=False)
+                    for call in (True, False)))
 
 
 def in_words(convention: Convention | None) -> str:
@@ -290,7 +284,8 @@ def read_call(convention: Convention, functions: Functions, text: str, final: bo
     return reading
 
 
-def _settled_json(convention: Convention, raw: str, wrapped: bool, final: bool, ends_at: int | None = None) -> Reading:
+def _settled_json(convention: Convention, raw: str, wrapped: bool, final: bool,
+                  ends_at: int | None = None) -> Reading:
     """Arguments written as JSON, up to the call's close (or `ends_at`): what is settled, and whether the call
     is whole. A convention without a close ends a call at the next one's opening."""
     close = convention.call_close or convention.call_open
