@@ -65,7 +65,7 @@ class Convention:
                       spell: Spell | None = None) -> tuple[str, list[str]]:
         """Lark: (the calls' text after the trigger, or whole when there is none, as rule `calls`; the rules it
         uses), for 1 to `most` calls of `functions`. `spell` writes a marker for the grammar (a model's control
-        tokens as themselves, `Service.spell`); by default as text."""
+        tokens as themselves, `Dialect.spell`); by default as text."""
         spell = spell or _lit
         rules = [f"call: {spell(self.call_open)} body {spell(self.call_close)}",
                  *_BODY_GRAMMARS[self.shape](self, functions, spell)]

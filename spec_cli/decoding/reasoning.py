@@ -21,21 +21,23 @@ from spec_cli.request import ReasoningBudget
 
 class Budgeted(Grammar):
     """The state of a reasoning budget over `inner` (the request's grammar, or None): where the answer stands
-    (before a thought may open, thinking, forced to close, after), the thought's tokens and text so far."""
+    (before a thought may open, thinking, forced to close, after), the thought's tokens so far and the tail of
+    its text a close marker may be ending in."""
 
     def __init__(self, inner: Grammar | None, budget: ReasoningBudget, model: Model) -> None:
         self._inner, self._budget, self._model = inner, budget, model
         self._phase = "thinking" if budget.open is None else "before"
         self._spent = 0
-        self._text = b""  # the answer's text before a thought opens, or the thought's since it opened
+        self._text = b""  # the answer's text before a thought opens, or the thought's tail the close may end in
         self._forced: tuple[int, ...] = ()  # the close marker's tokens still to come
+        self._free = np.ones(model.n_vocab, dtype=bool)  # the mask without an inner grammar, shared by clones
 
     def mask(self) -> np.ndarray:
         if self._forced:
             mask = np.zeros(self._model.n_vocab, dtype=bool)
             mask[self._forced[0]] = True
             return mask & self._inner.mask() if self._inner is not None else mask
-        return self._inner.mask() if self._inner is not None else np.ones(self._model.n_vocab, dtype=bool)
+        return self._inner.mask() if self._inner is not None else self._free
 
     def allowed_tokens(self) -> np.ndarray:
         if self._forced or self._inner is None:
@@ -74,8 +76,10 @@ class Budgeted(Grammar):
         if self._phase != "thinking":
             return
         self._spent += 1
-        self._text += self._model.piece(token, special=True)
-        if budget.close.encode() in self._text:
+        close = budget.close.encode()
+        tail = self._text[max(0, len(self._text) - len(close) + 1):]  # where a close may have begun: no rescan
+        self._text = tail + self._model.piece(token, special=True)
+        if close in self._text:
             self._phase = "after"
         elif self._spent >= budget.tokens:
             self._forced = tuple(self._model.tokenize(budget.close, add_special=False))

@@ -193,7 +193,7 @@ def structure(request: ApiRequest, convention: Convention = HERMES, thought: Tho
     template's `convention` (forced, or lazy for `tool_choice` "auto"), and the keywords a non-strict schema
     leaves unenforced. Every tool's parameters are checked here too. On a thinking template (`thought`) a chat's
     JSON answer or calls come after a free thought; a grammar given as text is taken as it is. `spell` writes
-    the convention's markers as the model's control tokens where they are (`Service.spell`). This is the
+    the convention's markers as the model's control tokens where they are (`Dialect.spell`). This is the
     costly part of checking a request (a large schema takes milliseconds to seconds): the server runs it off
     its event loop."""
     tools, asked = request.tools, request.asked

@@ -142,7 +142,7 @@ def call_grammar(tools: Tools, convention: Convention = HERMES, spell: Spell | N
     Forced (`tool_choice` "required" or a function): the answer is the calls, one of the named function or up
     to `MAX_CALLS` (one when parallel calls are off) of any. Auto: a lazy grammar, as llama.cpp's: any text
     without the convention's trigger, or text up to the trigger and calls from there (a convention without a
-    trigger calls only with its whole answer). `spell` writes the convention's markers (`Service.spell`: a
+    trigger calls only with its whole answer). `spell` writes the convention's markers (`Dialect.spell`: a
     control token of the model as itself); by default as text."""
     chosen = [f for f in tools.functions if tools.choice in ("required", "auto", f["name"])]
     calls, rules = convention.calls_grammar(chosen, tools.most_calls if tools.choice in ("required", "auto") else 1,
