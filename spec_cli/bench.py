@@ -253,6 +253,7 @@ def compare(pair: Pair, configs: Sequence[Config], prompts: Mapping[str | None, 
                                             seed=round_number * len(task_prompts) + prompt_number,
                                             draft_max=config.draft_max, draft_mode=config.draft_mode,
                                             verify=config.verify, max_tokens=max_tokens)
+                runner.output_memory.forget()  # another configuration's run of this prompt wrote its answer
                 generation = runner.generate(prompt, request, raw=raw)
                 for _event in generation:
                     pass

@@ -58,6 +58,7 @@ def run_batch(scheduler: Scheduler, slots: Sequence[Slot], prompts: Sequence[lis
               requests: Sequence[GenerationRequest], batch: Batch) -> None:
     """Start every prompt at once on its own slot and run the scheduler until all have finished; add the
     figures to `batch`."""
+    slots[0].pair.output_memory.forget()  # the last batch's answers to these very prompts
     started = time.perf_counter()
     generations = [slot.generate(tokens, request) for slot, tokens, request in zip(slots, prompts, requests)]
     first: dict[int, float] = {}

@@ -22,7 +22,9 @@ from spec_cli.decoding.engine import Generation
 from spec_cli.decoding.reasoning import Budgeted
 from spec_cli.decoding.sampling import recommended
 from spec_cli.drafting import cost_book
+from spec_cli.drafting import memory_file
 from spec_cli.drafting.modes import MODES, Drafting, Sources
+from spec_cli.drafting.recall import OutputMemory
 from spec_cli.drafting.translation import Translation
 from spec_cli.errors import SpecError
 from spec_cli.llama import features
@@ -57,6 +59,9 @@ class Pair:
         self._models = [m for m in (target, draft) if m is not None]
         self.drafter_file = features.drafter_file(draft) if draft is not None else None
         found = self.drafter_file
+        # Every output the pair writes, for every slot to draft from (`recall`); `keep_memory` makes it last.
+        self.output_memory = OutputMemory(memory_file.vocabulary_key(target))
+        self.memory_path: Path | None = None
         try:
             if draft is not None and found is not None:
                 features.check_pair(target, draft, found)
@@ -66,7 +71,8 @@ class Pair:
                                                 feature_layers=found.target_layers if found else ())
             self.draft_context = self._context(draft, n_ctx, n_threads, 0) if draft and not found else None
             self.head_context = self._add(HeadContext(target, self.n_ctx, n_threads)) if target.mtp_loaded else None
-            sources = Sources(self.target_context, self.draft_context, self.head_context, translation)
+            sources = Sources(self.target_context, self.draft_context, self.head_context, translation,
+                              memory=self.output_memory)
             if draft is not None and found is not None and found.kind == features.EAGLE3:
                 sources = replace(sources, eagle3=self._add(HeadContext(draft, self.n_ctx, n_threads,
                                                                         target=self.target_context)))
@@ -200,7 +206,8 @@ class Pair:
         targets = self._sequences(self.target, n, hidden_states=own.hidden is not None,
                                   feature_layers=own.feature_layers)
         drafts = self._sequences(self.draft, n) if self.draft_context is not None else [None] * n
-        return [Slot(self, target, Drafting(self._fed(Sources(target, draft, translation=self.translation))))
+        return [Slot(self, target, Drafting(self._fed(Sources(target, draft, translation=self.translation,
+                                                              memory=self.output_memory))))
                 for target, draft in zip(targets, drafts)]
 
     def _sequences(self, model: Model, n: int, hidden_states: bool = False,
@@ -233,12 +240,28 @@ class Pair:
         except GrammarError as exc:
             raise InvalidConstraint("grammar", f"{{name}} {exc.reason}") from None
 
+    def keep_memory(self, path: Path) -> str | None:
+        """Start the memory from `path` and save it there when the pair closes; a file that cannot be used is
+        left alone (and replaced at the save): the line that says why is returned."""
+        self.memory_path = path
+        try:
+            self.output_memory.load(path)
+        except memory_file.MemoryFileError as exc:
+            return f"ignoring the memory file {path}: {exc}; it will be replaced"
+        return None
+
     def close(self) -> None:
-        """Free the models, after keeping what drafting measured in the cost book."""
+        """Free the models, after keeping what drafting measured in the cost book and what the memory learnt in
+        its file (`keep_memory`)."""
         learnt = self.drafting.learnt()
         if learnt is not None:
             cost_book.write(self._book_key, {**learnt, "pair": [model.path.name for model in self._models]})
         self._free()
+        if self.memory_path is not None:
+            try:
+                self.output_memory.save(self.memory_path)
+            except OSError as exc:
+                raise SpecError(f"cannot save the memory to {self.memory_path}: {exc.strerror or exc}") from None
 
     def _free(self) -> None:
         for context in self._contexts:

@@ -192,7 +192,7 @@ def test_bench_on_a_recurrent_pair_shows_the_rollback_share(tmp_path: Path) -> N
     assert result.exit_code == 0, result.output
     assert "rollback" in result.stdout
     configs = json.loads(out.read_text())["configs"]  # by default, the default beside every mode it chooses among
-    assert [c["label"] for c in configs] == ["target alone", "model K=4", "ngram K=4", "hybrid K=4"]
+    assert [c["label"] for c in configs] == ["target alone", "model K=4", "ngram K=4", "memory K=4", "hybrid K=4"]
     alone, speculative = configs[:2]
     assert alone["time_share"]["rollback"] == 0  # nothing drafted, nothing to take back
     assert 0 < speculative["time_share"]["rollback"] < speculative["time_share"]["verify"] + \

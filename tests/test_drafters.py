@@ -232,7 +232,7 @@ def test_the_ngram_lookups_host_time_is_priced() -> None:
     drafter, _ = hybrid(model_accepts=4, ngram_accepts=4)
     assert choice(drafter, MATCH) == "ngram"
     drafter, _ = hybrid(model_accepts=4, ngram_accepts=4)
-    drafter.ngram = SlowLookup(n_vocab=100)
+    drafter.lookup = SlowLookup(n_vocab=100)
     assert choice(drafter, MATCH) == "model"
 
 

@@ -67,7 +67,7 @@ def kind(pair: Pair) -> str:
 def test_the_drafter_file_selects_its_mode_and_the_target_keeps_its_layers(pair: Pair) -> None:
     found = pair.drafter_file
     assert found is not None and pair.default_draft_mode == "hybrid" and pair.drafting.own_models() == (found.kind,)
-    assert pair.drafting_modes == (found.kind, "ngram", "hybrid") and pair.draft_context is None
+    assert pair.drafting_modes == (found.kind, "ngram", "memory", "hybrid") and pair.draft_context is None
     assert pair.target_context.feature_layers == found.target_layers
     assert found.target_layers == ((0, 1, 1) if found.kind == "eagle3" else (0, 1))
     if found.kind == "dflash":

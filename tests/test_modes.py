@@ -17,14 +17,15 @@ from spec_cli.drafting.hybrid import HybridDrafter
 from spec_cli.drafting.model import ModelDrafter
 from spec_cli.drafting.modes import MODES, Mode
 from spec_cli.drafting.ngram import NgramDrafter
+from spec_cli.drafting.recall import MemoryDrafter
 from spec_cli.llama.grammar import Grammar
 
 PROMPT = "the cat and the dog"
 
 
 def test_what_a_pair_can_draft_with_and_its_default(alone: Pair, other: Pair) -> None:
-    assert alone.drafting_modes == ("ngram", "hybrid") and alone.default_draft_mode == "hybrid"
-    assert other.drafting_modes == ("model", "ngram", "hybrid") and other.default_draft_mode == "hybrid"
+    assert alone.drafting_modes == ("ngram", "memory", "hybrid") and alone.default_draft_mode == "hybrid"
+    assert other.drafting_modes == ("model", "ngram", "memory", "hybrid") and other.default_draft_mode == "hybrid"
     assert alone.drafting.own_models() == () and other.drafting.own_models() == ("model",)
     with pytest.raises(SpecError, match="^draft mode 'model' needs a draft model; give one, or use --draft-mode ngram$"):
         alone.drafting.check("model")
@@ -36,11 +37,13 @@ def test_each_mode_builds_its_drafter(other: Pair) -> None:
     built = {name: other.drafting.build(name, 0.0, 4) for name in other.drafting.modes}
     assert isinstance(built["model"][0], ModelDrafter) and isinstance(built["ngram"][0], NgramDrafter)
     hybrid, cap = built["hybrid"]
+    assert isinstance(built["memory"][0], MemoryDrafter)
     assert isinstance(hybrid, HybridDrafter) and list(hybrid.own) == ["model"]
+    assert isinstance(hybrid.lookup, MemoryDrafter) and hybrid.lookup.memory is other.output_memory
     assert isinstance(hybrid.own["model"], ModelDrafter)
     # K is the model's; n-gram proposals cost little to make, so their own controller sets their length.
     assert hybrid.state.lengths["model"].next_k() == 4 and cap.next_k() == AUTO_K_MAX
-    assert isinstance(hybrid.state.lengths["ngram"], AdaptiveK)
+    assert isinstance(hybrid.state.lengths["memory"], AdaptiveK)
     assert other.drafting.build("none", 0.0, 4)[0] is None
     # K controllers are kept across generations: what they learnt carries over.
     assert other.drafting.build("model", 0.0, "auto")[1] is other.drafting.build("model", 0.0, "auto")[1]

@@ -179,7 +179,7 @@ def test_a_registry_pair_without_a_draft_file_drafts_with_the_head(mtp_pair_name
     assert ran.exit_code == 0, ran.output
     stats = json.loads(ran.stdout)["stats"]  # the default chooses among the head, n-gram lookup and no draft
     assert stats["draft_mode"] == "hybrid" and stats["adaptive_k"]
-    assert set(stats["ways"]) <= {"mtp", "ngram", "none"}
+    assert set(stats["ways"]) <= {"mtp", "memory", "none"}
     pinned = json.loads(spec("run", "--pair", mtp_pair_name, "--raw", "-n", "24", "--json", "--draft-mode", "mtp",
                              "the cat").stdout)["stats"]
     assert pinned["draft_mode"] == "mtp" and pinned["draft_max"] == 3 and pinned["drafted"] > 0
@@ -215,7 +215,7 @@ def test_with_a_draft_model_too_each_drafter_is_priced_with_its_own_steps(mtp_pa
     """A pair that drafts with a model and with its head keeps their step costs apart, so -k auto and the
     hybrid price each with what its own steps cost."""
     with load_pair(mtp_path, other_draft_path) as both:
-        assert both.drafting_modes == ("model", "mtp", "ngram", "hybrid") and both.default_draft_mode == "hybrid"
+        assert both.drafting_modes == ("model", "mtp", "ngram", "memory", "hybrid") and both.default_draft_mode == "hybrid"
         assert both.drafting.own_models() == ("model", "mtp")
         head_rounds = greedy(both, "the cat", draft_mode="mtp", draft_max=3)
         assert head_rounds.stats.drafted > 0

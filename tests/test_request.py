@@ -27,7 +27,7 @@ HELLO = [{"role": "user", "content": "hello"}]
     ({"draft_max": 2.0}, "draft_max", "draft-max must be a number from 0 to 64 or 'auto', got 2.0"),
     ({"draft_max": "many"}, "draft_max", "draft-max must be a number from 0 to 64 or 'auto', got 'many'"),
     ({"draft_mode": "psychic"}, "draft_mode",
-     "unknown draft mode 'psychic'; choose one of: model, eagle3, dflash, mtp, ngram, hybrid, none"),
+     "unknown draft mode 'psychic'; choose one of: model, eagle3, dflash, mtp, ngram, memory, hybrid, none"),
     ({"draft_p_min": 1.0}, "draft_p_min", "draft-p-min must be in [0, 1), got 1.0"),
     ({"verify": "trust"}, "verify", "unknown verification 'trust'; choose one of: block, token, gumbel"),
     ({"max_tokens": 0}, "max_tokens", "max-tokens must be >= 1, got 0"),

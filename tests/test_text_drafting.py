@@ -73,7 +73,7 @@ def bpe_pair(files: dict[str, Path]) -> Iterator[Pair]:
 
 def test_a_pair_of_different_vocabularies_loads_with_a_translation(bpe_pair: Pair) -> None:
     assert bpe_pair.translation is not None
-    assert bpe_pair.drafting_modes == ("model", "ngram", "hybrid")
+    assert bpe_pair.drafting_modes == ("model", "ngram", "memory", "hybrid")
 
 
 def test_shared_tokens_spell_alike_in_both_vocabularies(bpe_pair: Pair) -> None:

@@ -16,11 +16,13 @@ import typer
 from spec_cli.cli.common import ThreadsOpt, csv_list, or_default, resolve_files
 from spec_cli.decoding.sampling import SAMPLING_ORDER, SAMPLING_PRESETS, SamplingParams, settle
 from spec_cli.drafting.modes import MODES, mode_help
+from spec_cli.drafting.recall import corpus_files
 from spec_cli.errors import SpecError
 from spec_cli.llama import kernels, rpc
 from spec_cli.llama.model import supports_gpu_offload
 from spec_cli.models import registry
 from spec_cli.pair import DEFAULT_CTX, Pair, load_pair
+from spec_cli.paths import cache_dir
 from spec_cli.request import AUTO, MAX_K, GenerationRequest, draft_max_from_text
 from spec_cli.structured import Constraint
 from spec_cli.terminal.output import note
@@ -58,6 +60,9 @@ GrammarOpt = Annotated[Optional[str], typer.Option("--grammar", help="Grammar th
 GrammarFileOpt = Annotated[Optional[Path], typer.Option("--grammar-file", help="File holding a GBNF or Lark grammar.", show_default=False)]
 JsonSchemaOpt = Annotated[Optional[str], typer.Option("--json-schema", "-j", help="JSON Schema the output must follow (compiled by llguidance; a keyword it cannot enforce is refused by name), e.g. '{\"type\": \"object\"}'.", show_default=False)]
 JsonSchemaFileOpt = Annotated[Optional[Path], typer.Option("--json-schema-file", help="File holding a JSON Schema.", show_default=False)]
+MemoryOpt = Annotated[Optional[Path], typer.Option("--memory", help="File the memory of earlier outputs is read from at the start and saved to at the end, shared safely by processes at once (memory drafting; the hybrid default uses it).", show_default=False)]
+NoMemoryOpt = Annotated[bool, typer.Option("--no-memory", help="Neither read nor save a memory file: draft from this run's prompts and outputs alone.")]
+LookupCorpusOpt = Annotated[Optional[list[Path]], typer.Option("--lookup-corpus", help="Text files, or folders of them, to draft from as well (e.g. the repository the prompts are about); repeat for more.", show_default=False)]
 SeedOpt = Annotated[Optional[int], typer.Option("--seed", help="Random seed; the same seed gives the same text with the same draft and K, and with --verify gumbel whatever drafts it or none (default, or -1: random, as in llama.cpp).", show_default=False)]
 
 
@@ -81,6 +86,38 @@ class Sampling:
         """The preset (with the target's recommended settings) under the flags given."""
         assert self.preset is not None, "checked() first"
         return settle(self.preset, pair.recommended_sampling(), self.given)
+
+
+@dataclass(frozen=True)
+class MemoryOptions:
+    """The memory flags as given: its file (None: the command's default), none at all, a corpus."""
+
+    memory_file: Path | None = None
+    no_memory: bool = False
+    lookup_corpus: list[Path] | None = None
+
+    def checked(self) -> MemoryOptions:
+        """Refuse what cannot work, before any model loads."""
+        if self.no_memory and self.memory_file is not None:
+            raise SpecError("give either --memory FILE or --no-memory, not both")
+        corpus_files(self.lookup_corpus or [])
+        return self
+
+    def apply(self, pair: Pair, default_file: bool, quiet: bool) -> None:
+        """Start the pair's memory from its file (this one, or with `default_file` the one under the cache folder
+        for the target's vocabulary) and read the corpus."""
+        path = self.memory_file
+        if path is None and default_file and not self.no_memory:
+            path = cache_dir() / "memory" / f"{pair.output_memory.vocabulary}.npz"
+        if path is not None:
+            ignored = pair.keep_memory(path)
+            if ignored is not None:
+                note(ignored)
+        if self.lookup_corpus:
+            files, tokens = pair.output_memory.read_corpus(
+                self.lookup_corpus, lambda text: pair.target.tokenize(text, add_special=False))
+            if not quiet:
+                note(f"drafting from a corpus of {files} files ({tokens:,} tokens) as well")
 
 
 @dataclass(frozen=True)
@@ -265,6 +302,9 @@ samples = with_options("sampling", {
     "repeat_penalty": RepeatPenaltyOpt, "repeat_last_n": RepeatLastNOpt, "presence_penalty": PresencePenaltyOpt,
     "frequency_penalty": FrequencyPenaltyOpt},
     lambda preset, **given: Sampling(preset, {name: value for name, value in given.items() if value is not None}))
+# The memory options: `memory: MemoryOptions` in a command.
+remembers = with_options("memory", {"memory_file": MemoryOpt, "no_memory": NoMemoryOpt,
+                                    "lookup_corpus": LookupCorpusOpt}, MemoryOptions)
 # The structured-output options: `constraint: Constraint` in a command.
 constrains = with_options("constraint", {"grammar": GrammarOpt, "grammar_file": GrammarFileOpt,
                                          "json_schema": JsonSchemaOpt, "json_schema_file": JsonSchemaFileOpt},

@@ -8,9 +8,9 @@ from typing import Annotated, Optional
 import typer
 
 from spec_cli.cli.common import EXIT_INTERRUPTED, silence_stdout, user_errors
-from spec_cli.cli.options import (DraftMaxOpt, DraftModeOpt, DraftPMinOpt, LoadOptions, NoDraftOpt, QuietOpt,
-                                  RequestFlags, Sampling, SeedOpt, VerifyOpt, constrains, loads_pair, open_pair,
-                                  samples)
+from spec_cli.cli.options import (DraftMaxOpt, DraftModeOpt, DraftPMinOpt, LoadOptions, MemoryOptions, NoDraftOpt,
+                                  QuietOpt, RequestFlags, Sampling, SeedOpt, VerifyOpt, constrains, loads_pair,
+                                  open_pair, remembers, samples)
 from spec_cli.decoding.engine import Generation
 from spec_cli.decoding.verification import DEFAULT_VERIFY
 from spec_cli.errors import SpecError
@@ -37,6 +37,8 @@ Examples:
 
   spec run --target model.gguf --draft-mode ngram "Fix the typos: ..."
 
+  spec run --draft-mode memory --lookup-corpus src/ "Explain what parse_args in src/cli.py does."
+
   spec run --no-draft --json "Hello" | jq .stats.tokens_per_second
 
   (echo "Extract the invoice as JSON:"; cat invoice.txt) | spec run --json-schema-file invoice.schema.json - > invoice.json
@@ -52,6 +54,7 @@ Examples:
 @loads_pair
 @samples
 @constrains
+@remembers
 def run(
     prompt: Annotated[Optional[str], typer.Argument(help="The prompt; '-' or nothing reads it from stdin.", show_default=False)] = None,
     load: LoadOptions = LoadOptions(),
@@ -60,6 +63,7 @@ def run(
     draft_p_min: DraftPMinOpt = 0.0,
     sampling: Sampling = Sampling(),
     constraint: Constraint = Constraint(),
+    memory: MemoryOptions = MemoryOptions(),
     verify: VerifyOpt = DEFAULT_VERIFY,
     seed: SeedOpt = None,
     max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", min=1, help="Stop after this many generated tokens.")] = 256,
@@ -79,7 +83,9 @@ def run(
         flags = RequestFlags.from_flags(draft_max, draft_mode, no_draft, sampling.checked("greedy"), seed=seed,
                                         verify=verify, draft_p_min=draft_p_min, max_tokens=max_tokens,
                                         grammar=constraint.compiled())
+        memory = memory.checked()
         with open_pair(load.for_request(flags, no_draft, quiet)) as loaded:
+            memory.apply(loaded.pair, default_file=True, quiet=quiet)
             if not raw and not loaded.pair.has_chat_template:
                 if not quiet:
                     note(f"{loaded.pair.target.path.name} has no chat template; sending the prompt as raw text")

@@ -98,3 +98,7 @@ class Drafter:
 
     def rewind(self, n_keep: int) -> None:
         """Only the first `n_keep` tokens of the sequence last proposed from are still valid."""
+
+    def done(self, tokens: Sequence[int], n_prompt: int) -> None:
+        """The generation is over: `tokens` is its whole sequence, the first `n_prompt` of them its prompt (a
+        drafter that learns from outputs keeps them)."""

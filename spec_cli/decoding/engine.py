@@ -82,6 +82,7 @@ class Generation:
         self.finish_reason: str | None = None
         self.error: Exception | None = None
         self._started = False
+        self._closed = False
         self._seq = list(self.prompt)
         self._grammar = grammar
         self._states: list[Grammar | None] = [grammar]  # the grammar's state before each row of a round
@@ -106,9 +107,7 @@ class Generation:
             while self.check_limits() is None:
                 yield from self._round()
         finally:
-            if self.finish_reason is None:
-                self.finish_reason = "interrupted"
-            self._rewind()
+            self.close()
 
     def _prefill(self) -> None:
         """Both memories take in the prompt but its last token, which the first round feeds."""
@@ -184,11 +183,15 @@ class Generation:
         return list(self._settle(self._draft, rows, sequences))
 
     def close(self) -> None:
-        """Stop under a scheduler: a generation that has not finished is "interrupted"; both memories keep
-        at most the sequence but its last token, as after any round."""
+        """Stop (alone, or under a scheduler): a generation that has not finished is "interrupted"; both
+        memories keep at most the sequence but its last token, as after any round; the drafter hears, once,
+        that the generation is over (`Drafter.done`)."""
         if self.finish_reason is None:
             self.finish_reason = "interrupted"
         self._rewind()
+        if self.drafter is not None and not self._closed:
+            self.drafter.done(self._seq, len(self.prompt))
+        self._closed = True
 
     def check_limits(self) -> str | None:
         """The finish reason: set to "length" or "context" once max_tokens or the context is reached."""

@@ -1,6 +1,7 @@
-"""The hybrid drafter, the default way of drafting: each round n-gram lookup, one of the pair's own drafters
-(a draft model, an EAGLE-3 head, a DFlash drafter, the target's MTP head) or no draft at all, whichever is
-expected to serve the long-run rate best (the policy is in `HybridDrafter`'s notes)."""
+"""The hybrid drafter, the default way of drafting: each round a lookup (the memory's, or n-gram lookup), one
+of the pair's own drafters (a draft model, an EAGLE-3 head, a DFlash drafter, the target's MTP head) or no
+draft at all, whichever is expected to serve the long-run rate best (the policy is in `HybridDrafter`'s
+notes)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,6 @@ from spec_cli.decoding.draft_length import DraftLength
 from spec_cli.decoding.drafter import Draft, Drafter
 from spec_cli.decoding.sampling import SamplingParams
 from spec_cli.drafting.base import CatchUpDrafter
-from spec_cli.drafting.ngram import NgramDrafter
 from spec_cli.llama.grammar import Grammar
 
 CARRIED = 0.3  # of decayed yields worth ~5 rounds, what a new prompt keeps: about two rounds
@@ -52,6 +52,7 @@ class HybridState:
     waits: a price fixed at the start keeps the rule from chasing it)."""
 
     lengths: dict[str, DraftLength]
+    lookup: str = NGRAM  # the name of the drafter that costs no decode (n-gram lookup, or the memory)
     # A regime's yield is priced by the cost model, not measured, so it is smooth: a short memory (~5 rounds)
     # follows the text (a stretch of copied code, then prose) without chasing noise.
     decay: float = 0.8
@@ -67,7 +68,7 @@ class HybridState:
         self.regret_s = 0.0
         for regime in self.regimes.values():
             regime.scale(CARRIED)
-        self.lengths[NGRAM].acceptance.forget(CARRIED)
+        self.lengths[self.lookup].acceptance.forget(CARRIED)
 
 
 @dataclass(frozen=True)
@@ -79,8 +80,9 @@ class Option:
 
 
 class HybridDrafter(Drafter):
-    """Each round, n-gram lookup, one of the pair's own drafters or no draft at all (a plain target step,
-    K = 0), whichever is expected to serve the long-run rate best.
+    """Each round, the lookup (below "n-gram": the memory's where the pair keeps one, else n-gram lookup), one
+    of the pair's own drafters or no draft at all (a plain target step, K = 0), whichever is expected to serve
+    the long-run rate best.
 
     Each option is priced by the cost model (`LoopCosts`): E[tokens] from its drafter's acceptance by
     position, E[seconds] from the costs measured on this machine (the cost book a pair starts from, then
@@ -99,12 +101,14 @@ class HybridDrafter(Drafter):
     twice the best choice in hindsight). Which drafter proposed a token never touches exactness.
     """
 
-    def __init__(self, ngram: NgramDrafter, own: dict[str, CatchUpDrafter], books: dict[str, LoopCosts],
+    def __init__(self, lookup: Drafter, own: dict[str, CatchUpDrafter], books: dict[str, LoopCosts],
                  costs: LoopCosts, state: HybridState, pricing: dict[str, str]) -> None:
-        """`own`: the pair's own drafters by mode name, each priced with its book in `books` and drafting as
+        """`lookup`: the drafter that costs no decode (n-gram lookup, or the memory's: `state.lookup` names it);
+        `own`: the pair's own drafters by mode name, each priced with its book in `books` and drafting as
         `pricing` says (`costs.PER_TOKEN`, a block drafter's `PER_ROUND`); `costs`: the hybrid's own book
         (the target's passes, the loop's work), which prices n-gram and plain rounds."""
-        self.ngram = ngram
+        self.lookup = lookup
+        self.lookup_name = state.lookup
         self.own = own
         self.books = books
         self.costs = costs
@@ -117,7 +121,7 @@ class HybridDrafter(Drafter):
         self.chosen: tuple[str, float] | None = None  # the option of the round in flight, and its E[seconds]
         self._draft = Draft()  # the proposal of the round in flight
         self._unused: tuple[int, list[int]] | None = None  # (where, what): the n-gram proposal a round passed over
-        self._lookup = Yield()  # n-gram lookups: calls and their host seconds
+        self._lookups = Yield()  # n-gram lookups: calls and their host seconds
 
     @property
     def busy_s(self) -> float:
@@ -144,24 +148,24 @@ class HybridDrafter(Drafter):
     def _new_prompt(self, tokens: Sequence[int]) -> None:
         self.state.new_text()
         self._unused = None
-        self.ngram.prefill(tokens)
+        self.lookup.prefill(tokens)
 
     def propose(self, tokens: Sequence[int], k: int, sampling: SamplingParams, rng: np.random.Generator,
                 grammar: Grammar | None = None) -> Draft:
         lengths = self.state.lengths
         self._learn_in_hindsight(tokens)
         started = time.perf_counter()
-        ngram = self.ngram.propose(tokens, min(k, lengths[NGRAM].next_k()), sampling, rng)
-        self._lookup.add(1.0, time.perf_counter() - started, self.state.decay)
+        looked_up = self.lookup.propose(tokens, min(k, lengths[self.lookup_name].next_k()), sampling, rng)
+        self._lookups.add(1.0, time.perf_counter() - started, self.state.decay)
         ks = {name: min(k, lengths[name].next_k()) for name in self.own}
-        options = self._price(len(ngram.tokens), ks)
+        options = self._price(len(looked_up.tokens), ks)
         name = self._choose(options, {name: self.own[name].pending(tokens) for name in self.own})
         self.chosen = (name, options[name].seconds or 0.0)
-        self._unused = (len(tokens), ngram.tokens) if ngram.tokens and name != NGRAM else None
+        self._unused = (len(tokens), looked_up.tokens) if looked_up.tokens and name != self.lookup_name else None
         if name in self.own:
             self._draft = self.own[name].propose(tokens, ks[name], sampling, rng, grammar)
         else:
-            self._draft = ngram if name == NGRAM else Draft()
+            self._draft = looked_up if name == self.lookup_name else Draft()
         self._draft.way = name
         return self._draft
 
@@ -169,14 +173,14 @@ class HybridDrafter(Drafter):
         """Every option of this round: no draft, the n-gram's proposal of `n_ngram` tokens where it made one,
         each own drafter at its controller's K (where it is above 0)."""
         lengths, costs = self.state.lengths, self.costs
-        none = lengths[NGRAM].acceptance
+        none = lengths[self.lookup_name].acceptance
         options = {NONE: Option(1.0, costs.round_seconds(0, none, FREE))}
         if n_ngram:
-            acceptance = lengths[NGRAM].acceptance
+            acceptance = lengths[self.lookup_name].acceptance
             seconds = costs.round_seconds(n_ngram, acceptance, FREE)
-            lookup_s = self._lookup.seconds / self._lookup.tokens
-            options[NGRAM] = Option(acceptance.expected_tokens(n_ngram),
-                                    None if seconds is None else seconds + lookup_s)
+            lookup_s = self._lookups.seconds / self._lookups.tokens
+            options[self.lookup_name] = Option(acceptance.expected_tokens(n_ngram),
+                                               None if seconds is None else seconds + lookup_s)
         for name, k in ks.items():
             if k:
                 acceptance = lengths[name].acceptance
@@ -187,7 +191,7 @@ class HybridDrafter(Drafter):
     def _choose(self, options: dict[str, Option], pending: dict[str, int]) -> str:
         """Try what is not priced yet (the n-gram first: it costs no decode); else the choice of the regime
         the loop runs in, after weighing a move to the regime with the best rate (see the class notes)."""
-        for name in (NGRAM, *self.own, NONE):
+        for name in (self.lookup_name, *self.own, NONE):
             if name in options and options[name].seconds is None:
                 return name
         state = self.state
@@ -252,7 +256,7 @@ class HybridDrafter(Drafter):
         emitted = tokens[start:start + len(proposal)]
         matched = next((i for i, (d, x) in enumerate(zip(proposal, emitted)) if d != x), len(emitted))
         if emitted:
-            self.state.lengths[NGRAM].acceptance.update(min(matched + 1, len(emitted)), matched)
+            self.state.lengths[self.lookup_name].acceptance.update(min(matched + 1, len(emitted)), matched)
 
     def update(self, drafted: int, accepted: int) -> None:
         if self.chosen is None:
@@ -263,7 +267,10 @@ class HybridDrafter(Drafter):
         if name in self.own:
             self.books[name].record_draft(self._draft.steps)
 
+    def done(self, tokens: Sequence[int], n_prompt: int) -> None:
+        self.lookup.done(tokens, n_prompt)
+
     def rewind(self, n_keep: int) -> None:
-        self.ngram.rewind(n_keep)
+        self.lookup.rewind(n_keep)
         for drafter in self.own.values():
             drafter.rewind(n_keep)

@@ -24,6 +24,7 @@ from spec_cli.drafting.hybrid import HybridDrafter, HybridState
 from spec_cli.drafting.model import ModelDrafter
 from spec_cli.drafting.mtp import MtpDrafter
 from spec_cli.drafting.ngram import NgramDrafter
+from spec_cli.drafting.recall import MemoryDrafter, OutputMemory
 from spec_cli.drafting.text import TextDrafter
 from spec_cli.drafting.translation import Translation
 from spec_cli.errors import SpecError
@@ -39,7 +40,8 @@ BOOK_ROUNDS = 8.0  # rounds' worth of an own drafter's acceptance that a pair st
 class Sources:
     """What a pair offers its drafters: the target's context, the draft model's, the target's MTP head's, an
     EAGLE-3 head's or a DFlash drafter's where loaded, and `translation` when the draft's vocabulary is not the
-    target's (it drafts through text)."""
+    target's (it drafts through text); `memory`, the outputs the pair's generations wrote (`recall`), one for
+    every slot."""
 
     target: Context
     draft: Context | None = None
@@ -47,6 +49,7 @@ class Sources:
     translation: Translation | None = None
     eagle3: HeadContext | None = None
     dflash: BlockContext | None = None
+    memory: OutputMemory | None = None
 
 
 Build = Callable[["Drafting", float, "int | str"], "tuple[Drafter | None, DraftLength]"]
@@ -88,6 +91,16 @@ def _ngram(drafting: Drafting, _p_min: float, k: int | str) -> tuple[Drafter | N
     return NgramDrafter(drafting.sources.target.model.n_vocab), drafting.length(("ngram", "ngram", k), "ngram", FREE)
 
 
+def _memory(drafting: Drafting, _p_min: float, k: int | str) -> tuple[Drafter | None, DraftLength]:
+    return _lookup(drafting.sources), drafting.length(("memory", "memory", k), "memory", FREE)
+
+
+def _lookup(sources: Sources) -> NgramDrafter | MemoryDrafter:
+    """The drafter that costs no decode: the memory's where the pair keeps one, else n-gram lookup."""
+    n_vocab = sources.target.model.n_vocab
+    return MemoryDrafter(sources.memory, n_vocab) if sources.memory is not None else NgramDrafter(n_vocab)
+
+
 def _model_drafter(sources: Sources, p_min: float) -> CatchUpDrafter:
     """The draft model's drafter: on the target's token ids, or through text when the vocabularies differ."""
     assert sources.draft is not None
@@ -127,7 +140,7 @@ def _alone(name: str) -> Build:
 
 
 def _hybrid(drafting: Drafting, p_min: float, k: int | str) -> tuple[Drafter | None, DraftLength]:
-    """n-gram lookup, every own drafter of the pair and no draft. The hybrid chooses K for each of its drafters
+    """The lookup (the memory's, else n-gram lookup), every own drafter of the pair and no draft. The hybrid chooses K for each of its drafters
     itself, each with its own controller; the loop only caps it at AUTO_K_MAX. K (fixed, or auto) is the own
     drafters': each of their drafts costs a step. An n-gram proposal costs little to make and a longer verify
     pass little, so n-gram rounds run as long as their own controller finds worth it, whatever the own
@@ -138,7 +151,7 @@ def _hybrid(drafting: Drafting, p_min: float, k: int | str) -> tuple[Drafter | N
         make = MODES[name].own_drafter
         assert make is not None
         drafters[name] = make(drafting.sources, p_min)
-    hybrid = HybridDrafter(NgramDrafter(drafting.sources.target.model.n_vocab), drafters,
+    hybrid = HybridDrafter(_lookup(drafting.sources), drafters,
                            {name: drafting.costs(name) for name in own}, drafting.costs("hybrid"),
                            drafting.hybrid_state(k), {name: MODES[name].pricing for name in own})
     return hybrid, FixedK(0 if k == 0 else AUTO_K_MAX)
@@ -181,7 +194,12 @@ MODES: dict[str, Mode] = {mode.name: mode for mode in (
          build=_alone("mtp"), own_drafter=_mtp_drafter),
     Mode("ngram", "n-gram lookup", "prompt lookup, no draft model needed", loads_draft=False,
          available=lambda _s: True, missing=lambda _s: "", build=_ngram, pricing=FREE),
-    Mode("hybrid", "hybrid", "the default: each round n-gram lookup, the pair's own drafters or no draft, "
+    Mode("memory", "memory", "suffix matching over this prompt, earlier outputs and --lookup-corpus, no draft "
+         "model needed", loads_draft=False, available=lambda s: s.memory is not None,
+         missing=lambda _s: "draft mode 'memory' needs the pair's memory, which this pair was loaded without",
+         build=_memory, pricing=FREE),
+    Mode("hybrid", "hybrid", "the default: each round the memory (or n-gram lookup), the pair's own drafters or "
+         "no draft, "
          "whichever the costs measured here say serves best", loads_draft=True, available=lambda _s: True,
          missing=lambda _s: "", build=_hybrid),
     Mode("none", "no draft", "the target alone", loads_draft=False, available=lambda _s: True,
@@ -258,11 +276,12 @@ class Drafting:
     def hybrid_state(self, k: int | str) -> HybridState:
         """What the hybrid drafting with K = `k` has learnt: a K controller for each of its drafters."""
         if k not in self._hybrids:
-            lengths = {"ngram": self.length(("hybrid", "ngram", "auto"), "ngram", FREE)}
+            lookup = "memory" if self.sources.memory is not None else "ngram"
+            lengths = {lookup: self.length(("hybrid", lookup, "auto"), lookup, FREE)}
             for name in self.own_models():
                 own = MODES[name]
                 lengths[name] = self.length(("hybrid", name, k), name, own.pricing, own.k_limit(self.sources))
-            self._hybrids[k] = HybridState(lengths)
+            self._hybrids[k] = HybridState(lengths, lookup)
         return self._hybrids[k]
 
     def seed(self, entry: dict[str, Any] | None) -> None:

@@ -1,0 +1,197 @@
+"""Suffix matching over token documents: the query a suffix tree answers, for drafting from what was written before.
+
+SuffixDecoding (Oliaro et al., arXiv 2411.04975) keeps suffix trees over previous outputs with a count at each
+node. To draft it finds the deepest node matching the sequence's last tokens (its match length m). Under that
+node it follows the most frequent continuation while the product of the branches' empirical probabilities
+stays above `MIN_PROB`, for at most α·m tokens (its adaptive length; α = `SPEC_FACTOR`). Less likely branches
+are dropped.
+
+`SuffixIndex` answers that query without building the tree. It keeps the tokens in one array (documents
+separated by `END`) and an index from each n-gram (n in `KEYS`) to the positions that followed it. The
+deepest node is the set of recent occurrences that share the longest suffix (up to `MAX_MATCH` tokens,
+SuffixDecoding's tree depth). Its counts are the continuations read off those positions. Most of the index is
+two NumPy arrays (hashes sorted, and their positions) rebuilt in one sort. The tokens added since the last
+rebuild are in a small dict, so appending costs O(new tokens) and a query O(log N).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+END = -1  # between documents: no match or continuation crosses it
+KEYS = (2, 4, 8)  # n-gram lengths indexed; the longest that matches gives the occurrences
+MAX_MATCH = 24  # the longest suffix compared (SuffixDecoding's tree depth)
+CANDIDATES = 64  # the most recent occurrences of the matched n-gram that are compared
+SPEC_FACTOR = 1.0  # α: a match of m tokens drafts at most α·m (SuffixDecoding's max_spec_factor)
+MIN_PROB = 0.1  # a path whose probability falls below this is not drafted further (its min_token_prob)
+REBUILD = 4096  # tokens added before the NumPy index is rebuilt
+_MULTIPLIER = np.uint64(0x9E3779B97F4A7C15)
+
+
+@dataclass(frozen=True)
+class Match:
+    """A drafted continuation: its tokens, the match length m it follows from, and its score, the expected
+    number of its tokens that are right (the sum of the path's probabilities, SuffixDecoding's)."""
+
+    tokens: list[int]
+    length: int = 0
+    score: float = 0.0
+
+
+NO_MATCH = Match([])
+
+
+class SuffixIndex:
+    """Token documents and the index that finds where a sequence's suffix occurred before (see the module
+    notes)."""
+
+    def __init__(self, tokens: Sequence[int] = ()) -> None:
+        self._reset(tokens)
+
+    def _reset(self, tokens: Sequence[int]) -> None:
+        """Hold `tokens` alone; a long start is indexed in NumPy at once."""
+        self._array = np.full(max(1024, 2 * len(tokens)), END, dtype=np.int32)
+        self._n = 0
+        self._indexed = 0  # tokens[:_indexed] are in the NumPy index
+        self._hashes: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self._recent: dict[tuple[int, ...], list[int]] = {}
+        self.extend(tokens)
+        if self._n >= REBUILD // 4:
+            self._rebuild()
+
+    def __len__(self) -> int:
+        return self._n
+
+    @property
+    def tokens(self) -> np.ndarray:
+        return self._array[:self._n]
+
+    def add_document(self, tokens: Sequence[int]) -> None:
+        """A new document, after an `END` that keeps matches from running into the last one."""
+        if self._n and self._array[self._n - 1] != END:
+            self.extend([END])
+        self.extend(tokens)
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        """Append `tokens` to the last document, indexing each position they make a continuation of."""
+        if not len(tokens):
+            return
+        start = self._n
+        if start + len(tokens) > len(self._array):
+            grown = np.full(max(2 * len(self._array), start + len(tokens)), END, dtype=np.int32)
+            grown[:start] = self._array[:start]
+            self._array = grown
+        self._array[start:start + len(tokens)] = tokens
+        self._n += len(tokens)
+        if self._n - self._indexed > REBUILD:
+            self._rebuild()
+            return
+        window = self._array[max(0, start - KEYS[-1]):self._n].tolist()
+        offset = max(0, start - KEYS[-1])
+        for position in range(max(start, 1), self._n):
+            at = position - offset
+            for n in KEYS:
+                if at < n:
+                    break
+                gram = tuple(window[at - n:at])
+                if END in gram:
+                    break
+                self._recent.setdefault(gram, []).append(position)
+
+    def truncate(self, n: int) -> None:
+        """Keep only the first `n` tokens (a sequence that went back)."""
+        if n >= self._n:
+            return
+        self._reset(self.tokens[:n].copy())
+
+    def match(self, context: Sequence[int], k: int) -> Match:
+        """The continuation to draft after `context` (at most k tokens): from the occurrences sharing its longest
+        suffix, the most frequent path while its probability stays above `MIN_PROB`, for at most α·m tokens."""
+        tail = list(context[-MAX_MATCH:])
+        occurrences: list[int] = []
+        for n in reversed(KEYS):
+            if n <= len(tail):
+                occurrences = self._occurrences(tail[-n:])
+                if occurrences:
+                    break
+        if not occurrences or k <= 0:
+            return NO_MATCH
+        starts = np.asarray(occurrences[-CANDIDATES:], dtype=np.int64)
+        lengths = self._suffix_lengths(starts, tail)
+        m = int(lengths.max())
+        if m < KEYS[0]:  # a hash that collided
+            return NO_MATCH
+        return self._walk(starts[lengths == m], m, min(k, math.ceil(SPEC_FACTOR * m)))
+
+    def _occurrences(self, gram: list[int]) -> list[int]:
+        """The positions that followed `gram`, oldest first."""
+        found: list[int] = []
+        if self._indexed:
+            hashes, positions = self._hashes[len(gram)]
+            key = _hash(np.asarray(gram, dtype=np.int64))
+            lo, hi = np.searchsorted(hashes, key, "left"), np.searchsorted(hashes, key, "right")
+            found = positions[lo:hi].tolist()
+        return found + self._recent.get(tuple(gram), [])
+
+    def _suffix_lengths(self, starts: np.ndarray, tail: list[int]) -> np.ndarray:
+        """For each position, how many tokens before it equal the last tokens of `tail` (at most its length)."""
+        back = np.arange(1, len(tail) + 1)
+        before = starts[:, None] - back[None, :]
+        seen = np.where(before >= 0, self._array[np.maximum(before, 0)], END - 1)
+        same = seen == np.asarray(tail[::-1], dtype=np.int32)[None, :]
+        return np.where(same.all(axis=1), len(tail), same.argmin(axis=1))
+
+    def _walk(self, starts: np.ndarray, m: int, most: int) -> Match:
+        """Follow the most frequent continuation of `starts` (documents that end count as branches)."""
+        if len(starts) == 1:  # one occurrence: its continuation, to the end of its document
+            run = self._array[int(starts[0]):min(int(starts[0]) + most, self._n)]
+            stop = np.flatnonzero(run == END)
+            tokens = run[:stop[0] if len(stop) else len(run)].tolist()
+            return Match(tokens, m, float(len(tokens)))
+        tokens: list[int] = []
+        probability, score = 1.0, 0.0
+        alive = starts
+        while len(tokens) < most and len(alive):
+            following = np.where(alive < self._n, self._array[np.minimum(alive, self._n - 1)], END)
+            values, counts = np.unique(following, return_counts=True)
+            top = int(np.argmax(counts))
+            if values[top] == END:
+                break
+            probability *= counts[top] / len(alive)
+            if probability < MIN_PROB:
+                break
+            score += probability
+            tokens.append(int(values[top]))
+            alive = alive[following == values[top]] + 1
+        return Match(tokens, m, score)
+
+    def _rebuild(self) -> None:
+        """Index every position in NumPy (one sort per n-gram length) and empty the dict."""
+        tokens = self.tokens.astype(np.int64)
+        self._hashes = {}
+        for n in KEYS:
+            if self._n <= n:
+                self._hashes[n] = (np.zeros(0, np.uint64), np.zeros(0, np.int64))
+                continue
+            grams = np.lib.stride_tricks.sliding_window_view(tokens[:-1], n)  # gram i ends before position i + n
+            valid = ~(grams == END).any(axis=1)
+            positions = np.flatnonzero(valid) + n
+            hashes = _hash(grams[valid])
+            order = np.argsort(hashes, kind="stable")
+            self._hashes[n] = (hashes[order], positions[order])
+        self._recent = {}
+        self._indexed = self._n
+
+
+def _hash(grams: np.ndarray) -> np.ndarray | np.uint64:
+    """A 64-bit hash of each n-gram (the last axis), the same for one gram as for an array of them; collisions
+    only cost a comparison, which `match` makes anyway."""
+    h = np.zeros(grams.shape[:-1], dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        for i in range(grams.shape[-1]):
+            h = (h ^ grams[..., i].astype(np.uint64)) * _MULTIPLIER
+    return h
