@@ -12,6 +12,7 @@ from typing import Annotated
 import typer
 
 from spec_cli import __version__
+from spec_cli.cli.batch import BATCH_EXAMPLES, batch
 from spec_cli.cli.bench import BENCH_EXAMPLES, bench
 from spec_cli.cli.chat import CHAT_EXAMPLES, chat
 from spec_cli.cli.common import silence_stdout
@@ -46,6 +47,7 @@ def spec(
 # `spec --help` lists them in the order a user meets them (`help.ORDER`).
 app.command(epilog=RUN_EXAMPLES)(run)
 app.command(epilog=CHAT_EXAMPLES)(chat)
+app.command(epilog=BATCH_EXAMPLES)(batch)
 app.command(epilog=SERVE_EXAMPLES)(serve)
 app.command(epilog=BENCH_EXAMPLES)(bench)
 app.add_typer(models_app, name="models")

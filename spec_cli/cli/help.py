@@ -8,7 +8,7 @@ from typing import Any
 import typer.core
 
 # run, chat, serve, bench, models, doctor, worker; the others (none today) after them.
-ORDER = ("run", "chat", "serve", "bench", "models", "doctor", "worker")
+ORDER = ("run", "chat", "batch", "serve", "bench", "models", "doctor", "worker")
 
 
 def _untyped_flags(params: list[Any]) -> list[Any]:

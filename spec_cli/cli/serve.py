@@ -109,7 +109,7 @@ def serve(
             defaults = flags.for_pair(loaded) if slots == 1 or flags.k_given else replace(
                 flags.for_pair(loaded), draft_max=AUTO)
             log = (lambda _line: None) if quiet else note
-            service = Service(loaded.pair, model_name or _default_name(load), defaults, max_tokens, queue,
+            service = Service(loaded.pair, model_name or default_name(load), defaults, max_tokens, queue,
                               template, log=log, parallel=slots, reasoning_budget=reasoning_budget,
                               cache_ram=cache_bytes)
             address = sock.getsockname()
@@ -154,7 +154,7 @@ def _slots(pair: Pair, flags: RequestFlags, parallel: int | None) -> int:
     return parallel or (1 if fed else DEFAULT_PARALLEL)
 
 
-def _default_name(load: LoadOptions) -> str:
+def default_name(load: LoadOptions) -> str:
     if load.target is not None:
         return load.target.stem
     return load.pair or registry.load_registry().default

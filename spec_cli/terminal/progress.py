@@ -1,4 +1,4 @@
-"""Progress bars on stderr: the benchmark's runs, and downloads from the Hugging Face Hub."""
+"""Progress bars on stderr: the benchmark's runs, a batch's lines, and downloads from the Hugging Face Hub."""
 
 from __future__ import annotations
 
@@ -49,3 +49,26 @@ def download_progress() -> Iterator[type]:
                 bars.advance(self.task, n)
 
         yield Bar
+
+
+class BatchBar:
+    """`spec batch`'s progress on stderr: lines done of the total, tokens per second, acceptance, ETA. Drawn
+    only where stderr is a terminal (a pipe or a log gets the summary line alone)."""
+
+    def __init__(self, total: int, shown: bool) -> None:
+        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[rate]}"),
+                   TimeRemainingColumn())
+        console = Console(stderr=True)
+        self._bar = Progress(*columns, console=console, transient=True, disable=not (shown and console.is_terminal))
+        self._task = self._bar.add_task("batch", total=total, rate="")
+
+    def __enter__(self) -> BatchBar:
+        self._bar.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._bar.stop()
+
+    def update(self, done: int, tokens_per_second: float, acceptance: float | None) -> None:
+        said = f"{tokens_per_second:.1f} tok/s" + (f" · acceptance {acceptance:.0%}" if acceptance is not None else "")
+        self._bar.update(self._task, completed=done, rate=said)

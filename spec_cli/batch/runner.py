@@ -1,0 +1,139 @@
+"""Running a batch's tasks: `parallel` at once on the pair's slots, one verify pass a step for all of them
+(`decoding.scheduler`), K for each by the batch's goodput; a new task starts as soon as a slot is free.
+
+A task goes to the free slot whose memory holds the longest prefix of its prompt, so that a shared instruction
+is prefilled once per slot rather than once per prompt. Each task's own failure (a schema the grammar cannot
+express, a prompt longer than the context, its grammar failing halfway) is its result; the others go on.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, replace
+from typing import Callable, Iterable
+
+from spec_cli.batch.lines import OPENAI, Task
+from spec_cli.batch.output import Result
+from spec_cli.decoding.engine import Generation
+from spec_cli.decoding.scheduler import Scheduler
+from spec_cli.errors import SpecError
+from spec_cli.llama.context import common_prefix
+from spec_cli.pair import Pair, Slot
+from spec_cli.request import GenerationRequest, InvalidRequest
+from spec_cli.server import openai_api
+from spec_cli.server.errors import RequestError
+from spec_cli.server.openai_api import Answer, ApiRequest
+from spec_cli.server.stop_strings import StopStrings
+
+
+@dataclass
+class _Running:
+    task: Task
+    request: ApiRequest
+    slot: Slot
+    generation: Generation
+    stops: StopStrings
+    text: str = ""
+
+
+class BatchRunner:
+    """A pair's slots and one scheduler, running tasks with `base`'s settings under what each line sets."""
+
+    def __init__(self, pair: Pair, parallel: int, base: GenerationRequest, form: str, name: str) -> None:
+        self.pair, self.base, self.form, self.name = pair, base, form, name
+        self._slots = pair.slots(parallel)
+        self._scheduler = Scheduler()
+
+    def run(self, tasks: Iterable[Task], finished: Callable[[Result], None],
+            stepped: Callable[[int], None] = lambda _tokens: None) -> None:
+        """Run every task, calling `finished` with each result as it comes (a task that cannot start at once)
+        and `stepped` with the tokens each step emitted. An interruption (Ctrl-C) stops the generations in
+        progress, whose results are not given."""
+        waiting = iter(tasks)
+        free, running = list(self._slots), {}
+        try:
+            while True:
+                while free:
+                    task = next(waiting, None)
+                    if task is None:
+                        break
+                    started = self._start(task, free)
+                    if isinstance(started, Result):
+                        finished(started)
+                    else:
+                        free.remove(started.slot)
+                        running[id(started.generation)] = started
+                if not running:
+                    return
+                emitted = self._scheduler.step()
+                stepped(sum(len(events) for _, events in emitted))
+                for generation, events in emitted:
+                    task_run = running[id(generation)]
+                    for event in events:
+                        task_run.text += task_run.stops.feed(event.text)
+                        if task_run.stops.stopped:
+                            self._scheduler.leave(generation)
+                            break
+                    if generation.finish_reason is not None:
+                        del running[id(generation)]
+                        free.append(task_run.slot)
+                        finished(self._result(task_run))
+        finally:
+            for task_run in running.values():
+                self._scheduler.leave(task_run.generation)
+
+    def _start(self, task: Task, free: list[Slot]) -> _Running | Result:
+        """The task's generation on the best free slot, joined to the scheduler; or its error."""
+        if task.error is not None or task.request is None:
+            return Result(task, error=task.error)
+        try:
+            request = openai_api.structure(task.request)
+            tokens = self._tokens(request)
+            slot = max(free, key=lambda s: common_prefix(s.target.tokens, tokens) - s.target.n_past / 2)
+            settings = self._settings(request)
+            generation = slot.generate(tokens, settings)
+        except RequestError as exc:
+            return _failed(task, exc)
+        except InvalidRequest as exc:
+            return _failed(task, RequestError(exc.named(openai_api.PARAMS), param=exc.field, code=exc.code))
+        except SpecError as exc:
+            return _failed(task, RequestError(str(exc)))
+        self._scheduler.join(generation)
+        return _Running(task, request, slot, generation, StopStrings(settings.stop))
+
+    def _tokens(self, request: ApiRequest) -> list[int]:
+        model = self.pair.target
+        if request.endpoint == "chat":
+            return model.tokenize_prompt(model.format_chat(request.messages))
+        if isinstance(request.prompt, str):
+            return self.pair.prompt_tokens(request.prompt, raw=True)
+        return list(request.prompt)
+
+    def _settings(self, request: ApiRequest) -> GenerationRequest:
+        """The batch's settings under what the line sets."""
+        base = self.base
+        return replace(base, **request.fields, sampling=replace(base.sampling, **request.sampling),
+                       stop=request.stop or base.stop, grammar=request.grammar or base.grammar,
+                       max_tokens=request.max_tokens or base.max_tokens)
+
+    def _result(self, task_run: _Running) -> Result:
+        """What a finished task gives: its text, cut at a stop string, or the error its own work met."""
+        generation = task_run.generation
+        if generation.error is not None:
+            return _failed(task_run.task, RequestError(f"the generation failed: {generation.error}"))
+        task_run.text += task_run.stops.flush()
+        reason = openai_api.finish_reason(generation.finish_reason, task_run.stops.stopped)
+        body = None
+        if self.form == OPENAI:
+            prefix = "chatcmpl" if task_run.request.endpoint == "chat" else "cmpl"
+            answer = Answer(f"{prefix}-{uuid.uuid4().hex}", int(time.time()), self.name, task_run.request.endpoint,
+                            task_run.request.unenforced)
+            body = answer.whole(task_run.text, reason, generation.stats)
+        return Result(task_run.task, task_run.text, reason, tuple(generation.token_ids), generation.stats, body)
+
+
+def _failed(task: Task, error: RequestError) -> Result:
+    """The task's error, its message naming its input line."""
+    error.message = f"line {task.line}: {error.message}"
+    return Result(task, error=error)
