@@ -36,6 +36,7 @@ PROBE_MAX = 1024  # the most rounds an idle sequence's drafter waits for its nex
 QUIET_STEPS = 4  # steps a choice of no drafts at all stands for
 T = TypeVar("T")
 MAX_SEQUENCES = 64  # the most sequences at once we offer (llama.cpp takes up to 256 in one context)
+HYBRID = "hybrid"
 
 
 @dataclass
@@ -67,6 +68,7 @@ class Scheduler:
         self.pass_costs = BatchCosts(COSTS_DECAY)
         self.draft_costs: dict[str, BatchCosts] = {}
         self.acceptance: dict[str, PositionAcceptance] = {}
+        self.drafting: dict[str, list[float]] = {}  # by mode, decayed: drafting seconds, drafted tokens
         self._running: list[_Running] = []
         self._quiet: tuple[int, list[int]] | None = None  # steps left of a choice of no drafts, and for whom
 
@@ -149,6 +151,7 @@ class Scheduler:
         their `_Running`: their steps in lockstep, each step of all of them one pass of the draft context."""
         drafts: dict[int, Draft] = {}
         stepping: list[tuple[_Running, Context, DraftSteps, list[int], int]] = []
+        shares: dict[int, list[tuple[int, float]]] = {}
         for running in planned:
             stepped = self._own(running, running.generation.draft_steps)
             if stepped is not None:
@@ -161,7 +164,10 @@ class Scheduler:
             this_step, stepping = stepping, []
             for (running, context, steps, fed, i), row in zip(this_step, rows):
                 self._book_draft(running, [(len(fed), share)])
+                shares.setdefault(id(running), []).append((len(fed), share))
                 self._advance(drafts, stepping, running, context, steps, row[0], i + 1)
+        for key, draft in drafts.items():  # each step costs its share of the pass, not the whole pass it waited on
+            draft.steps = shares.get(key, [])
         return drafts
 
     def _advance(self, drafts: dict[int, Draft], stepping: list[tuple[_Running, Context, DraftSteps, list[int], int]],
@@ -179,10 +185,13 @@ class Scheduler:
         """Finish a generation's round; its drafts and what was kept of them join its mode's pooled acceptance."""
         accepted = generation.stats.accepted
         events = generation.settle(rows, seconds, sequences)
-        drafted = len(generation.last_draft.tokens)
-        if drafted:
+        draft = generation.last_draft
+        if draft.tokens:
             pooled = self.acceptance.setdefault(generation.stats.draft_mode, PositionAcceptance(COSTS_DECAY))
-            pooled.update(drafted, generation.stats.accepted - accepted)
+            pooled.update(len(draft.tokens), generation.stats.accepted - accepted)
+            spent = self.drafting.setdefault(generation.stats.draft_mode, [0.0, 0.0])
+            spent[:] = [COSTS_DECAY * spent[0] + sum(s for _, s in draft.steps),
+                        COSTS_DECAY * spent[1] + len(draft.tokens)]
         return events
 
     def _prompt_chunks(self, parts: list[Part], others: bool) -> list[tuple[_Running, int]]:
@@ -209,8 +218,7 @@ class Scheduler:
         A choice of no drafts at all stands for `QUIET_STEPS` steps of the same sequences: the choice's Python
         (~0.3 ms a step) between two passes slowed the batch by 2-3% where nothing drafts, the passes
         included (llama.cpp's threads go to sleep while the host works)."""
-        chosen = [isinstance(r.generation.draft_length, AdaptiveK) and r.generation.drafter is not None
-                  for r in generating]
+        chosen = [self._chooses_k(r, len(generating)) for r in generating]
         members = [id(r) for r in generating]
         ks: list[int | None]
         if self._quiet and self._quiet[1] == members:
@@ -233,6 +241,18 @@ class Scheduler:
             running.idle = running.idle + 1 if ks[i] == 0 else 0
         return ks
 
+    @staticmethod
+    def _chooses_k(running: _Running, sequences: int) -> bool:
+        """Whether the batch chooses this sequence's K: under `-k auto`, a drafter's own controller of K; the
+        hybrid's, which alone chooses K for each of its drafters as if its sequence ran alone, once others share
+        the pass (a K fit for one sequence overfills a pass of several: on 2 cores, the demo pair, 4 sequences
+        drafting K = 11 ran at 0.6x the target alone)."""
+        generation = running.generation
+        if generation.drafter is None:
+            return False
+        return isinstance(generation.draft_length, AdaptiveK) or (
+            sequences > 1 and generation.stats.adaptive and generation.stats.draft_mode == HYBRID)
+
     def _probe_due(self, running: _Running, candidate: Candidate, sequences: int) -> bool:
         """Whether an idle drafter that has sat out enough rounds should draft one token now: the probe (its
         catch-up, a step, a row) pays (`probe_pays`) against its share of the passes it sat out."""
@@ -247,16 +267,19 @@ class Scheduler:
         """What the goodput choice needs of a sequence: its acceptance by position, its drafter's step and its
         catch-up on what it has not seen, as measured (unmeasured: free, so that it gets tried)."""
         generation = running.generation
-        length = generation.draft_length
+        length, mode = generation.draft_length, generation.stats.draft_mode
         cap = max(0, min(length.k_max, generation.room() - 1))
-        if generation.drafter is None or not isinstance(length, AdaptiveK):
+        if not self._chooses_k(running, 2):
             return Candidate(np.zeros(0), fixed=min(length.next_k(), cap) if generation.drafter else 0)
-        costs = self.draft_costs.get(generation.stats.draft_mode)
+        if not isinstance(length, AdaptiveK):  # the hybrid: a drafted token costs what its mix of ways has cost
+            seconds, tokens = self.drafting.get(mode, (0.0, 0.0))
+            return Candidate(self.acceptance.setdefault(mode, PositionAcceptance(COSTS_DECAY)).rates(cap),
+                             step_s=seconds / tokens if tokens else 0.0)
+        costs = self.draft_costs.get(mode)
         step_s = costs.seconds(1) if costs is not None else None
         backlog = generation.drafter_backlog()
         catch_up_s = costs.interpolated(backlog) if costs is not None and backlog > 1 else None
-        acceptance = length.acceptance if length.rounds else self.acceptance.get(generation.stats.draft_mode,
-                                                                                 length.acceptance)
+        acceptance = length.acceptance if length.rounds else self.acceptance.get(mode, length.acceptance)
         return Candidate(acceptance.rates(cap), step_s=step_s or 0.0, catch_up_s=catch_up_s or 0.0)
 
     def _book_draft(self, running: _Running, steps: list[tuple[int, float]]) -> None:

@@ -13,9 +13,10 @@ import numpy as np
 
 from spec_cli.decoding.costs import FREE, LoopCosts
 from spec_cli.decoding.draft_length import DraftLength
-from spec_cli.decoding.drafter import Draft, Drafter
+from spec_cli.decoding.drafter import Draft, Drafter, DraftSteps
 from spec_cli.decoding.sampling import SamplingParams
 from spec_cli.drafting.base import CatchUpDrafter
+from spec_cli.llama.context import Context
 from spec_cli.llama.grammar import Grammar
 
 CARRIED = 0.3  # of decayed yields worth ~5 rounds, what a new prompt keeps: about two rounds
@@ -120,6 +121,7 @@ class HybridDrafter(Drafter):
             state.in_use = OUT
         self.chosen: tuple[str, float] | None = None  # the option of the round in flight, and its E[seconds]
         self._draft = Draft()  # the proposal of the round in flight
+        self._decided: Draft | None = None  # a round `stepped` chose, for the `propose` that follows it
         self._unused: tuple[int, list[int]] | None = None  # (where, what): the n-gram proposal a round passed over
         self._lookups = Yield()  # n-gram lookups: calls and their host seconds
 
@@ -152,6 +154,43 @@ class HybridDrafter(Drafter):
 
     def propose(self, tokens: Sequence[int], k: int, sampling: SamplingParams, rng: np.random.Generator,
                 grammar: Grammar | None = None) -> Draft:
+        """This round's draft: the one `stepped` decided on, where it handed the round back, else chosen now."""
+        if self._decided is not None:
+            draft, self._decided = self._decided, None
+            return draft
+        name, looked_up, k_own = self._choice(tokens, k, sampling, rng)
+        if name in self.own:
+            self._draft = self.own[name].propose(tokens, k_own, sampling, rng, grammar)
+        else:
+            self._draft = looked_up if name == self.lookup_name else Draft()
+        self._draft.way = name
+        return self._draft
+
+    def stepped(self, tokens: Sequence[int], k: int, sampling: SamplingParams, rng: np.random.Generator,
+                grammar: Grammar | None = None) -> tuple[Context, DraftSteps] | None:
+        """The round chosen as `propose` chooses it: a drafter that drafts step by step drafts so (a scheduler
+        decodes its steps with other sequences'); any other choice is the draft the next `propose` returns."""
+        name, looked_up, k_own = self._choice(tokens, k, sampling, rng)
+        if name in self.own:
+            stepped = self.own[name].stepped(tokens, k_own, sampling, rng, grammar)
+            if stepped is not None:
+                return stepped[0], self._named(stepped[1], name)
+            self._decided = self.own[name].propose(tokens, k_own, sampling, rng, grammar)
+        else:
+            self._decided = looked_up if name == self.lookup_name else Draft()
+        self._decided.way = name
+        self._draft = self._decided
+        return None
+
+    def _named(self, steps: DraftSteps, name: str) -> DraftSteps:
+        draft = yield from steps
+        draft.way = name
+        self._draft = draft
+        return draft
+
+    def _choice(self, tokens: Sequence[int], k: int, sampling: SamplingParams,
+                rng: np.random.Generator) -> tuple[str, Draft, int]:
+        """This round's option (see the class notes), the lookup's proposal, and K for an own drafter chosen."""
         lengths = self.state.lengths
         self._learn_in_hindsight(tokens)
         started = time.perf_counter()
@@ -162,12 +201,7 @@ class HybridDrafter(Drafter):
         name = self._choose(options, {name: self.own[name].pending(tokens) for name in self.own})
         self.chosen = (name, options[name].seconds or 0.0)
         self._unused = (len(tokens), looked_up.tokens) if looked_up.tokens and name != self.lookup_name else None
-        if name in self.own:
-            self._draft = self.own[name].propose(tokens, ks[name], sampling, rng, grammar)
-        else:
-            self._draft = looked_up if name == self.lookup_name else Draft()
-        self._draft.way = name
-        return self._draft
+        return name, looked_up, ks.get(name, 0)
 
     def _price(self, n_ngram: int, ks: dict[str, int]) -> dict[str, Option]:
         """Every option of this round: no draft, the n-gram's proposal of `n_ngram` tokens where it made one,
