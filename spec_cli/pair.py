@@ -242,12 +242,12 @@ class Pair:
 
     def keep_memory(self, path: Path) -> str | None:
         """Start the memory from `path` and save it there when the pair closes; a file that cannot be used is
-        left alone (and replaced at the save): the line that says why is returned."""
+        left alone (the save replaces it): the line that says why is returned."""
         self.memory_path = path
         try:
             self.output_memory.load(path)
         except memory_file.MemoryFileError as exc:
-            return f"ignoring the memory file {path}: {exc}; it will be replaced"
+            return f"ignoring the memory file {path}: {exc}; the next save replaces it"
         return None
 
     def close(self) -> None:

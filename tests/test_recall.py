@@ -4,12 +4,15 @@ rejections, χ² at α = 0.001)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
 import pytest
+from typer.testing import CliRunner
 
 from spec_cli import Pair, SamplingParams, load_pair
+from spec_cli.cli.app import app
 from spec_cli.decoding.stats import Stats
 from spec_cli.drafting import memory_file
 from spec_cli.drafting.memory_file import MemoryFileError
@@ -19,6 +22,7 @@ from tests.exactness import (N_SAMPLES, REPETITIVE, SAMPLED, SIGNIFICANCE, again
                              chi_square_p_value, exact_pair_distribution, finish, priced_to_draft, sampled_pairs)
 from tests.tiny_models import write_model
 
+runner = CliRunner()
 GREEDY = SamplingParams()
 RNG = np.random.default_rng(0)
 
@@ -155,3 +159,25 @@ def test_a_memory_that_cannot_be_saved_is_one_line(target_path: Path, tmp_path: 
     finish(pair.generate(REPETITIVE, raw=True, max_tokens=4, draft_mode="memory", draft_max=2))
     with pytest.raises(SpecError, match=f"^cannot save the memory to {in_the_way}: "):
         pair.close()
+
+
+def test_a_second_process_drafts_from_the_saved_memory_on_its_first_request(target_path: Path, tmp_path: Path) -> None:
+    memory = tmp_path / "run.mem"
+    asked = ["run", "--target", str(target_path), "--raw", "--json", "-n", "16", "--draft-mode", "memory", "-k", "4"]
+    first = runner.invoke(app, [*asked, "--memory", str(memory), "a b c d"])
+    assert first.exit_code == 0, first.output
+    again = json.loads(runner.invoke(app, [*asked, "--memory", str(memory), "a b c d"]).stdout)
+    forgot = json.loads(runner.invoke(app, [*asked, "--no-memory", "a b c d"]).stdout)
+    assert again["text"] == forgot["text"]
+    assert again["stats"]["accepted"] >= 8 > forgot["stats"]["accepted"]
+
+
+def test_memory_flags_are_checked_before_loading(target_path: Path, tmp_path: Path) -> None:
+    both = runner.invoke(app, ["run", "--target", str(target_path), "--memory", str(tmp_path / "m"), "--no-memory", "hi"])
+    assert both.exit_code == 1 and "give either --memory FILE or --no-memory, not both" in both.stderr
+    missing = runner.invoke(app, ["run", "--target", str(target_path), "--lookup-corpus", str(tmp_path / "none"), "hi"])
+    assert missing.exit_code == 1 and missing.stderr.strip().endswith("no such file or folder")
+    damaged = tmp_path / "damaged.mem"
+    damaged.write_bytes(b"garbage")
+    ran = runner.invoke(app, ["run", "--target", str(target_path), "--raw", "-n", "4", "--memory", str(damaged), "hi"])
+    assert ran.exit_code == 0 and f"ignoring the memory file {damaged}" in ran.stderr

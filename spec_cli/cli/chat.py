@@ -10,9 +10,9 @@ import typer
 
 from spec_cli import chat as conversation
 from spec_cli.cli.common import user_errors
-from spec_cli.cli.options import (ChatFormatOpt, DraftMaxOpt, DraftModeOpt, DraftPMinOpt, LoadOptions, NoDraftOpt,
-                                  QuietOpt, RequestFlags, Sampling, SeedOpt, VerifyOpt, constrains, loads_pair,
-                                  open_pair, samples)
+from spec_cli.cli.options import (ChatFormatOpt, DraftMaxOpt, DraftModeOpt, DraftPMinOpt, LoadOptions, MemoryOptions,
+                                  NoDraftOpt, QuietOpt, RequestFlags, Sampling, SeedOpt, VerifyOpt, constrains,
+                                  loads_pair, open_pair, remembers, samples)
 from spec_cli.decoding.verification import DEFAULT_VERIFY
 from spec_cli.structured import Constraint
 from spec_cli.terminal.chat_repl import chat_loop
@@ -30,6 +30,8 @@ Examples:
 
   printf 'Hi!\\nWhat is 2+2?\\n' | spec chat > answers.txt
 
+  spec chat --lookup-corpus src/   # answers that quote the code draft from it
+
   spec chat --pair big --rpc 192.168.1.7:50052 --gpu-layers 60   # 60 layers on the worker, the rest here
 """
 
@@ -37,6 +39,7 @@ Examples:
 @loads_pair
 @samples
 @constrains
+@remembers
 def chat(
     load: LoadOptions = LoadOptions(),
     system: Annotated[Optional[str], typer.Option("--system", "-s", help="System message.", show_default=False)] = None,
@@ -45,6 +48,7 @@ def chat(
     draft_mode: DraftModeOpt = None,
     draft_p_min: DraftPMinOpt = 0.0,
     sampling: Sampling = Sampling(),
+    memory: MemoryOptions = MemoryOptions(),
     constraint: Constraint = Constraint(),
     verify: VerifyOpt = DEFAULT_VERIFY,
     seed: SeedOpt = None,
@@ -63,8 +67,10 @@ def chat(
         flags = RequestFlags.from_flags(draft_max, draft_mode, False, sampling.checked("model"), seed=seed,
                                         verify=verify, draft_p_min=draft_p_min, max_tokens=max_tokens,
                                         grammar=constraint.compiled())
+        memory = memory.checked()
         template = conversation.chat_template(chat_format)
         with open_pair(load.for_request(flags, no_draft, quiet)) as loaded:
+            memory.apply(loaded.pair, default_file=False, quiet=quiet)
             # Fail now rather than at the first message when there is no template to use.
             loaded.pair.target.format_chat([{"role": "user", "content": "hi"}], template=template)
             request = flags.for_pair(loaded)

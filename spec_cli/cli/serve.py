@@ -11,8 +11,8 @@ import typer
 
 from spec_cli import chat as conversation
 from spec_cli.cli.common import EXIT_USAGE, csv_list, reachable_from_outside, user_errors
-from spec_cli.cli.options import (ChatFormatOpt, DraftMaxOpt, DraftModeOpt, LoadOptions, NoDraftOpt, RequestFlags,
-                                  VerifyOpt, loads_pair, open_pair)
+from spec_cli.cli.options import (ChatFormatOpt, DraftMaxOpt, DraftModeOpt, LoadOptions, MemoryOptions, NoDraftOpt,
+                                  RequestFlags, VerifyOpt, loads_pair, open_pair, remembers)
 from spec_cli.decoding.scheduler import MAX_SEQUENCES
 from spec_cli.decoding.verification import DEFAULT_VERIFY
 from spec_cli.drafting.modes import FED_MODES
@@ -48,6 +48,8 @@ Examples:
 
   spec serve --cors http://localhost:3000      # a browser app on that origin may call it
 
+  spec serve --memory ~/agent.mem              # answers drafted from earlier ones, kept across restarts
+
   curl http://127.0.0.1:{server.DEFAULT_PORT}/v1/chat/completions -d '{{"messages": [{{"role": "user", "content": "Hi"}}]}}'
 
   curl http://127.0.0.1:{server.DEFAULT_PORT}/v1/chat/completions -d '{{"messages": [{{"role": "user", "content": "A cat, as JSON"}}], "response_format": {{"type": "json_object"}}}}'
@@ -55,10 +57,12 @@ Examples:
 
 
 @loads_pair
+@remembers
 def serve(
     load: LoadOptions = LoadOptions(),
     draft_max: DraftMaxOpt = None,
     draft_mode: DraftModeOpt = None,
+    memory: MemoryOptions = MemoryOptions(),
     verify: VerifyOpt = DEFAULT_VERIFY,
     max_tokens: Annotated[Optional[int], typer.Option("--max-tokens", "-n", min=1, help="Longest answer for requests that set no max_tokens (default: until the context is full).", show_default=False)] = None,
     chat_format: ChatFormatOpt = None,
@@ -101,9 +105,11 @@ def serve(
         limits = Limits(round(max_body * MIB), header_timeout, body_timeout, max_connections)
         # max_tokens is the server's own: a request that sets none runs until the context is full.
         flags = RequestFlags.from_flags(draft_max, draft_mode, no_draft, verify=verify)
+        memory = memory.checked()
         template = conversation.chat_template(chat_format)
         sock = server.listen(host, port)  # before the models load: a port in use is said at once
         with sock, open_pair(load.for_request(flags, no_draft, quiet)) as loaded:
+            memory.apply(loaded.pair, default_file=False, quiet=quiet)
             slots = _slots(loaded.pair, flags, parallel)
             # Several at once: K by the batch's goodput, unless -k says otherwise.
             defaults = flags.for_pair(loaded) if slots == 1 or flags.k_given else replace(

@@ -88,7 +88,9 @@ class OutputMemory:
         return len(documents)
 
     def save(self, path: Path) -> None:
-        """Add this process's new outputs to `path` (see `memory_file.write`)."""
+        """Add this process's new outputs to `path` (see `memory_file.write`); nothing new, nothing written."""
+        if not self._new:
+            return
         memory_file.write(path, self.vocabulary, self._new, self.capacity)
         self._new = []
 
