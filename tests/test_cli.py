@@ -227,7 +227,7 @@ def test_help_shows_examples() -> None:
 def test_help_lists_commands_in_the_order_a_user_meets_them() -> None:
     lines = spec("--help", env={"COLUMNS": "120"}).stdout.splitlines()
     listed = [line.split()[1] for line in lines if line.startswith("│ ") and line[2].isalpha()]  # not wrapped text
-    assert listed == ["run", "chat", "serve", "bench", "models", "doctor", "worker"]
+    assert listed == ["run", "chat", "batch", "serve", "bench", "models", "doctor", "worker"]
 
 
 @pytest.mark.parametrize("command", [[], ["run"], ["chat"], ["serve"], ["bench"], ["models", "list"], ["doctor"],

@@ -15,6 +15,7 @@ from spec_cli import Pair, SamplingParams, load_pair
 from spec_cli.cli.app import app
 from spec_cli.decoding.stats import Stats
 from spec_cli.drafting import memory_file
+from spec_cli.drafting.hybrid import HybridDrafter
 from spec_cli.drafting.memory_file import MemoryFileError
 from spec_cli.drafting.recall import CONTEXT, MemoryDrafter, OutputMemory, corpus_files
 from spec_cli.errors import SpecError
@@ -181,3 +182,10 @@ def test_memory_flags_are_checked_before_loading(target_path: Path, tmp_path: Pa
     damaged.write_bytes(b"garbage")
     ran = runner.invoke(app, ["run", "--target", str(target_path), "--raw", "-n", "4", "--memory", str(damaged), "hi"])
     assert ran.exit_code == 0 and f"ignoring the memory file {damaged}" in ran.stderr
+
+
+def test_every_slot_drafts_from_the_pairs_one_memory(other: Pair) -> None:
+    slots = other.slots(2)
+    assert all(slot.drafting.sources.memory is other.output_memory for slot in slots)
+    drafter, _ = slots[1].drafting.build("hybrid", 0.0, "auto")
+    assert isinstance(drafter, HybridDrafter) and drafter.lookup.memory is other.output_memory
