@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from spec_cli import load_pair
 from spec_cli.cli.app import app
-from tests.exactness import finish, greedy_agreement
+from exactness import finish, greedy_agreement
 
 runner = CliRunner()
 PROMPTS = ["the cat sat on", "a dog ran to the", "the cat sat on the mat and", "one two three four"]

@@ -149,7 +149,7 @@ class HybridDrafter(Drafter):
 
     def _new_prompt(self, tokens: Sequence[int]) -> None:
         self.state.new_text()
-        self._unused = None
+        self._unused = self._decided = None
         self.lookup.prefill(tokens)
 
     def propose(self, tokens: Sequence[int], k: int, sampling: SamplingParams, rng: np.random.Generator,
@@ -183,6 +183,7 @@ class HybridDrafter(Drafter):
         return None
 
     def _named(self, steps: DraftSteps, name: str) -> DraftSteps:
+        """`steps`, whose draft, once made, says it was `name`'s and is this round's."""
         draft = yield from steps
         draft.way = name
         self._draft = draft
