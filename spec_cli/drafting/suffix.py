@@ -59,9 +59,12 @@ class SuffixIndex:
         self._indexed = 0  # tokens[:_indexed] are in the NumPy index
         self._hashes: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._recent: dict[tuple[int, ...], list[int]] = {}
-        self.extend(tokens)
-        if self._n >= REBUILD // 4:
+        if len(tokens) >= REBUILD // 4:
+            self._array[:len(tokens)] = tokens
+            self._n = len(tokens)
             self._rebuild()
+        else:
+            self.extend(tokens)
 
     def __len__(self) -> int:
         return self._n
