@@ -28,7 +28,7 @@ from spec_cli.drafting.recall import OutputMemory
 from spec_cli.drafting.translation import Translation
 from spec_cli.errors import SpecError
 from spec_cli.llama import features
-from spec_cli.llama.context import Context
+from spec_cli.llama.context import Context, common_prefix
 from spec_cli.llama.grammar import Constraints, Grammar, GrammarError
 from spec_cli.llama.heads import BlockContext, HeadContext
 from spec_cli.llama.model import Model
@@ -282,6 +282,13 @@ class Slot:
 
     def __init__(self, pair: Pair, target: Context, drafting: Drafting) -> None:
         self.pair, self.target, self.drafting = pair, target, drafting
+
+    def fits(self, tokens: Sequence[int]) -> float:
+        """How well this slot suits a prompt of `tokens`: the prefix its memory holds, less half of what it would
+        lose (a new conversation goes to an empty slot rather than to one whose conversation merely starts with
+        the same template markers)."""
+        held = common_prefix(self.target.tokens, tokens)
+        return held - (self.target.n_past - held) / 2
 
     def generate(self, tokens: Sequence[int], request: GenerationRequest) -> Generation:
         """A generation of `tokens` on this slot, for a scheduler to run (`Pair.generate` otherwise)."""

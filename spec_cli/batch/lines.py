@@ -79,7 +79,7 @@ def _task(number: int, line: str, form: str, raw: bool) -> Task:
     if not isinstance(fields, dict):
         return Task(number, number, error=RequestError(f"line {number} is not a JSON object", code="invalid_json"))
     task_id = fields.get("custom_id" if form == OPENAI else "id", number)
-    if isinstance(task_id, bool) or not isinstance(task_id, (str, int)) or (form == OPENAI and not isinstance(task_id, str)):
+    if isinstance(task_id, bool) or not isinstance(task_id, str if form == OPENAI else (str, int)):
         what = "'custom_id' must be a string" if form == OPENAI else "'id' must be a string or an integer"
         return Task(number, number, error=RequestError(f"line {number}: {what}", param="id"))
     try:

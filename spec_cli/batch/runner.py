@@ -18,7 +18,6 @@ from spec_cli.batch.output import Result
 from spec_cli.decoding.engine import Generation
 from spec_cli.decoding.scheduler import Scheduler
 from spec_cli.errors import SpecError
-from spec_cli.llama.context import common_prefix
 from spec_cli.pair import Pair, Slot
 from spec_cli.request import GenerationRequest, InvalidRequest
 from spec_cli.server import openai_api
@@ -90,7 +89,7 @@ class BatchRunner:
         try:
             request = openai_api.structure(task.request)
             tokens = self._tokens(request)
-            slot = max(free, key=lambda s: common_prefix(s.target.tokens, tokens) - s.target.n_past / 2)
+            slot = max(free, key=lambda s: s.fits(tokens))
             settings = self._settings(request)
             generation = slot.generate(tokens, settings)
         except RequestError as exc:

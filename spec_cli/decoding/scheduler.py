@@ -225,7 +225,7 @@ class Scheduler:
             ks = [0 if adaptive else None for adaptive in chosen]
             self._quiet = (self._quiet[0] - 1, members) if self._quiet[0] > 1 else None
         else:
-            ks = list(choose_ks([self._candidate(r) for r in generating], self.pass_costs))
+            ks = list(choose_ks([self._candidate(r, len(generating)) for r in generating], self.pass_costs))
             ks = [k if adaptive else None for k, adaptive in zip(ks, chosen)]
             quiet = not any(ks)
             self._quiet = (QUIET_STEPS - 1, members) if quiet else None
@@ -233,7 +233,7 @@ class Scheduler:
             if not chosen[i]:
                 continue
             running.probing = ks[i] == 0 and running.idle >= running.probe_after and \
-                self._probe_due(running, self._candidate(running), len(generating))
+                self._probe_due(running, self._candidate(running, len(generating)), len(generating))
             if running.probing:
                 ks[i] = 1
             elif ks[i]:
@@ -263,13 +263,13 @@ class Scheduler:
         row_s = max(0.0, (self.pass_costs.seconds(rows) or pass_s) - pass_s)
         return probe_pays(candidate.cost(0) + row_s, running.idle, pass_s / sequences)
 
-    def _candidate(self, running: _Running) -> Candidate:
+    def _candidate(self, running: _Running, sequences: int) -> Candidate:
         """What the goodput choice needs of a sequence: its acceptance by position, its drafter's step and its
         catch-up on what it has not seen, as measured (unmeasured: free, so that it gets tried)."""
         generation = running.generation
         length, mode = generation.draft_length, generation.stats.draft_mode
         cap = max(0, min(length.k_max, generation.room() - 1))
-        if not self._chooses_k(running, 2):
+        if not self._chooses_k(running, sequences):
             return Candidate(np.zeros(0), fixed=min(length.next_k(), cap) if generation.drafter else 0)
         if not isinstance(length, AdaptiveK):  # the hybrid: a drafted token costs what its mix of ways has cost
             seconds, tokens = self.drafting.get(mode, (0.0, 0.0))

@@ -159,12 +159,7 @@ class HybridDrafter(Drafter):
             draft, self._decided = self._decided, None
             return draft
         name, looked_up, k_own = self._choice(tokens, k, sampling, rng)
-        if name in self.own:
-            self._draft = self.own[name].propose(tokens, k_own, sampling, rng, grammar)
-        else:
-            self._draft = looked_up if name == self.lookup_name else Draft()
-        self._draft.way = name
-        return self._draft
+        return self._made(name, looked_up, tokens, k_own, sampling, rng, grammar)
 
     def stepped(self, tokens: Sequence[int], k: int, sampling: SamplingParams, rng: np.random.Generator,
                 grammar: Grammar | None = None) -> tuple[Context, DraftSteps] | None:
@@ -175,12 +170,18 @@ class HybridDrafter(Drafter):
             stepped = self.own[name].stepped(tokens, k_own, sampling, rng, grammar)
             if stepped is not None:
                 return stepped[0], self._named(stepped[1], name)
-            self._decided = self.own[name].propose(tokens, k_own, sampling, rng, grammar)
-        else:
-            self._decided = looked_up if name == self.lookup_name else Draft()
-        self._decided.way = name
-        self._draft = self._decided
+        self._decided = self._made(name, looked_up, tokens, k_own, sampling, rng, grammar)
         return None
+
+    def _made(self, name: str, looked_up: Draft, tokens: Sequence[int], k_own: int, sampling: SamplingParams,
+              rng: np.random.Generator, grammar: Grammar | None) -> Draft:
+        """The round's draft, whole, by the option `name`: an own drafter's proposal, the lookup's, or none."""
+        if name in self.own:
+            self._draft = self.own[name].propose(tokens, k_own, sampling, rng, grammar)
+        else:
+            self._draft = looked_up if name == self.lookup_name else Draft()
+        self._draft.way = name
+        return self._draft
 
     def _named(self, steps: DraftSteps, name: str) -> DraftSteps:
         """`steps`, whose draft, once made, says it was `name`'s and is this round's."""

@@ -52,7 +52,7 @@ class OutputMemory:
     def documents(self) -> int:
         return len(self._sizes)
 
-    def remember(self, tokens: Sequence[int], new: bool = True) -> None:
+    def remember(self, tokens: Sequence[int]) -> None:
         """Add a document of outputs; past `capacity`, the oldest go (down to three quarters of it, so that
         the index is rebuilt once in a while, not at every output)."""
         tokens = list(tokens)[-(self.capacity - 1):]
@@ -61,8 +61,7 @@ class OutputMemory:
         self.outputs.add_document(tokens)
         self._sizes.append(len(tokens) + 1)
         self._total += len(tokens) + 1
-        if new:
-            self._new.append(tokens)
+        self._new.append(tokens)
         if self._total > self.capacity:
             dropped = 0
             while self._total - dropped > 3 * self.capacity // 4:
@@ -81,11 +80,14 @@ class OutputMemory:
         return max(found, key=lambda m: m.score, default=NO_MATCH)
 
     def load(self, path: Path) -> int:
-        """Add the documents saved in `path` (MemoryFileError: it cannot be used); return how many."""
-        documents = memory_file.read(path, self.vocabulary)
-        for document in memory_file.newest(documents, self.capacity):
-            self.remember(document, new=False)
-        return len(documents)
+        """Add the documents saved in `path`, older than those held (MemoryFileError: it cannot be used), and
+        index them all at once; return how many were saved."""
+        saved = memory_file.read(path, self.vocabulary)
+        kept = memory_file.newest([*saved, *memory_file.split(self.outputs.tokens)], self.capacity)
+        self.outputs = SuffixIndex(memory_file.joined(kept)[:-1])  # as `remember` leaves it: no END after the last
+        self._sizes = [len(document) + 1 for document in kept]
+        self._total = sum(self._sizes)
+        return len(saved)
 
     def save(self, path: Path) -> None:
         """Add this process's new outputs to `path` (see `memory_file.write`); nothing new, nothing written."""

@@ -27,7 +27,6 @@ from spec_cli.decoding.sampling import settle
 from spec_cli.decoding.scheduler import Scheduler
 from spec_cli.dialect import Dialect
 from spec_cli.errors import SpecError
-from spec_cli.llama.context import common_prefix
 from spec_cli.llama.grammar import GrammarError
 from spec_cli.llama.prefix_store import PrefixStore
 from spec_cli.llama.prompt_text import PromptText
@@ -435,8 +434,7 @@ class Service:
         for candidate in list(self._free):
             tokens = (list(request.prompt) if prompt is None
                       else self._caches[id(candidate)].tokens_for(model, prompt))
-            held = common_prefix(candidate.target.tokens, tokens)
-            score = held - (candidate.target.n_past - held) / 2
+            score = candidate.fits(tokens)
             if best is None or score > best[0]:
                 best = (score, tokens, candidate)
         assert best is not None
