@@ -23,16 +23,18 @@ from spec_cli.decoding.reasoning import Budgeted
 from spec_cli.decoding.sampling import recommended
 from spec_cli.drafting import cost_book
 from spec_cli.drafting import memory_file
-from spec_cli.drafting.modes import MODES, Drafting, Sources
+from spec_cli.drafting.modes import FED_MODES, MODES, Drafting, Sources
 from spec_cli.drafting.recall import OutputMemory
 from spec_cli.drafting.translation import Translation
-from spec_cli.errors import SpecError
+from spec_cli.errors import BadInput, SpecError
 from spec_cli.llama import features
 from spec_cli.llama.context import Context, common_prefix
 from spec_cli.llama.grammar import Constraints, Grammar, GrammarError
 from spec_cli.llama.heads import BlockContext, HeadContext
 from spec_cli.llama.model import Model
 from spec_cli.llama.placement import load_model
+from spec_cli.llama.prompt_text import PromptText, with_images
+from spec_cli.llama.vision import Image, Projector, has_images
 from spec_cli.models import vocab
 from spec_cli.request import GenerationRequest, InvalidConstraint, InvalidRequest
 
@@ -45,13 +47,16 @@ class Pair:
     or a DFlash drafter (`features.drafter_file`): the target then keeps the inputs of the layers it reads."""
 
     def __init__(self, target: Model, draft: Model | None, n_ctx: int, n_threads: int,
-                 max_draft: int = AUTO_K_MAX, translation: Translation | None = None) -> None:
+                 max_draft: int = AUTO_K_MAX, translation: Translation | None = None,
+                 projectors: tuple[Projector | None, Projector | None] = (None, None)) -> None:
         """`max_draft`: the largest K that will be asked for; the target's memory is sized to take back that
         many tokens in place where llama.cpp can. The draft's memory never needs it: it drafts one token
         per decode, and in-place rollback only reaches into the last batch. `translation`: the two
-        vocabularies side by side when they differ (the draft drafts through text), None when they match."""
+        vocabularies side by side when they differ (the draft drafts through text), None when they match.
+        `projectors`: the target's and the draft's mmproj, where they read images (the pair closes them)."""
         self.target = target
         self.draft = draft
+        self.vision, self.draft_vision = projectors
         self.constraints = Constraints(target)  # grammars over the target's vocabulary, compiled once each
         self.translation = translation
         self.n_threads = n_threads
@@ -95,8 +100,10 @@ class Pair:
                                  feature_layers=feature_layers))
 
     def _add(self, context: _Memory) -> _Memory:
-        """Keep `context` to close with the pair."""
+        """Keep `context` to close with the pair; one over a model with a projector reads images through it."""
         self._contexts.append(context)
+        if isinstance(context, Context):
+            context.projector = self.vision if context.model is self.target else self.draft_vision
         return context
 
     @property
@@ -136,23 +143,45 @@ class Pair:
     def has_chat_template(self) -> bool:
         return self.target.chat_template() is not None
 
-    def prompt_tokens(self, prompt: str, raw: bool = False) -> list[int]:
+    def prompt_tokens(self, prompt: str, raw: bool = False, images: Sequence[Image] = ()) -> list[int]:
         """Tokens of `prompt`: verbatim when `raw` (control tokens spelt in it are parsed), else wrapped as a user
-        message by the chat template (its text stays text: only the template's markers are control tokens)."""
-        if not prompt.strip():
+        message by the chat template (its text stays text: only the template's markers are control tokens).
+        `images` come first, in order, before the text (`with_images`)."""
+        if not prompt.strip() and not images:
             raise SpecError("the prompt is empty")
+        text = with_images(prompt, len(images))
+        pieces = self.see(images)
         if raw:
-            return self.target.tokenize(prompt)
-        return self.target.tokenize_prompt(self.target.format_chat([{"role": "user", "content": prompt}]))
+            return self.target.tokenize_prompt(PromptText(text), images=pieces)
+        return self.target.tokenize_prompt(self.target.format_chat([{"role": "user", "content": text}]),
+                                           images=pieces)
+
+    def see(self, images: Sequence[Image]) -> list[list[int]]:
+        """The ids each image takes in a prompt (the text the target's projector writes around it, then its run),
+        each read by the target's projector and by the draft's where it has one (`BadInput` when an image is
+        not one, or the target reads none)."""
+        if images and self.vision is None:
+            raise BadInput(f"{self.target.path.name} reads no images without its mmproj: give one with --mmproj "
+                           "(or put a single mmproj*.gguf beside the model)")
+        pieces = []
+        for image in images:
+            read, before, after = self.vision.see(image)
+            if self.draft_vision is not None:
+                self.draft_vision.see(image)
+            pieces.append([*before, *[image.key] * read.n_tokens, *after])
+        return pieces
 
     def check_prompt(self, tokens: Sequence[int]) -> None:
         """Refuse a prompt the target cannot take: empty, with ids outside its vocabulary, or not leaving room
         in the context for one token."""
         if not tokens:
             raise SpecError("the prompt is empty")
-        if any(not 0 <= token < self.target.n_vocab for token in tokens):
+        if any(not 0 <= token < self.target.n_vocab for token in tokens if token >= 0 or self._unseen(token)):
             raise InvalidRequest("prompt", "the prompt has token ids outside the vocabulary "
                                            f"(0 to {self.target.n_vocab - 1})")
+        if len(tokens) >= self.n_ctx and has_images(tokens):
+            raise BadInput(f"the prompt's images and text take {len(tokens)} tokens but the context holds "
+                           f"{self.n_ctx}; give fewer or smaller images, or raise --ctx")
         if len(tokens) >= self.n_ctx:
             raise InvalidRequest("prompt", f"the prompt is {len(tokens)} tokens but the context holds {self.n_ctx}; "
                                            "shorten it or raise --ctx", code="context_length_exceeded")
@@ -175,6 +204,8 @@ class Pair:
                     drafting: Drafting) -> Generation:
         """A generation of `tokens` on the target's sequence `target`, drafting with `drafting`'s sources."""
         self.check_prompt(tokens)
+        if has_images(tokens):
+            self._check_reads_images(self.mode_for(request))
         grammar = self.grammar(request.grammar) if request.grammar is not None else None
         if request.reasoning_budget is not None:
             grammar = Budgeted(grammar, request.reasoning_budget, self.target)
@@ -192,6 +223,21 @@ class Pair:
         generation.stats.memory = {name: facts for name, facts in self.memory().items() if name in in_use}
         generation.stats.placement = {name: where for name, where in self.placement().items() if name in in_use}
         return generation
+
+    def _unseen(self, token: int) -> bool:
+        """Whether a negative id is not an image the target's projector has seen."""
+        return self.vision is None or self.vision.get(token) is None
+
+    def _check_reads_images(self, mode: str) -> None:
+        """Refuse drafting that cannot go past an image yet: from the target's hidden states or features (MTP,
+        EAGLE-3, DFlash, or the hybrid choosing among them), or through another vocabulary's text."""
+        fed = [name for name in FED_MODES if name in self.drafting_modes]
+        if mode in FED_MODES or (mode == "hybrid" and fed):
+            raise BadInput(f"drafting with {mode if mode in FED_MODES else fed[0]} does not read images yet; "
+                           "use --draft-mode model, memory or ngram for a prompt with images")
+        if self.translation is not None and MODES[mode].loads_draft:
+            raise BadInput("a draft with another vocabulary cannot draft for a prompt with images; "
+                           "use --draft-mode memory or ngram")
 
     def slots(self, n: int) -> list[Slot]:
         """`n` sequences to generate on at once (`decoding.scheduler`). One is the pair's own contexts and
@@ -266,6 +312,9 @@ class Pair:
     def _free(self) -> None:
         for context in self._contexts:
             context.close()
+        for projector in (self.vision, self.draft_vision):
+            if projector is not None:
+                projector.close()
         for model in self._models:
             model.close()
 
@@ -303,7 +352,8 @@ class Slot:
 def load_pair(target: str | os.PathLike[str], draft: str | os.PathLike[str] | None = None, *,
               n_ctx: int = DEFAULT_CTX, n_threads: int | None = None, gpu_layers: int | None = None,
               draft_gpu_layers: int | None = None, max_draft: int = AUTO_K_MAX, rpc: Sequence[str] = (),
-              draft_rpc: Sequence[str] = (), tensor_split: Sequence[float] = ()) -> Pair:
+              draft_rpc: Sequence[str] = (), tensor_split: Sequence[float] = (),
+              mmproj: str | os.PathLike[str] | None = None, draft_mmproj: str | os.PathLike[str] | None = None) -> Pair:
     """Load a target and (unless `draft` is None) a draft. A draft whose vocabulary is not the target's drafts
     through text (`drafting.text`), exactly too; one that cannot spell plain text is refused. An EAGLE-3 head
     or a DFlash drafter drafts from the target's features, and only for a target it fits (`features`).
@@ -314,12 +364,17 @@ def load_pair(target: str | os.PathLike[str], draft: str | os.PathLike[str] | No
     devices (default: every layer that fits on a machine with a GPU or with workers, none on a CPU-only
     one; 0 keeps a model on the CPU), the rest stay on this machine's CPU. The draft stays
     local unless `draft_rpc` names workers for it: it is small, and local drafting pays no round trips.
+
+    `mmproj`: the target's projector, for prompts with images (`vision`); `draft_mmproj`: the draft's, so that it
+    sees the images too (without one a draft reads the text around them).
     """
     if n_ctx < 16:
         raise SpecError(f"the context must hold at least 16 tokens, got {n_ctx}")
+    if draft_mmproj is not None and draft is None:
+        raise BadInput("--draft-mmproj is the draft model's projector: give the draft model too (--draft)")
     threads = n_threads or os.cpu_count() or 1
     target_model = load_model(target, gpu_layers, rpc, tensor_split, load_mtp=True)
-    draft_model, translation = None, None
+    draft_model, translation, projectors = None, None, [None, None]
     try:
         if draft is not None:
             # A drafter fed with features decodes whole batches (its encoder, a DFlash block): no kernels that
@@ -327,8 +382,15 @@ def load_pair(target: str | os.PathLike[str], draft: str | os.PathLike[str] | No
             fed = features.is_drafter(Path(draft))
             draft_model = load_model(draft, draft_gpu_layers, draft_rpc, (), drafts=not fed)
             translation = None if fed else vocab.translation(target_model, draft_model)
-        return Pair(target_model, draft_model, n_ctx, threads, max(max_draft, AUTO_K_MAX), translation)
+        for i, (model, path) in enumerate(((target_model, mmproj), (draft_model, draft_mmproj))):
+            if path is not None and model is not None:
+                projectors[i] = Projector(model, path, threads)
+        return Pair(target_model, draft_model, n_ctx, threads, max(max_draft, AUTO_K_MAX), translation,
+                    (projectors[0], projectors[1]))
     except BaseException:
+        for projector in projectors:
+            if projector is not None:
+                projector.close()
         for model in (target_model, draft_model):
             if model is not None:
                 model.close()

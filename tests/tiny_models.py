@@ -161,7 +161,8 @@ def rows_for(tokenizer: Tokenizer) -> tuple[list[int], list[int]]:
     return list(pairs), list(pairs.values())
 
 
-ARCHS = ("llama", "gemma3", "mamba", "lfm2", "jamba")
+ARCHS = ("llama", "gemma3", "mamba", "lfm2", "jamba", "qwen2vl")
+ROPE_SECTIONS = [4, 2, 2, 0]  # qwen2vl's M-RoPE: time, height, width (a 16-wide head turns in 8 pairs)
 D_CONV, D_STATE, DT_RANK, L_CACHE = 4, 8, 8, 3
 EMBEDDING_SCALE = {"gemma3": 0.3}  # gemma3 multiplies embeddings by √n_embd: large ones make it repeat itself
 
@@ -177,7 +178,8 @@ def write_model(path: Path, seed: int, *, arch: str = "llama", vocab_size: int =
     `noise` > 0 perturbs every weight of the seed's model by that fraction (drawn from another seed): a
     draft that agrees with the seed's model most of the time, but not always. The architectures cover
     every kind of memory: llama (attention), gemma3 (sliding window of `sliding_window` tokens),
-    mamba (recurrent), lfm2 (hybrid that llama.cpp rolls back in place), jamba (hybrid that it cannot).
+    mamba (recurrent), lfm2 (hybrid that llama.cpp rolls back in place), jamba (hybrid that it cannot); qwen2vl
+    is llama with M-RoPE (positions in time, height and width, for images).
     `n_embd` and `n_layer` make larger models for benchmarks (the feed-forward width follows n_embd);
     `layer_scale` < 1 shrinks what each layer adds to the residual stream, for a model that follows its
     input closely (predictable, so a quantized copy of it drafts well). `sampling` writes recommended
@@ -243,8 +245,10 @@ def write_model(path: Path, seed: int, *, arch: str = "llama", vocab_size: int =
     recurrent = {"mamba": every, "lfm2": every[::2], "jamba": every[::2]}.get(arch, [])
     writer.add_head_count(0 if arch == "mamba" else N_HEAD)
     writer.add_head_count_kv([0 if i in recurrent else N_HEAD_KV for i in range(kept)])
-    if arch in ("llama", "gemma3"):
+    if arch in ("llama", "gemma3", "qwen2vl"):
         writer.add_rope_dimension_count(head_dim)
+    if arch == "qwen2vl":
+        writer.add_rope_dimension_sections(ROPE_SECTIONS)
     if arch == "gemma3":
         writer.add_sliding_window(sliding_window)
     if arch in ("mamba", "jamba"):

@@ -140,7 +140,7 @@ class Generation:
         memory marks the place, the drafter keeps what it holds of the prompt and takes the rest in when it
         first drafts (`Drafter.start`: under a scheduler it may never draft), and the rounds may start."""
         if fed:
-            self.target.memory.after_prompt(self.target.n_past)
+            self.target.mark_prompt()
         if self.drafter is not None:
             self.drafter.start(self._seq[:-1])
         self._timer.prompt_done()

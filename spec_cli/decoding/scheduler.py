@@ -29,6 +29,7 @@ from spec_cli.decoding.drafter import Draft, DraftSteps
 from spec_cli.decoding.engine import Generation, TokenEvent
 from spec_cli.decoding.goodput import Candidate, choose_ks
 from spec_cli.llama.context import Context, Part, decode_together
+from spec_cli.llama.vision import has_images, whole_images
 
 PREFILL_CHUNK = 64  # prompt tokens a newcomer feeds a step while others generate (alone: a whole batch)
 COSTS_DECAY = 0.95  # a pass of a size weighs 5% less at the next of that size: costs follow the machine's load
@@ -205,6 +206,7 @@ class Scheduler:
             n = min(len(running.prompt), PREFILL_CHUNK if others else room, room)
             if not running.prompt or n <= 0:
                 continue
+            n = whole_images(running.prompt, n)
             chunk, running.prompt = running.prompt[:n], running.prompt[n:]
             parts.append((running.generation.target, chunk, 0, len(chunk)))
             fed.append((running, n))
@@ -303,11 +305,11 @@ def _decode(parts: list[Part]) -> tuple[list[np.ndarray], int]:
 def _batches(parts: list[Part], n_batch: int) -> list[list[Part]]:
     """The parts in order, in groups that each fit one batch: one pass, unless so many sequences draft so much
     (or a memory replays so many tokens) that they do not fit; a part larger than a batch goes alone, which
-    `decode_together` decodes in several."""
+    `decode_together` decodes in several, and so does a part with an image (embeddings are a pass of their own)."""
     groups: list[list[Part]] = [[]]
     size = 0
     for part in parts:
-        if groups[-1] and size + len(part[1]) > n_batch:
+        if groups[-1] and (size + len(part[1]) > n_batch or has_images(part[1]) or has_images(groups[-1][-1][1])):
             groups.append([])
             size = 0
         groups[-1].append(part)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import ctypes
 import time
+from dataclasses import dataclass
 from typing import Sequence
 
 import llama_cpp
@@ -17,6 +18,7 @@ from llama_cpp import llama_cpp_ext
 from spec_cli.errors import SpecError
 from spec_cli.llama import features, memory
 from spec_cli.llama.model import Backend, Model
+from spec_cli.llama.vision import Projector, whole_images
 
 
 def copy_rows(pointer: object, n_rows: int, width: int) -> np.ndarray:
@@ -36,6 +38,20 @@ def common_prefix(held: Sequence[int], tokens: Sequence[int]) -> int:
             break
         keep += 1
     return keep
+
+
+@dataclass(frozen=True)
+class _Held:
+    """An image a sequence's memory holds: its run of `run` ids from `start` in `tokens`, which advanced
+    positions by `n_pos` in this context (0 where the context has no projector and skipped it)."""
+
+    start: int
+    run: int
+    n_pos: int
+
+    @property
+    def shift(self) -> int:
+        return self.n_pos - self.run
 
 
 def new_context(model: Model, n_ctx: int, n_batch: int, n_threads: int, what: str, n_seq_max: int = 1,
@@ -66,7 +82,10 @@ class Context:
     """One sequence's memory over a `Model`, fed token batches at increasing positions of sequence `seq`.
 
     A context made for several sequences (`sequences`) is sequence 0 of them; `sequence(s)` gives the others,
-    and `decode_together` feeds several in one pass. `tokens` is what the memory holds. Going back (`trim`) is left to the memory's strategy (`memory`):
+    and `decode_together` feeds several in one pass. `tokens` is what the memory holds. An image's run in
+    `tokens` (`vision`) is decoded through `projector`, or skipped without one; positions then part from
+    indices in `tokens` (an image advances them by its own count, a grid's side under M-RoPE, or not at all
+    when skipped), and the memory works in positions. Going back (`trim`) is left to the memory's strategy (`memory`):
     a cut, an in-place rollback, or a snapshot restored and the kept tokens replayed; `rollback_s` is the
     time that costs (saving snapshots included). Decoding and trimming count in `busy_s`; the prompt's
     snapshot does not.
@@ -100,6 +119,9 @@ class Context:
         # llama.cpp rounds the size up (to 256s); the user's number is the limit we keep to.
         self.n_ctx: int = min(n_ctx, llama_cpp.llama_n_ctx(handle) // sequences)
         self.tokens: list[int] = []
+        self.projector: Projector | None = None  # reads the images of `tokens` (the pair sets it)
+        self._held: list[_Held] = []
+        self._shift = 0  # positions less indices past every image held
         self.busy_s = 0.0
         self._trim_s = 0.0
         # Row p: h_p as last computed. Valid for every position of the sequence decoded with its current tokens,
@@ -124,6 +146,7 @@ class Context:
             raise ValueError(f"sequence {seq} is not one of this context's")
         other = copy.copy(self)
         other.seq, other.tokens, other.busy_s, other._trim_s = seq, [], 0.0, 0.0
+        other._held, other._shift = [], 0
         other.memory = memory.for_context(self._handle, self.model._handle, self.model.path.name, seq)
         if self.hidden is not None:
             other.hidden = np.zeros_like(self.hidden)
@@ -169,13 +192,17 @@ class Context:
             self.decode(tokens[:n_final - 1], 0)
             self._trim_s += time.perf_counter() - started
             tokens, n_final = tokens[n_final - 1:], 1
-        self.memory.before_decode(self.n_past, len(tokens), n_final)
+        self.memory.before_decode(self.n_past + self._shift, len(tokens), n_final)
         return tokens
 
     def _decode(self, tokens: Sequence[int], n_logits: int) -> np.ndarray:
         first_output = len(tokens) - n_logits
-        for start in range(0, len(tokens), self.n_batch):
-            chunk = tokens[start:start + self.n_batch]
+        start = 0
+        while start < len(tokens):
+            if tokens[start] < 0:
+                start += self._see(tokens[start], whole_images(tokens[start:], 0))
+                continue
+            chunk = tokens[start:start + whole_images(tokens[start:start + self.n_batch], self.n_batch)]
             self._batch.n_tokens = self._put(0, chunk, first_output - start)
             Backend.forget()
             status = llama_cpp.llama_decode(self._handle, self._batch)
@@ -183,9 +210,50 @@ class Context:
                 self._fail(status)
             self._keep_rows(0, len(chunk))
             self.tokens.extend(chunk)
+            start += len(chunk)
         if n_logits == 0:
             return np.empty((0, self.model.n_vocab), dtype=np.float32)
         return copy_rows(llama_cpp.llama_get_logits(self._handle), n_logits, self.model.n_vocab)
+
+    def _see(self, key: int, run: int) -> int:
+        """Decode the image whose run of `run` ids holds `key` through the projector (skip it without one);
+        return `run`."""
+        image = self.projector.get(key) if self.projector is not None else None
+        if image is not None:
+            try:
+                image.decode(self._handle, self.n_past + self._shift, self.seq, self.n_batch)
+            except SpecError:
+                self._fail_quietly()
+                raise
+        held = _Held(self.n_past, run, image.n_pos if image is not None else 0)
+        self._held.append(held)
+        self._shift += held.shift
+        self.tokens.extend([key] * run)
+        return run
+
+    def _position(self, n: int) -> int:
+        """The position of the n-th token (n at the end of an image or between them)."""
+        return n + sum(held.shift for held in self._held if held.start + held.run <= n)
+
+    def _index(self, position: int) -> int:
+        """How many of `tokens` the memory holds when it holds positions up to `position`: an image the position
+        falls inside of is not held."""
+        shift = 0
+        for held in self._held:
+            first = held.start + shift
+            if position <= first:
+                break
+            if position < first + held.n_pos:
+                return held.start
+            shift += held.shift
+        return position - shift
+
+    def _whole(self, n: int) -> int:
+        """n, or the start of the image it would cut through (memories never keep part of an image)."""
+        for held in self._held:
+            if held.start < n < held.start + held.run:
+                return held.start
+        return n
 
     @property
     def keeps_features(self) -> bool:
@@ -215,8 +283,7 @@ class Context:
 
     def _fail(self, status: int) -> None:
         """llama.cpp refused a batch: forget everything (the memory may hold part of it) and say why."""
-        self.memory.clear()
-        self.tokens.clear()
+        self._fail_quietly()
         reason = "no room in the memory" if status == 1 else f"status {status}"
         raise SpecError(f"llama.cpp could not decode with {self.model.path.name}: {Backend.message(reason)}")
 
@@ -232,13 +299,17 @@ class Context:
         reused = self.n_past
         self.decode(tokens[reused:], 0)
         if reused < len(tokens):
-            self.memory.after_prompt(self.n_past)
+            self.mark_prompt()
         return reused
+
+    def mark_prompt(self) -> None:
+        """The memory holds a whole prompt: a place a later chat turn may come back to."""
+        self.memory.after_prompt(self.n_past + self._shift)
 
     def _put(self, at: int, chunk: Sequence[int], first_output: int) -> int:
         """Write `chunk` into the batch from row `at`, at this sequence's next positions, asking for logits from
         its row `first_output` on; return the row after it."""
-        batch, n_past, seq = self._batch, self.n_past, self.seq
+        batch, n_past, seq = self._batch, self.n_past + self._shift, self.seq
         for i, token in enumerate(chunk):
             batch.token[at + i] = token
             batch.pos[at + i] = n_past + i
@@ -255,20 +326,32 @@ class Context:
         The memory is asked even when nothing seems to be beyond `n_keep`: a Ctrl-C that lands between
         `llama_decode` and the bookkeeping above leaves llama.cpp holding positions that `tokens` lacks.
         """
-        n_keep = min(n_keep, self.n_past)
-        if n_keep >= max(self.n_past, self.memory.held()):
+        n_keep = self._whole(min(n_keep, self.n_past))
+        if n_keep >= max(self.n_past, self._index(self.memory.held())):
             return
         started = time.perf_counter()
-        del self.tokens[self.memory.rollback(n_keep):]
+        kept = self._index(self.memory.rollback(self._position(n_keep)))
+        del self.tokens[kept:]
+        self._forget_images(kept)
         elapsed = time.perf_counter() - started
         self._trim_s += elapsed
         self.busy_s += elapsed
 
+    def _forget_images(self, kept: int) -> None:
+        self._held = [held for held in self._held if held.start < kept]
+        self._shift = sum(held.shift for held in self._held)
+
+    def _fail_quietly(self) -> None:
+        self.memory.clear()
+        self.tokens.clear()
+        self._forget_images(0)
+
     @property
     def portable(self) -> bool:
         """Whether this sequence's whole state can be saved and loaded elsewhere (`saved_state`): not when it
-        keeps hidden states or features beside its memory, which a state does not carry."""
-        return self.hidden is None and self._features is None
+        keeps hidden states or features beside its memory, which a state does not carry, nor when it holds an
+        image (whose positions the state does not say)."""
+        return self.hidden is None and self._features is None and not self._held
 
     def saved_state(self) -> tuple[ctypes.Array[ctypes.c_uint8], int]:
         """This sequence's whole state (every kind of memory it has), as llama.cpp writes it: (buffer, size)."""
@@ -282,8 +365,7 @@ class Context:
     def load_state(self, buffer: ctypes.Array[ctypes.c_uint8], size: int, tokens: Sequence[int]) -> None:
         """Make this sequence hold `tokens` from a state `saved_state` wrote for them (on any sequence of a
         context over the same model): what it held before, and its snapshots, are forgotten."""
-        self.memory.clear()
-        self.tokens = []
+        self._fail_quietly()
         if llama_cpp.llama_state_seq_set_data_ext(self._handle, buffer, size, self.seq, 0) == 0:
             self.memory.clear()
             raise SpecError(f"llama.cpp could not load a saved state of {self.model.path.name}")
@@ -334,8 +416,7 @@ def decode_together(parts: Sequence[Part]) -> list[np.ndarray]:
     status = llama_cpp.llama_decode(first._handle, first._batch)
     if status != 0:
         for context, _, _ in todo[1:]:
-            context.memory.clear()
-            context.tokens.clear()
+            context._fail_quietly()
         first._fail(status)
     n_rows = sum(n_logits for _, _, n_logits in todo)
     rows = copy_rows(llama_cpp.llama_get_logits(first._handle), n_rows, first.model.n_vocab) if n_rows else None

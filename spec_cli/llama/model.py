@@ -20,7 +20,7 @@ from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
 from spec_cli.errors import SpecError
 from spec_cli.llama import kernels, rpc
-from spec_cli.llama.prompt_text import ControlToken, ControlTokens, PromptText, render_chat
+from spec_cli.llama.prompt_text import IMAGE_MARKER, ControlToken, ControlTokens, PromptText, render_chat
 
 GGUF_MAGIC = b"GGUF"
 _GGML_LOG_LEVEL_WARN = 3
@@ -180,19 +180,37 @@ class Model:
         `add_special` is False (text that continues a conversation already under way)."""
         return self.tokenize_bytes(text.encode("utf-8"), add_special, parse_special=True)
 
-    def tokenize_prompt(self, prompt: PromptText, add_special: bool = True) -> list[int]:
+    def tokenize_prompt(self, prompt: PromptText, add_special: bool = True,
+                        images: Sequence[Sequence[int]] = ()) -> list[int]:
         """Tokens for `prompt`: as `tokenize` where it marks no message text; else split at the control tokens
-        outside its message text, as llama.cpp splits text, and each fragment tokenized as plain text."""
+        outside its message text, as llama.cpp splits text, and each fragment tokenized as plain text.
+        `images`: the ids of each image (`vision.Projector.see`), in the place of each `IMAGE_MARKER` in turn."""
+        pending = list(images)
         if not prompt.plain:
-            return self.tokenize(prompt.text, add_special)
-        info = self.vocab_info()
-        tokens = [info.bos] if add_special and info.add_bos else []
-        for piece in self.control_tokens.partition(prompt):
-            if isinstance(piece, int):
-                tokens.append(piece)
-            else:
-                tokens += self.tokenize_bytes(prompt.text[piece[0]:piece[1]].encode("utf-8"), False, False)
-        return tokens + ([info.eos] if add_special and info.add_eos else [])
+            tokens = self._with_images(prompt.text, add_special, True, pending)
+        else:
+            info = self.vocab_info()
+            tokens = [info.bos] if add_special and info.add_bos else []
+            for piece in self.control_tokens.partition(prompt):
+                if isinstance(piece, int):
+                    tokens.append(piece)
+                else:
+                    tokens += self._with_images(prompt.text[piece[0]:piece[1]], False, False, pending)
+            tokens += [info.eos] if add_special and info.add_eos else []
+        if pending:
+            raise SpecError(f"the chat template of {self.path.name} left out {len(pending)} of the prompt's images")
+        return tokens
+
+    def _with_images(self, text: str, add_special: bool, parse_special: bool, pending: list[Sequence[int]]) -> list[int]:
+        """Tokens for `text`, each `IMAGE_MARKER` in it replaced by the next of `pending`."""
+        fragments = text.split(IMAGE_MARKER)
+        tokens = self.tokenize_bytes(fragments[0].encode("utf-8"), add_special, parse_special)
+        for fragment in fragments[1:]:
+            if not pending:
+                raise SpecError(f"the chat template of {self.path.name} repeats the prompt's images")
+            tokens += pending.pop(0)
+            tokens += self.tokenize_bytes(fragment.encode("utf-8"), False, parse_special) if fragment else []
+        return tokens
 
     @functools.cached_property
     def control_tokens(self) -> ControlTokens:

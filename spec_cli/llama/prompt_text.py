@@ -20,7 +20,13 @@ from typing import Any, Callable, Sequence
 from spec_cli.errors import SpecError
 
 Span = tuple[int, int]
+IMAGE_MARKER = f"<__image_{secrets.token_hex(6)}__>"  # where message text holds an image: no user can type it
 WHITESPACE = " \t\n\v\f\r"  # C's isspace, which llama.cpp strips beside a token marked lstrip or rstrip
+
+
+def with_images(text: str, n_images: int) -> str:
+    """`text` after `n_images` image markers, each on a line of its own (an image, then what to do with it)."""
+    return "".join(f"{IMAGE_MARKER}\n" for _ in range(n_images)) + text
 
 
 @dataclass(frozen=True)
