@@ -18,8 +18,9 @@ from typing import Callable, Iterator
 from spec_cli.decoding.engine import Generation, TokenEvent
 from spec_cli.decoding.prompt_cache import PromptCache
 from spec_cli.decoding.stats import Stats
-from spec_cli.errors import SpecError
-from spec_cli.llama.prompt_text import PromptText
+from spec_cli.errors import BadInput, SpecError
+from spec_cli.llama.prompt_text import PromptText, with_images
+from spec_cli.llama.vision import Image, read_image
 from spec_cli.pair import Pair
 from spec_cli.request import GenerationRequest, InvalidRequest, draft_max_from_text
 from spec_cli.structured import Constraint
@@ -66,6 +67,7 @@ class Turn:
     role: str
     content: str
     interrupted: bool = False
+    images: tuple[Image, ...] = ()  # before the text, as `spec run --image` places them
 
 
 @dataclass
@@ -78,25 +80,39 @@ class ChatSession:
     totals: Stats = field(default_factory=lambda: Stats(draft_max=0))
     last: Generation | None = None
     notices: list[str] = field(default_factory=list)
+    attached: list[Image] = field(default_factory=list)  # `/image` files for the next message
     _cache: PromptCache = field(default_factory=PromptCache)
     _rendered: PromptText = PromptText("")
 
     def messages(self, turns: list[Turn] | None = None) -> list[dict[str, str]]:
         system = [{"role": "system", "content": self.system}] if self.system else []
-        return system + [{"role": t.role, "content": t.content} for t in (self.turns if turns is None else turns)]
+        return system + [{"role": t.role, "content": with_images(t.content, len(t.images))}
+                         for t in (self.turns if turns is None else turns)]
+
+    def attach(self, path: Path) -> str:
+        """Attach an image to the next message (read now: a bad file is said at once)."""
+        image = read_image(path)
+        if self.pair.vision is None:
+            raise BadInput(f"{self.pair.target.path.name} reads no images without its mmproj: start spec chat with "
+                           "--mmproj (or put a single mmproj*.gguf beside the model)")
+        self.pair.see([image])
+        self.attached.append(image)
+        count = len(self.attached)
+        return f"{path} attached to the next message" + (f" ({count} images)" if count > 1 else "")
 
     def reply(self, text: str) -> Iterator[TokenEvent]:
         """Answer a user message, streaming events; the answer joins the history even if cut short."""
-        if not text.strip():
+        if not text.strip() and not self.attached:
             raise SpecError("the message is empty")
         turns = self.turns
-        self.turns = turns + [Turn("user", text)]
+        self.turns = turns + [Turn("user", text, images=tuple(self.attached))]
         try:
             prompt = self._prompt_tokens()
             generation = self.pair.generate(prompt, self.settings, draft_mode=self._drafting())
         except SpecError:
             self.turns = turns
             raise
+        self.attached = []
         self.last = generation
         try:
             yield from generation
@@ -117,7 +133,8 @@ class ChatSession:
         dropped = 0
         while True:
             self._rendered = model.format_chat(self.messages(), template=self.template)
-            tokens = self._cache.tokens_for(model, self._rendered)
+            images = self.pair.see([image for turn in self.turns for image in turn.images])
+            tokens = self._cache.tokens_for(model, self._rendered, images)
             if len(tokens) <= room:
                 break
             if len(self.turns) <= 1:
@@ -133,6 +150,7 @@ class ChatSession:
 
     def reset(self) -> None:
         self.turns = []
+        self.attached = []
         self._cache.forget()
 
     def set_system(self, text: str) -> None:
@@ -142,12 +160,13 @@ class ChatSession:
     def save(self, path: Path) -> None:
         """The conversation as JSON (.json) or Markdown (anything else); interrupted answers are marked."""
         if path.suffix.lower() == ".json":
-            turns = [{"role": t.role, "content": t.content, **({"interrupted": True} if t.interrupted else {})}
-                     for t in self.turns]
+            turns = [{"role": t.role, "content": t.content, **({"interrupted": True} if t.interrupted else {}),
+                      **({"images": [image.name for image in t.images]} if t.images else {})} for t in self.turns]
             body = json.dumps({"system": self.system, "turns": turns}, indent=2, ensure_ascii=False) + "\n"
         else:
             parts = [f"**system:** {self.system}\n"] if self.system else []
-            parts += [f"**{t.role}:**{' _(interrupted)_' if t.interrupted else ''} {t.content}\n" for t in self.turns]
+            parts += [f"**{t.role}:**{' _(interrupted)_' if t.interrupted else ''}"
+                      f"{''.join(f' ![]({image.name})' for image in t.images)} {t.content}\n" for t in self.turns]
             body = "\n".join(parts)
         try:
             path.write_text(body, encoding="utf-8")
@@ -181,6 +200,7 @@ COMMANDS = {
     "/system TEXT": "set the system message (empty: none) and start over",
     "/set NAME VALUE": f"{', '.join(SETTING_NAMES)} (/set alone shows them)",
     "/draft on|off": "speculate, or let the target answer alone, to compare",
+    "/image FILE": "attach an image to the next message (the conversation keeps it)",
     "/save FILE": "write the conversation as JSON (.json) or Markdown",
     "/exit": "leave (Ctrl-D too)",
 }
@@ -215,6 +235,10 @@ def run_command(session: ChatSession, line: str) -> str | None:
     if name == "/set":
         session.settings, said = _set(session.settings, argument)
         return said
+    if name == "/image":
+        if not argument:
+            raise SpecError("usage: /image FILE")
+        return session.attach(Path(argument).expanduser())
     if name == "/save":
         if not argument:
             raise SpecError("usage: /save FILE (.json or .md)")

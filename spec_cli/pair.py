@@ -187,17 +187,17 @@ class Pair:
                                            "shorten it or raise --ctx", code="context_length_exceeded")
 
     def generate(self, prompt: str | Sequence[int], request: GenerationRequest | None = None, *, raw: bool = False,
-                 **fields: Any) -> Generation:
+                 images: Sequence[Image] = (), **fields: Any) -> Generation:
         """Start a generation; nothing runs until it is iterated.
 
-        `prompt` is text (see `prompt_tokens`) or token ids. `request` says how to generate (`GenerationRequest`;
+        `prompt` is text (see `prompt_tokens`, which places `images` before it) or token ids. `request` says how to generate (`GenerationRequest`;
         the defaults when None), and keyword arguments set its fields (sampling=, seed=, draft_max=,
         draft_mode=, draft_p_min=, verify=, max_tokens=, grammar=): `pair.generate("Hi", seed=1, draft_max="auto")`.
         The seed fixes the one random generator used for drafting, acceptance and correction, so the same seed
         gives the same text; without one a random seed is drawn and kept on the returned `Generation`.
         """
         request = replace(request or GenerationRequest(), **fields)
-        tokens = self.prompt_tokens(prompt, raw) if isinstance(prompt, str) else list(prompt)
+        tokens = self.prompt_tokens(prompt, raw, images) if isinstance(prompt, str) else list(prompt)
         return self._generation(tokens, request, self.target_context, self.drafting)
 
     def _generation(self, tokens: list[int], request: GenerationRequest, target: Context,

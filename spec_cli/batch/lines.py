@@ -2,8 +2,8 @@
 
 Three forms, told by the first line that is not blank:
 - plain text: each line a prompt (blank lines skipped), its id its line number;
-- JSONL: each line an object with `prompt` or `messages` and optional `id`, `system`, `max_tokens`,
-  `temperature`, `seed`, `json_schema`, `grammar`, `stop`;
+- JSONL: each line an object with `prompt` or `messages` and optional `id`, `system`, `images` (image files,
+  placed before the prompt), `max_tokens`, `temperature`, `seed`, `json_schema`, `grammar`, `stop`;
 - the OpenAI Batch API's request lines (`custom_id`, `method`, `url`, `body`), whose bodies are those of
   `/v1/chat/completions` or `/v1/completions`.
 
@@ -14,16 +14,20 @@ by an error line; only ids used twice stop the batch before it starts.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from spec_cli.errors import SpecError
+from spec_cli.llama.prompt_text import with_images
+from spec_cli.llama.vision import Image, read_image
 from spec_cli.server import openai_api
 from spec_cli.server.errors import RequestError
-from spec_cli.server.openai_api import ApiRequest
+from spec_cli.server.openai_api import ApiRequest, ImageUrl
 
 TEXT, JSONL, OPENAI = "text", "jsonl", "openai"
-FIELDS = ("id", "prompt", "messages", "system", "max_tokens", "temperature", "seed", "json_schema", "grammar", "stop")
+FIELDS = ("id", "prompt", "messages", "system", "images", "max_tokens", "temperature", "seed", "json_schema", "grammar",
+          "stop")
 ENDPOINTS = {"/v1/chat/completions": openai_api.parse_chat, "/v1/completions": openai_api.parse_completion}
 
 Id = str | int
@@ -97,23 +101,39 @@ def _jsonl_request(fields: dict[str, Any], raw: bool) -> ApiRequest:
         raise RequestError(f"unknown field {unknown[0]!r}; a line takes {', '.join(FIELDS)}", param=unknown[0])
     if ("prompt" in fields) == ("messages" in fields):
         raise RequestError("give either 'prompt' or 'messages'", param="prompt")
-    body = {name: fields[name] for name in FIELDS[4:] if name in fields}
+    body = {name: fields[name] for name in FIELDS[5:] if name in fields}
+    images = _images(fields.get("images", []))
+    if images and "messages" in fields:
+        raise RequestError("'images' goes with 'prompt'; in 'messages' give image_url parts", param="images")
     system = fields.get("system")
     if system is not None and not isinstance(system, str):
         raise RequestError("'system' must be a string", param="system")
     if "prompt" in fields and raw:
         if system is not None:
             raise RequestError("'system' needs the chat template, which --raw leaves out", param="system")
-        return openai_api.parse_completion({**body, "prompt": fields["prompt"]})
+        return replace(openai_api.parse_completion({**body, "prompt": fields["prompt"]}), images=images)
     if "prompt" in fields:
         if not isinstance(fields["prompt"], str):
             raise RequestError("'prompt' must be a string", param="prompt")
-        messages: object = [{"role": "user", "content": fields["prompt"]}]
+        messages: object = [{"role": "user", "content": with_images(fields["prompt"], len(images))}]
     else:
         messages = fields["messages"]
     if system is not None and isinstance(messages, list):
         messages = [{"role": "system", "content": system}, *messages]
-    return openai_api.parse_chat({**body, "messages": messages})
+    request = openai_api.parse_chat({**body, "messages": messages})
+    if any(isinstance(image, ImageUrl) for image in request.images):
+        raise RequestError("a batch fetches no image URLs: give files in 'images', or data: URLs", param="messages")
+    return replace(request, images=images) if images else request
+
+
+def _images(value: object) -> tuple[Image, ...]:
+    """The files a line's `images` names (paths from the working folder), read now: a bad one fails its line."""
+    if not isinstance(value, list) or not all(isinstance(path, str) for path in value):
+        raise RequestError("'images' must be a list of image files", param="images")
+    try:
+        return tuple(read_image(Path(path).expanduser()) for path in value)
+    except SpecError as exc:
+        raise RequestError(str(exc), param="images") from None
 
 
 def _openai_request(fields: dict[str, Any]) -> ApiRequest:

@@ -18,6 +18,7 @@ from spec_cli.batch.output import Result
 from spec_cli.decoding.engine import Generation
 from spec_cli.decoding.scheduler import Scheduler
 from spec_cli.errors import SpecError
+from spec_cli.llama.vision import Image
 from spec_cli.pair import Pair, Slot
 from spec_cli.request import GenerationRequest, InvalidRequest
 from spec_cli.server import openai_api
@@ -103,10 +104,11 @@ class BatchRunner:
 
     def _tokens(self, request: ApiRequest) -> list[int]:
         model = self.pair.target
+        images: list[Image] = list(request.images)  # type: ignore[arg-type]  # lines hold no URLs
         if request.endpoint == "chat":
-            return model.tokenize_prompt(model.format_chat(request.messages))
+            return model.tokenize_prompt(model.format_chat(request.messages), images=self.pair.see(images))
         if isinstance(request.prompt, str):
-            return self.pair.prompt_tokens(request.prompt, raw=True)
+            return self.pair.prompt_tokens(request.prompt, raw=True, images=images)
         return list(request.prompt)
 
     def _settings(self, request: ApiRequest) -> GenerationRequest:

@@ -13,7 +13,7 @@ from typing import Annotated, Callable, Iterator, Optional, TypeVar
 
 import typer
 
-from spec_cli.errors import SpecError
+from spec_cli.errors import BadInput, SpecError
 from spec_cli.models import registry
 from spec_cli.request import InvalidConstraint, InvalidRequest
 from spec_cli.terminal.output import error, note
@@ -39,6 +39,9 @@ def user_errors() -> Iterator[None]:
     except InvalidRequest as exc:
         error(exc.named(FLAGS))
         raise typer.Exit(EXIT_USAGE if isinstance(exc, InvalidConstraint) else EXIT_USER_ERROR) from None
+    except BadInput as exc:
+        error(str(exc))
+        raise typer.Exit(EXIT_USAGE) from None
     except SpecError as exc:
         error(str(exc))
         raise typer.Exit(EXIT_USER_ERROR) from None

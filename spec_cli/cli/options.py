@@ -17,10 +17,11 @@ from spec_cli.cli.common import ThreadsOpt, csv_list, or_default, resolve_files
 from spec_cli.decoding.sampling import SAMPLING_ORDER, SAMPLING_PRESETS, SamplingParams, settle
 from spec_cli.drafting.modes import MODES, mode_help
 from spec_cli.drafting.recall import corpus_files
-from spec_cli.errors import SpecError
+from spec_cli.errors import BadInput, SpecError
 from spec_cli.llama import kernels, rpc
 from spec_cli.llama.model import supports_gpu_offload
 from spec_cli.models import registry
+from spec_cli.models.registry import mmproj_beside
 from spec_cli.pair import DEFAULT_CTX, Pair, load_pair
 from spec_cli.paths import cache_dir
 from spec_cli.request import AUTO, MAX_K, GenerationRequest, draft_max_from_text
@@ -42,6 +43,8 @@ DraftGpuLayersOpt = Annotated[Optional[int], typer.Option("--draft-gpu-layers", 
 RpcOpt = Annotated[Optional[str], typer.Option("--rpc", help="llama.cpp RPC workers to split the target over, HOST:PORT[,HOST:PORT…] (`spec worker` on each) (default: the pair's rpc, else none).", show_default=False)]
 DraftRpcOpt = Annotated[Optional[str], typer.Option("--draft-rpc", help="RPC workers for the draft, HOST:PORT[,…] (default: none: the draft is small, and drafting here pays no round trips).", show_default=False)]
 TensorSplitOpt = Annotated[Optional[str], typer.Option("--tensor-split", help="Weights of the devices the target is split over, comma-separated: one per RPC worker in --rpc order, then one per local GPU (default: by free memory).", show_default=False)]
+MmprojOpt = Annotated[Optional[Path], typer.Option("--mmproj", help="The target's vision projector (an mmproj GGUF), for prompts with images (default: the pair's, else a single mmproj*.gguf beside the target).", show_default=False)]
+DraftMmprojOpt = Annotated[Optional[Path], typer.Option("--draft-mmproj", help="The draft's own mmproj, so that it sees the images too (default: a single mmproj*.gguf beside the draft, in another folder than the target's; without one the draft reads the text around images).", show_default=False)]
 NoDraftOpt = Annotated[bool, typer.Option("--no-draft", help="Run the target alone through the same code path, for comparison.")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No statistics, no notes: only the text.")]
 ChatFormatOpt = Annotated[Optional[str], typer.Option("--chat-format", help="Chat template when the model has none: chatml, or a Jinja template file.", show_default=False)]
@@ -186,6 +189,9 @@ class LoadOptions:
     draft_rpc: str | None = None
     tensor_split: str | None = None
     local_only: bool = False  # no workers, not even the pair's
+    mmproj: Path | None = None
+    draft_mmproj: Path | None = None
+    images: bool = True  # prompts may hold images: projectors found beside the models load too
 
     def for_request(self, flags: RequestFlags, no_draft: bool = False, quiet: bool = False) -> LoadOptions:
         """These options with what the command's request decides: whether the draft file loads, and the
@@ -228,13 +234,36 @@ def open_pair(options: LoadOptions) -> Iterator[Loaded]:
     split = csv_list(options.tensor_split, _weight) if options.tensor_split else []
     if not kernels.known() and not options.quiet:
         note("trying which of llama.cpp's CPU kernels this machine runs (once, a few seconds)")
+    mmproj, draft_mmproj = _projectors(options, spec, target, draft, load_draft)
     with load_pair(target, draft if load_draft else None, n_ctx=ctx, n_threads=options.threads,
                    gpu_layers=gpu_layers, draft_gpu_layers=draft_gpu_layers, rpc=workers, draft_rpc=draft_workers,
-                   tensor_split=split, max_draft=max(options.max_draft, spec.draft_max if spec else 0)) as pair:
+                   tensor_split=split, max_draft=max(options.max_draft, spec.draft_max if spec else 0),
+                   mmproj=mmproj, draft_mmproj=draft_mmproj) as pair:
         if pair.translation is not None and pair.draft is not None and not options.quiet:
             note(f"{pair.draft.path.name} and {pair.target.path.name} have different vocabularies: "
                  "drafting goes through text (exact)")
         yield Loaded(pair, spec.draft_max if spec else "auto")
+
+
+def _projectors(options: LoadOptions, spec: registry.PairSpec | None, target: Path, draft: Path | None,
+                load_draft: bool) -> tuple[Path | None, Path | None]:
+    """The target's and the draft's mmproj (None for a draft that does not load): as given, else the pair's, else
+    (where prompts may hold images) a single one beside the model (the draft's only in a folder of its own: one
+    beside both is the target's)."""
+    if options.draft_mmproj is not None and draft is None:
+        raise BadInput("--draft-mmproj is the draft model's projector: give the draft model too (--draft)")
+    if not load_draft:
+        draft = None
+    given = registry.projectors(spec) if spec is not None else (None, None)
+    mmproj = options.mmproj or given[0] or (mmproj_beside(target) if options.images else None)
+    draft_mmproj = options.draft_mmproj or given[1]
+    if draft_mmproj is None and options.images and draft is not None and draft.parent != target.parent:
+        draft_mmproj = mmproj_beside(draft)
+    found = [path for path, asked in ((mmproj, options.mmproj), (draft_mmproj, options.draft_mmproj))
+             if path is not None and asked is None]
+    if found and not options.quiet:
+        note(f"reading images with {' and '.join(path.name for path in found)}")
+    return mmproj, draft_mmproj if draft is not None else None
 
 
 def _pair_spec(options: LoadOptions) -> registry.PairSpec | None:
@@ -295,7 +324,7 @@ def with_options(name: str, options: dict[str, object], gather: Callable[..., ob
 loads_pair = with_options("load", {
     "target": TargetOpt, "draft": DraftOpt, "pair": PairOpt, "ctx": CtxOpt, "threads": ThreadsOpt,
     "gpu_layers": GpuLayersOpt, "draft_gpu_layers": DraftGpuLayersOpt, "rpc": RpcOpt, "draft_rpc": DraftRpcOpt,
-    "tensor_split": TensorSplitOpt}, LoadOptions)
+    "tensor_split": TensorSplitOpt, "mmproj": MmprojOpt, "draft_mmproj": DraftMmprojOpt}, LoadOptions)
 # The sampling options, by SamplingParams field (and the preset): `sampling: Sampling` in a command.
 samples = with_options("sampling", {
     "preset": SamplingPresetOpt, "temperature": TempOpt, "top_k": TopKOpt, "top_p": TopPOpt, "min_p": MinPOpt,

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -15,6 +17,7 @@ from spec_cli.decoding.engine import Generation
 from spec_cli.decoding.verification import DEFAULT_VERIFY
 from spec_cli.errors import SpecError
 from spec_cli.llama import rpc
+from spec_cli.llama.vision import read_image
 from spec_cli.structured import Constraint
 from spec_cli.terminal.output import error, note
 from spec_cli.terminal.views import View, make_view
@@ -47,6 +50,10 @@ Examples:
 
   spec run --grammar 'root ::= "yes" | "no"' "Is the sky blue? Answer yes or no."
 
+  spec run --target gemma-3-4b-it.gguf --mmproj mmproj-gemma-3-4b-it.gguf -i photo.jpg "What is in this picture?"
+
+  spec run --pair gemma3-4b-vision -i chart.png -i table.png "Do these two agree?"
+
   spec run --target 70b.gguf --draft 1b.gguf --rpc 192.168.1.7:50052,192.168.1.8:50052 "Hello"   # spec worker on each
 """
 
@@ -68,6 +75,7 @@ def run(
     seed: SeedOpt = None,
     max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", min=1, help="Stop after this many generated tokens.")] = 256,
     no_draft: NoDraftOpt = False,
+    images: Annotated[Optional[list[Path]], typer.Option("--image", "-i", help="An image the prompt is about (PNG, JPEG, …), before its text; repeat for more. The target needs its mmproj (--mmproj, or one beside it).", show_default=False)] = None,
     raw: Annotated[bool, typer.Option("--raw", help="Send the prompt verbatim instead of wrapping it in the model's chat template.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object: text, token ids, finish reason, statistics.")] = False,
     quiet: QuietOpt = False
@@ -79,24 +87,29 @@ def run(
     Sampling means what it means in llama.cpp, with its defaults: penalties → top-k → top-p → min-p → temperature. A grammar or JSON schema applies first, as llama.cpp's grammar sampler does: the chain runs on the tokens it allows. A JSON schema keyword that cannot be enforced is refused by name.
     """
     with user_errors():
-        text = _read_prompt(prompt, quiet)
+        text = _read_prompt(prompt, quiet, bool(images))
+        pictures = [read_image(path) for path in images or []]
         flags = RequestFlags.from_flags(draft_max, draft_mode, no_draft, sampling.checked("greedy"), seed=seed,
                                         verify=verify, draft_p_min=draft_p_min, max_tokens=max_tokens,
                                         grammar=constraint.compiled())
         memory = memory.checked()
-        with open_pair(load.for_request(flags, no_draft, quiet)) as loaded:
+        with open_pair(replace(load.for_request(flags, no_draft, quiet), images=bool(pictures))) as loaded:
             memory.apply(loaded.pair, default_file=True, quiet=quiet)
             if not raw and not loaded.pair.has_chat_template:
                 if not quiet:
                     note(f"{loaded.pair.target.path.name} has no chat template; sending the prompt as raw text")
                 raw = True
-            stream(loaded.pair.generate(text, flags.for_pair(loaded), raw=raw), make_view(as_json, quiet))
+            stream(loaded.pair.generate(text, flags.for_pair(loaded), raw=raw, images=pictures),
+                   make_view(as_json, quiet))
 
 
-def _read_prompt(prompt: str | None, quiet: bool) -> str:
-    """The prompt argument, or stdin when the argument is `-`, or absent with stdin not a terminal."""
+def _read_prompt(prompt: str | None, quiet: bool, images: bool) -> str:
+    """The prompt argument, or stdin when the argument is `-`, or absent with stdin not a terminal (or empty, with
+    images: a question is not needed to describe one)."""
     if prompt == "-" or (prompt is None and not sys.stdin.isatty()):
         text, replaced = decode_user_text(sys.stdin.buffer.read())
+    elif prompt is None and images:
+        return ""
     elif prompt is None:
         raise SpecError('no prompt: give one as an argument (spec run "…") or pipe it in (… | spec run -)')
     else:

@@ -80,6 +80,7 @@ def serve(
     header_timeout: Annotated[float, typer.Option("--header-timeout", min=0.1, metavar="S", help="Seconds a request's headers may take to arrive; a connection that stalls longer is closed.")] = Limits.header_timeout_s,
     body_timeout: Annotated[float, typer.Option("--body-timeout", min=0.1, metavar="S", help="Seconds a request's body may take to arrive after its headers; then 408.")] = Limits.body_timeout_s,
     max_connections: Annotated[int, typer.Option("--max-connections", min=1, help="Connections open at once; one more closes the longest idle one, or is answered 503 when none is idle.")] = Limits.connections,
+    allow_image_urls: Annotated[bool, typer.Option("--allow-image-urls", help="Fetch images that chats give as http(s) URLs (at most 32 MiB and 10 s each); without it only data: URLs are taken.")] = False,
     model_name: Annotated[Optional[str], typer.Option("--model-name", help="The model id clients send and /v1/models lists (default: the pair's name, or the target file's).", show_default=False)] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No line per answer on stderr (the line that says where it listens stays).")] = False,
 ) -> None:
@@ -117,7 +118,7 @@ def serve(
             log = (lambda _line: None) if quiet else note
             service = Service(loaded.pair, model_name or default_name(load), defaults, max_tokens, queue,
                               template, log=log, parallel=slots, reasoning_budget=reasoning_budget,
-                              cache_ram=cache_bytes)
+                              cache_ram=cache_bytes, allow_image_urls=allow_image_urls)
             address = sock.getsockname()
             serving(service.name, f"http://{_url_host(address[0])}:{address[1]}/v1",
                     f"{_drafting(loaded.pair, defaults)}, {slots} at once")

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from spec_cli.llama.model import Model
-from spec_cli.llama.prompt_text import PromptText
+from spec_cli.llama.prompt_text import IMAGE_MARKER, PromptText
 
 
 class PromptCache:
@@ -22,12 +22,15 @@ class PromptCache:
         self.text = ""
         self.tokens: list[int] = []
 
-    def tokens_for(self, model: Model, prompt: PromptText) -> list[int]:
+    def tokens_for(self, model: Model, prompt: PromptText, images: Sequence[Sequence[int]] = ()) -> list[int]:
         """`prompt` as tokens: the remembered tokens and the new part tokenized on its own where `prompt` extends
-        the remembered text, else all of `prompt` tokenized."""
+        the remembered text, else all of `prompt` tokenized. `images`: the ids of every image of `prompt`, in
+        order (the remembered text's first)."""
         if self.text and prompt.text.startswith(self.text):
-            return self.tokens + model.tokenize_prompt(prompt.after(len(self.text)), add_special=False)
-        return model.tokenize_prompt(prompt)
+            seen = self.text.count(IMAGE_MARKER)
+            return self.tokens + model.tokenize_prompt(prompt.after(len(self.text)), add_special=False,
+                                                       images=images[seen:])
+        return model.tokenize_prompt(prompt, images=images)
 
     def remember(self, text: str, tokens: Sequence[int]) -> None:
         self.text, self.tokens = text, list(tokens)

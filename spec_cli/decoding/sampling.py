@@ -90,8 +90,9 @@ class SamplingParams:
                                            or self.frequency_penalty != 0.0)
 
     def recent(self, tokens: Sequence[int]) -> list[int]:
-        """The tokens the penalties look at: the last `repeat_last_n` of `tokens` (none when they are off)."""
-        return list(tokens[-self.repeat_last_n:]) if self.penalizes else []
+        """The tokens the penalties look at: the last `repeat_last_n` of `tokens` (none when they are off), an
+        image's positions (negative ids) left out, as llama.cpp's sampler never hears of them."""
+        return [token for token in tokens[-self.repeat_last_n:] if token >= 0] if self.penalizes else []
 
     def describe(self) -> str:
         """One line for banners and `/set`: the settings that change the distribution."""

@@ -9,6 +9,7 @@ import numpy as np
 from spec_cli.decoding.drafter import Draft, Drafter
 from spec_cli.decoding.sampling import Law, SamplingParams
 from spec_cli.llama.grammar import Grammar
+from spec_cli.llama.vision import up_to_image
 
 
 class NgramDrafter(Drafter):
@@ -45,12 +46,13 @@ class NgramDrafter(Drafter):
             self.prefill(self._tokens[:n_keep])
 
     def lookup(self, k: int) -> list[int]:
-        """Up to k tokens that followed the latest earlier occurrence of the longest matching suffix."""
+        """Up to k tokens that followed the latest earlier occurrence of the longest matching suffix (never an
+        image's)."""
         tokens = self._tokens
         for n in range(min(self.n_max, len(tokens) - 1), self.n_min - 1, -1):
             end = self._index.get(tuple(tokens[-n:]))
             if end is not None:
-                return tokens[end + 1:end + 1 + k]
+                return up_to_image(tokens[end + 1:end + 1 + k])
         return []
 
     def _extend(self, tokens: Sequence[int]) -> None:

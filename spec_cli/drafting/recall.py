@@ -27,6 +27,7 @@ from spec_cli.drafting import memory_file
 from spec_cli.drafting.suffix import NO_MATCH, Match, SuffixIndex
 from spec_cli.errors import SpecError
 from spec_cli.llama.grammar import Grammar
+from spec_cli.llama.vision import text_of, up_to_image
 
 CONTEXT = 8  # prompt tokens remembered before each output (a chat template's assistant header, about)
 CAPACITY = 1 << 18  # tokens of outputs a memory holds (about 1 MB of text, 10 MB of index)
@@ -154,7 +155,7 @@ class MemoryDrafter(Drafter):
         """The continuation; a grammar is the loop's to apply (it cuts the draft)."""
         self._own.extend(tokens[len(self._own):])
         match = max(self._own.match(tokens, k), self.memory.match(tokens, k), key=lambda m: m.score)
-        draft = Draft(tokens=match.tokens)
+        draft = Draft(tokens=up_to_image(list(match.tokens)))
         if not sampling.greedy:
             draft.q = [Law.one_hot(token, self.n_vocab) for token in draft.tokens]
         return draft
@@ -163,6 +164,6 @@ class MemoryDrafter(Drafter):
         self._own.truncate(n_keep)
 
     def done(self, tokens: Sequence[int], n_prompt: int) -> None:
-        """Remember the output, after the end of its prompt."""
+        """Remember the output, after the end of its prompt (without images)."""
         if len(tokens) > n_prompt:
-            self.memory.remember(tokens[max(0, n_prompt - CONTEXT):])
+            self.memory.remember(text_of(tokens[max(0, n_prompt - CONTEXT):]))

@@ -22,7 +22,7 @@ import llama_cpp
 import numpy as np
 from llama_cpp import mtmd_cpp as mtmd
 
-from spec_cli.errors import SpecError
+from spec_cli.errors import BadInput, SpecError
 from spec_cli.llama.model import Backend, Model, check_gguf
 
 MAX_PIXELS = 8192 * 8192  # decoded pixels an image may have; each projector downscales to its own input size
@@ -40,22 +40,37 @@ class Image:
 
     @cached_property
     def key(self) -> int:
-        """The negative id the image's run holds in a sequence: 30 bits of its bytes' SHA-256."""
-        return -1 - int.from_bytes(hashlib.sha256(self.data).digest()[:4], "little") % (1 << 30)
+        """The negative id the image's run holds in a sequence: 30 bits of its bytes' SHA-256 (never -1, which
+        separates documents in a suffix index)."""
+        return -2 - int.from_bytes(hashlib.sha256(self.data).digest()[:4], "little") % (1 << 30)
+
+
+# The first bytes of the formats stb_image reads (TGA, which has none, is left out).
+SIGNATURES = (b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff", b"GIF87a", b"GIF89a", b"BM", b"8BPS", b"#?RADIANCE", b"#?RGBE",
+              b"P5", b"P6", b"\x53\x80\xf6\x34")
+FORMATS = "PNG, JPEG, GIF, BMP, PSD, HDR, PGM/PPM or PIC"
 
 
 def read_image(path: str | Path) -> Image:
-    """An image file's bytes; one line when it cannot be read or is too large to be an image we take."""
+    """An image file's bytes (`check_image`); one line when it cannot be read."""
     path = Path(path)
     try:
+        if path.is_dir():
+            raise BadInput(f"{path} is a folder, not an image")
         size = path.stat().st_size
         if size > MAX_IMAGE_BYTES:
-            raise SpecError(f"{path} is {size >> 20} MiB; images are limited to {MAX_IMAGE_BYTES >> 20} MiB")
-        return Image(path.read_bytes(), path.name)
-    except IsADirectoryError:
-        raise SpecError(f"{path} is a folder, not an image") from None
+            raise BadInput(f"{path} is {size >> 20} MiB; images are limited to {MAX_IMAGE_BYTES >> 20} MiB")
+        return check_image(Image(path.read_bytes(), str(path)))
     except OSError as exc:
-        raise SpecError(f"cannot read the image {path}: {exc.strerror or exc}") from None
+        raise BadInput(f"cannot read the image {path}: {exc.strerror or exc}") from None
+
+
+def check_image(image: Image) -> Image:
+    """`image`, unless its bytes start as no image format llama.cpp reads (a truncated one is found when it is
+    decoded, `Projector.see`)."""
+    if not image.data.startswith(SIGNATURES):
+        raise BadInput(f"{image.name} is not an image llama.cpp reads ({FORMATS})")
+    return image
 
 
 def image_runs(tokens: Sequence[int]) -> list[tuple[int, int]]:
@@ -90,8 +105,16 @@ def whole_images(tokens: Sequence[int], n: int) -> int:
 
 
 def text_of(tokens: Sequence[int]) -> list[int]:
-    """`tokens` without their images: what a drafter that reads text sees."""
+    """`tokens` without their images."""
     return [token for token in tokens if token >= 0]
+
+
+def up_to_image(tokens: list[int]) -> list[int]:
+    """`tokens` up to the first image: what a drafter that copies earlier tokens may propose."""
+    for i, token in enumerate(tokens):
+        if token < 0:
+            return tokens[:i]
+    return tokens
 
 
 class ImageTokens:
@@ -179,13 +202,12 @@ class Projector:
         Backend.forget()
         bitmap = mtmd.mtmd_helper_bitmap_init_from_buf(self.handle, buffer, len(image.data), False)
         if not bitmap:
-            raise SpecError(f"{image.name} is not an image llama.cpp can read (PNG, JPEG, BMP, GIF…), "
-                            "or it is truncated")
+            raise BadInput(f"{image.name} is not an image llama.cpp can read ({FORMATS}), or it is truncated")
         chunks = mtmd.mtmd_input_chunks_init()
         try:
             pixels = mtmd.mtmd_bitmap_get_nx(bitmap) * mtmd.mtmd_bitmap_get_ny(bitmap)
             if pixels > MAX_PIXELS:
-                raise SpecError(f"{image.name} has {pixels:,} pixels; images are limited to {MAX_PIXELS:,} "
+                raise BadInput(f"{image.name} has {pixels:,} pixels; images are limited to {MAX_PIXELS:,} "
                                 "(smaller ones are resized to what the projector reads)")
             marker = mtmd.mtmd_default_marker()
             text = mtmd.mtmd_input_text(marker, len(marker), False, True)

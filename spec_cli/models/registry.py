@@ -8,6 +8,9 @@ A pair member is one of:
   (see `spec_cli.derive`), made once into the cache: a self-draft, or the demo's F32 target;
 - `{ mtp = true }`, as the draft only: the target's own multi-token-prediction head drafts; there is no
   draft file (the target's GGUF must carry its MTP layers).
+
+A pair whose target reads images also names its `mmproj` (a repo, path or package member), and its
+`draft_mmproj` where the draft reads them too.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from spec_cli.models.derive import derive, derived_path
 from spec_cli.paths import user_registry_path
 
 MEMBERS = ("target", "draft")
+PROJECTORS = ("mmproj", "draft_mmproj")
 SHIPPED = "models.toml (shipped)"
 
 
@@ -47,9 +51,10 @@ class PairSpec:
     origin: str
     memory: str = ""  # the target's kind of memory as the entry states it ("" when not stated)
     rpc: tuple[str, ...] = ()  # llama.cpp RPC workers ("host:port") the target is split over
+    projectors: tuple[tuple[str, dict[str, Any]], ...] = ()  # ("mmproj" | "draft_mmproj", source) where given
 
     def source(self, member: str) -> dict[str, Any]:
-        return self.target if member == "target" else self.draft
+        return {"target": self.target, "draft": self.draft, **dict(self.projectors)}[member]
 
     @property
     def drafts_with_mtp(self) -> bool:
@@ -57,8 +62,8 @@ class PairSpec:
 
     @property
     def files(self) -> tuple[str, ...]:
-        """The members that are files: both, or the target alone when its MTP head drafts."""
-        return ("target",) if self.drafts_with_mtp else MEMBERS
+        """The members that are files: both, or the target alone when its MTP head drafts; then the projectors."""
+        return (("target",) if self.drafts_with_mtp else MEMBERS) + tuple(name for name, _ in self.projectors)
 
 
 @dataclass(frozen=True)
@@ -143,7 +148,28 @@ def _parse_pair(name: str, entry: Any, where: str, origin: str) -> PairSpec:
         origin=origin,
         memory=_memory_kind(entry.get("memory", ""), f"{where}, field 'memory'"),
         rpc=_workers(entry.get("rpc", []), f"{where}, field 'rpc'"),
+        projectors=tuple((name, _projector(entry[name], f"{where}, field {name!r}"))
+                         for name in PROJECTORS if name in entry),
     )
+
+
+def _projector(source: Any, where: str) -> dict[str, Any]:
+    _check_source(source, where, "mmproj")
+    if "derive" in source or "mtp" in source:
+        raise SpecError(f"{where} must be a repo, path or package member")
+    return source
+
+
+def projectors(spec: PairSpec) -> tuple[Path | None, Path | None]:
+    """Where the pair's target and draft mmproj are (None where it names none), as `resolve` leaves them."""
+    return (locate(spec, "mmproj") if "mmproj" in spec.files else None,
+            locate(spec, "draft_mmproj") if "draft_mmproj" in spec.files else None)
+
+
+def mmproj_beside(model: Path) -> Path | None:
+    """The mmproj in a model's folder (a Hugging Face snapshot included) when it is the only one there."""
+    found = [path for path in model.parent.glob("*.gguf") if path.name.lower().startswith("mmproj")]
+    return found[0] if len(found) == 1 and found[0] != model else None
 
 
 def _workers(value: Any, where: str) -> tuple[str, ...]:

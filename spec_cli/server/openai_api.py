@@ -9,12 +9,16 @@ llama-server users know (top_k, min_p, repeat_penalty, repeat_last_n, grammar, j
 
 from __future__ import annotations
 
+import base64
 import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from spec_cli.conventions import HERMES, Convention, Spell
 from spec_cli.decoding.stats import Stats
+from spec_cli.errors import SpecError
+from spec_cli.llama.prompt_text import IMAGE_MARKER
+from spec_cli.llama.vision import Image, check_image
 from spec_cli.request import GenerationRequest, InvalidConstraint, InvalidRequest, shown
 from spec_cli.server.errors import RequestError, unicode_text
 from spec_cli.server.tool_calls import Tools, parse_tools
@@ -82,11 +86,20 @@ class ApiRequest:
     grammar: str | None = None  # llguidance's grammar for `asked` or a forced call, once `structure` made it
     reasoning_budget: int | None = None  # tokens of thought before the thought is closed (llama-server's)
     unenforced: tuple[str, ...] = ()  # the keywords of a non-strict schema left unenforced
+    images: tuple[Image | ImageUrl, ...] = ()  # the messages' images in order, each where IMAGE_MARKER is
 
     @property
     def fields(self) -> dict[str, object]:
         """The `GenerationRequest` fields this request sets (those it leaves out keep the server's defaults)."""
         return {name: getattr(self, name) for name in REQUEST_FIELDS if getattr(self, name) is not None}
+
+
+@dataclass(frozen=True)
+class ImageUrl:
+    """An image part's http(s) URL, fetched (where the server allows it) before the request runs."""
+
+    url: str
+    where: str
 
 
 def parse_chat(body: object) -> ApiRequest:
@@ -98,8 +111,10 @@ def parse_chat(body: object) -> ApiRequest:
         raise RequestError("'tools' cannot be combined with a constrained 'response_format' (or 'grammar', "
                            "'json_schema'): a grammar leaves no room for a call; send one of them",
                            param="response_format")
-    return ApiRequest("chat", messages=_messages(fields.get("messages")), tools=tools,
-                      reasoning_budget=_integer(fields, "reasoning_budget", minimum=0), **common)
+    images: list[Image | ImageUrl] = []
+    return ApiRequest("chat", messages=_messages(fields.get("messages"), images), tools=tools,
+                      reasoning_budget=_integer(fields, "reasoning_budget", minimum=0), images=tuple(images),
+                      **common)
 
 
 def parse_completion(body: object) -> ApiRequest:
@@ -215,17 +230,17 @@ def structure(request: ApiRequest, convention: Convention = HERMES, thought: Tho
     return replace(request, grammar=grammar, unenforced=compiled.unenforced)
 
 
-def _messages(value: object) -> list[dict[str, Any]]:
+def _messages(value: object, images: list[Image | ImageUrl]) -> list[dict[str, Any]]:
     if value is None:
         raise RequestError("'messages' is required", param="messages")
     if not isinstance(value, list) or not value:
         raise RequestError("'messages' must be a non-empty list of messages", param="messages")
-    return [_message(message, f"messages[{i}]") for i, message in enumerate(value)]
+    return [_message(message, f"messages[{i}]", images) for i, message in enumerate(value)]
 
 
-def _message(message: object, where: str) -> dict[str, Any]:
-    """A message as chat templates take it: role and text, an assistant's `tool_calls`, a tool result's
-    `tool_call_id`."""
+def _message(message: object, where: str, images: list[Image | ImageUrl]) -> dict[str, Any]:
+    """A message as chat templates take it: role and text (its images, added to `images`, marked in it), an
+    assistant's `tool_calls`, a tool result's `tool_call_id`."""
     if not isinstance(message, dict):
         raise RequestError(f"{where} must be an object with 'role' and 'content'", param=where)
     role = message.get("role")
@@ -234,7 +249,7 @@ def _message(message: object, where: str) -> dict[str, Any]:
                            param=f"{where}.role")
     # OpenAI's "developer" messages are what chat templates know as system messages.
     checked: dict[str, Any] = {"role": "system" if role == "developer" else role,
-                               "content": _content(message.get("content"), where)}
+                               "content": _content(message.get("content"), where, images)}
     if message.get("tool_calls") is not None:
         if role != "assistant":
             raise RequestError(f"{where}: only assistant messages carry tool calls", param=f"{where}.tool_calls")
@@ -267,20 +282,49 @@ def _past_calls(calls: object, where: str) -> list[dict[str, Any]]:
     return checked
 
 
-def _content(content: object, where: str) -> str:
-    """A message's text: a string, or a list of text parts (joined); other parts (images, audio) are refused."""
+def _content(content: object, where: str, images: list[Image | ImageUrl]) -> str:
+    """A message's text: a string, or a list of text and image parts (joined, each image an `IMAGE_MARKER`, the
+    image added to `images`); other parts (audio, files) are refused."""
     if content is None:
         return ""
     if isinstance(content, str):
         return unicode_text(content, f"{where}.content")
     if isinstance(content, list):
         texts = []
-        for part in content:
-            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise RequestError(f"{where}.content: only text parts are supported", param=f"{where}.content")
-            texts.append(unicode_text(part["text"], f"{where}.content"))
+        for i, part in enumerate(content):
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind == "image_url":
+                images.append(_image(part.get("image_url"), f"{where}.content[{i}].image_url"))
+                texts.append(IMAGE_MARKER)
+            elif kind == "text" and isinstance(part.get("text"), str):
+                texts.append(unicode_text(part["text"], f"{where}.content"))
+            else:
+                raise RequestError(f"{where}.content: only text and image_url parts are supported",
+                                   param=f"{where}.content")
         return "".join(texts)
-    raise RequestError(f"{where}.content must be a string or a list of text parts", param=f"{where}.content")
+    raise RequestError(f"{where}.content must be a string or a list of text and image_url parts",
+                       param=f"{where}.content")
+
+
+def _image(value: object, where: str) -> Image | ImageUrl:
+    """An image part: a `data:` URL's image (checked to be one), or an http(s) URL to fetch."""
+    url = value.get("url") if isinstance(value, dict) else value
+    if not isinstance(url, str):
+        raise RequestError(f"{where} must be {{\"url\": \"data:image/png;base64,…\"}}", param=where)
+    if url.startswith(("http://", "https://")):
+        return ImageUrl(url, where)
+    header, comma, payload = url.partition(",")
+    if not url.startswith("data:") or not comma or not header.endswith(";base64"):
+        raise RequestError(f"{where}: the url must be a base64 data: URL (data:image/png;base64,…) or an http(s) "
+                           "URL", param=where)
+    try:
+        data = base64.b64decode(payload, validate=True)
+    except ValueError:
+        raise RequestError(f"{where}: the data: URL is not valid base64", param=where) from None
+    try:
+        return check_image(Image(data, where))
+    except SpecError as exc:
+        raise RequestError(str(exc), param=where) from None
 
 
 def _prompt(value: object) -> str | list[int]:

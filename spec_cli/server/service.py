@@ -32,9 +32,9 @@ from spec_cli.llama.prefix_store import PrefixStore
 from spec_cli.llama.prompt_text import PromptText
 from spec_cli.pair import Pair, Slot
 from spec_cli.request import GenerationRequest, InvalidRequest, ReasoningBudget, shown
-from spec_cli.server import openai_api
+from spec_cli.server import image_urls, openai_api
 from spec_cli.server.errors import RequestError
-from spec_cli.server.openai_api import PARAMS, ApiRequest
+from spec_cli.server.openai_api import PARAMS, ApiRequest, ImageUrl
 from spec_cli.server.stop_strings import StopStrings
 from spec_cli.server.tool_calls import spelt_out, template_messages
 from spec_cli.summary import summary_line
@@ -127,13 +127,15 @@ class Service:
     def __init__(self, pair: Pair, name: str, defaults: GenerationRequest = GenerationRequest(),
                  max_tokens: int | None = None, queue_size: int = DEFAULT_QUEUE, template: str | None = None,
                  log: Callable[[str], None] = lambda _line: None, parallel: int = 1,
-                 reasoning_budget: int | None = None, cache_ram: int = 0) -> None:
+                 reasoning_budget: int | None = None, cache_ram: int = 0, allow_image_urls: bool = False) -> None:
         """`defaults`: what a request that does not say gets (the CLI's flags, or the pair's tuned settings);
         `max_tokens`: the longest answer for requests that set none (None: until the context is full);
         `parallel`: how many generations run at once (`Pair.slots`); `reasoning_budget`: the tokens of thought
         a chat that sets none may take (None: no bound); `cache_ram`: the bytes of host RAM that keep finished
-        sequences' states for requests on other slots (`PrefixStore`; 0: none)."""
+        sequences' states for requests on other slots (`PrefixStore`; 0: none); `allow_image_urls`: fetch the
+        images a chat gives as http(s) URLs (else only data: URLs are taken)."""
         self.reasoning_budget = reasoning_budget
+        self.allow_image_urls = allow_image_urls
         self._store = PrefixStore(cache_ram) if cache_ram > 0 else None
         self.pair, self.name, self.defaults, self.queue_size = pair, name, defaults, queue_size
         self.max_tokens = max_tokens
@@ -161,7 +163,10 @@ class Service:
         """`request` with its constraint compiled (`openai_api.structure`, then over the target's vocabulary,
         where the compiled grammar is kept for the worker) in the bounded pool of compilers, never on the event
         loop or the generation worker: a large schema delays no other request. One that takes longer than
-        `COMPILE_LIMIT_S` is refused as too complex."""
+        `COMPILE_LIMIT_S` is refused as too complex. Images given as http(s) URLs are fetched here too, in the
+        same pool (`image_urls`), where the server allows it."""
+        if any(isinstance(image, ImageUrl) for image in request.images):
+            request = await self._fetched(request)
         if request.asked is None and request.tools is None:
             return request
         work = asyncio.get_running_loop().run_in_executor(self._compilers, self._compile, request)
@@ -171,6 +176,19 @@ class Service:
             raise RequestError(f"the constraint is too complex: compiling it took more than {COMPILE_LIMIT_S:g} s",
                                param=request.asked.field if request.asked else "tools",
                                code="constraint_too_complex") from None
+
+    async def _fetched(self, request: ApiRequest) -> ApiRequest:
+        urls = [image for image in request.images if isinstance(image, ImageUrl)]
+        if not self.allow_image_urls:
+            raise RequestError(f"{urls[0].where}: this server does not fetch image URLs; send the image as a data: "
+                               "URL (data:image/png;base64,…), or start spec serve with --allow-image-urls",
+                               param=urls[0].where)
+        loop = asyncio.get_running_loop()
+        fetched = await asyncio.gather(*(loop.run_in_executor(self._compilers, image_urls.fetch, image)
+                                         for image in urls))
+        found = iter(fetched)
+        return replace(request, images=tuple(next(found) if isinstance(image, ImageUrl) else image
+                                             for image in request.images))
 
     def _compile(self, request: ApiRequest) -> ApiRequest:
         dialect = self.dialect
@@ -431,9 +449,10 @@ class Service:
         else:
             prompt = PromptText(request.prompt) if isinstance(request.prompt, str) else None
         best: tuple[float, list[int], Slot] | None = None
+        images = self.pair.see(request.images)  # type: ignore[arg-type]  # URLs were fetched by `prepare`
         for candidate in list(self._free):
             tokens = (list(request.prompt) if prompt is None
-                      else self._caches[id(candidate)].tokens_for(model, prompt))
+                      else self._caches[id(candidate)].tokens_for(model, prompt, images))
             score = candidate.fits(tokens)
             if best is None or score > best[0]:
                 best = (score, tokens, candidate)
