@@ -17,6 +17,7 @@ from spec_cli.decoding.stats import Stats
 from spec_cli.decoding.ties import Difference, first_difference, tie_tolerance
 from spec_cli.llama.context import Context
 from spec_cli.llama.model import Model
+from spec_cli.llama.vision import Projector
 
 SAMPLED = SamplingParams(temperature=1.0, top_k=4)
 SIGNIFICANCE = 0.001  # per χ² test; seeds are fixed, so a pass is reproducible
@@ -63,13 +64,14 @@ def chat_turns_match_the_target_alone(pair: Pair, mode: str) -> None:
 
 
 def greedy_agreement(target: Model, prompt: Sequence[int], speculative: Sequence[int],
-                     reference: Sequence[int], tolerance: float | None = None) -> tuple[int, Difference | None]:
+                     reference: Sequence[int], tolerance: float | None = None,
+                     projector: Projector | None = None) -> tuple[int, Difference | None]:
     """How many leading tokens two greedy outputs of `prompt` share, and where they part (None when they are the
     same). They may part only on a float tie of the target alone's logits (`ties.first_difference`: its two best
     logits within `tolerance`, by default `ties.tie_tolerance` for the target's weights, chosen from the batched
     against one-row differences benchmarks/float_ties.py measures); anything else fails with the position, both
-    tokens and the margin."""
-    difference = first_difference(target, prompt, speculative, reference, tolerance)
+    tokens and the margin. `projector` reads the prompt's images."""
+    difference = first_difference(target, prompt, speculative, reference, tolerance, projector)
     if difference is None:
         return len(reference), None
     assert difference.tie, (
@@ -98,7 +100,7 @@ def against_alone(pair: Pair, totals: Stats | None = None, **fields: object) -> 
 
 
 def assert_greedy_identity(target: Model, prompt: Sequence[int], run: Run, n: int,
-                           least: float = 0.9) -> list[Difference]:
+                           least: float = 0.9, projector: Projector | None = None) -> list[Difference]:
     """Greedy identity of a speculative run with the target alone, up to float ties: `run(prompt, n)` gives both
     runs' `n` (or fewer, on a stop) greedy tokens. At a tie both texts legitimately differ from there, so the
     comparison goes on from the tie with the speculative run's token forced into both prompts, until `n` tokens
@@ -108,7 +110,7 @@ def assert_greedy_identity(target: Model, prompt: Sequence[int], run: Run, n: in
     compared, prompt = 0, list(prompt)
     while compared + len(ties) < n:
         speculative, reference = run(prompt, n - compared - len(ties))
-        agreed, tie = greedy_agreement(target, prompt, speculative, reference)
+        agreed, tie = greedy_agreement(target, prompt, speculative, reference, projector=projector)
         compared += agreed
         if tie is None or tie.ours is None:
             break
@@ -127,7 +129,8 @@ def exact_pair_distribution(pair: Pair, prompt: list[int], sampling: SamplingPar
 
     With `least` > 0, only the pairs of probability ≥ least are listed and the rest of the mass is REST's: a law
     with no filter has the whole vocabulary for support, too many pairs to list."""
-    context = Context(pair.target, n_ctx=64, n_threads=1)
+    context = Context(pair.target, n_ctx=len(prompt) + 8, n_threads=1)
+    context.projector = pair.vision  # the prompt's images, if any
     try:
         p1 = np.asarray(probabilities(context.decode(prompt, 1)[0], sampling, sampling.recent(prompt)))
         result: dict[tuple, float] = {}

@@ -30,11 +30,12 @@ class Running:
     def __init__(self, pair: Pair, queue_size: int = DEFAULT_QUEUE, api_key: str | None = None,
                  defaults: GenerationRequest = GenerationRequest(draft_max=3, draft_mode="model"),
                  cors: tuple[str, ...] = (), limits: Limits = Limits(), max_tokens: int | None = None,
-                 parallel: int = 1, template: str | None = None, cache_ram: int = 0) -> None:
+                 parallel: int = 1, template: str | None = None, cache_ram: int = 0,
+                 allow_image_urls: bool = False) -> None:
         self.lines: list[str] = []
         self.service = Service(pair, NAME, defaults, max_tokens=max_tokens, queue_size=queue_size,
                                log=self.lines.append, parallel=parallel, template=template,
-                               cache_ram=cache_ram)
+                               cache_ram=cache_ram, allow_image_urls=allow_image_urls)
         sock = server.listen("127.0.0.1", 0)
         self.port = sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"

@@ -17,6 +17,7 @@ import numpy as np
 
 from spec_cli.llama.context import Context
 from spec_cli.llama.model import Model
+from spec_cli.llama.vision import Projector
 
 FLOAT_WEIGHTS = {0, 1, 32}  # general.file_type of all-F32, mostly-F16 and mostly-BF16 weights
 FLOAT_TIE = {"float weights": 0.25, "quantized": 1.0}
@@ -49,14 +50,15 @@ class Difference:
 
 
 def first_difference(target: Model, prompt: Sequence[int], ours: Sequence[int], alone: Sequence[int],
-                     tolerance: float | None = None) -> Difference | None:
+                     tolerance: float | None = None, projector: Projector | None = None) -> Difference | None:
     """Where `ours` first differs from `alone` (both greedy continuations of `prompt`), judged by the target
     alone's logits there within `tolerance` (default: `tie_tolerance`); None when they are the same. A text that
-    ended early ended on an end-of-generation token, which must be among the tied ones for a tie."""
+    ended early ended on an end-of-generation token, which must be among the tied ones for a tie. `projector`
+    reads the prompt's images."""
     at = next((i for i, (a, b) in enumerate(zip(ours, alone)) if a != b), min(len(ours), len(alone)))
     if len(ours) == len(alone) == at:
         return None
-    logits = logits_after(target, [*prompt, *alone[:at]])
+    logits = logits_after(target, [*prompt, *alone[:at]], projector)
     best = np.sort(logits)[-2:]
     tolerance = tie_tolerance(target) if tolerance is None else tolerance
     tied = set(np.flatnonzero(logits >= best[1] - tolerance).tolist())
@@ -66,9 +68,11 @@ def first_difference(target: Model, prompt: Sequence[int], ours: Sequence[int], 
     return Difference(at, mine, theirs, float(best[1] - best[0]), tie)
 
 
-def logits_after(target: Model, tokens: Sequence[int]) -> np.ndarray:
-    """The target alone's logits for the token after `tokens`, from a context of its own."""
+def logits_after(target: Model, tokens: Sequence[int], projector: Projector | None = None) -> np.ndarray:
+    """The target alone's logits for the token after `tokens`, from a context of its own (reading images through
+    `projector`)."""
     context = Context(target, n_ctx=len(tokens) + 8, n_threads=1)
+    context.projector = projector
     try:
         return context.decode(list(tokens), 1)[0].copy()
     finally:

@@ -170,12 +170,12 @@ class Projector:
         Backend.forget()
         handle = mtmd.mtmd_init_from_file(str(self.path).encode(), model._handle, params)
         if not handle:
-            raise SpecError(f"{self.path.name} is not an mmproj for {model.path.name}: "
+            raise BadInput(f"{self.path.name} is not an mmproj for {model.path.name}: "
                             f"{Backend.message('llama.cpp could not load it')}")
         self.handle = handle
         if not mtmd.mtmd_support_vision(handle):
             self.close()
-            raise SpecError(f"{self.path.name} reads no images (an audio projector?)")
+            raise BadInput(f"{self.path.name} reads no images (an audio projector?)")
         self.uses_mrope: bool = mtmd.mtmd_decode_use_mrope(handle)
         self._seen: OrderedDict[int, tuple[ImageTokens, list[int], list[int]]] = OrderedDict()
 
