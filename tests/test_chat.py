@@ -144,7 +144,7 @@ def test_set_constrains_the_next_answers_and_off_frees_them(pair: Pair, tmp_path
     ("/set repeat-last-n 1.5", "bad value for repeat-last-n"),
     ("/draft maybe", "usage: /draft on|off"),
     ("/save", "usage: /save FILE"),
-    ("/frobnicate", "unknown command /frobnicate; known: /help, /stats, /reset, /system, /set, /draft, /save, /exit"),
+    ("/frobnicate", "unknown command /frobnicate; known: /help, /stats, /reset, /system, /set, /draft, /image, /save, /exit"),
 ])
 def test_slash_command_mistakes(pair: Pair, line: str, message: str) -> None:
     with pytest.raises(SpecError, match=message.replace("(", r"\(").replace("|", r"\|")):

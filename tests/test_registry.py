@@ -22,7 +22,7 @@ def test_shipped_registry_has_the_demo_pair_as_default() -> None:
 
 
 def test_unknown_pair_suggests_close_names() -> None:
-    with pytest.raises(SpecError, match=r"unknown pair 'smollm-demo'; did you mean smollm2-demo\?"):
+    with pytest.raises(SpecError, match=r"unknown pair 'smollm-demo'; did you mean smollm2-demo, smolvlm2-2.2b\?"):
         load_registry().get("smollm-demo")
 
 

@@ -55,9 +55,9 @@ def models_check(
     pair_or_target: Annotated[str, typer.Argument(metavar="PAIR|TARGET", help="A pair name (its files must be on disk), or the target GGUF file.")],
     draft: Annotated[Optional[Path], typer.Argument(metavar="[DRAFT]", help="The draft GGUF file, when the first argument is a target file (without one: whether the target's MTP head can draft).", show_default=False)] = None,
 ) -> None:
-    """Check whether a draft can draft for a target: every rule for sharing token ids, passed or failed (a pair that fails one drafts through text: what that has to work with), or for an EAGLE-3 or DFlash drafter the target layers it reads and whether the target can feed it; each model's kind of memory and rollback, and the target's MTP layers (its own drafter)."""
+    """Check whether a draft can draft for a target: every rule for sharing token ids, passed or failed (a pair that fails one drafts through text: what that has to work with), or for an EAGLE-3 or DFlash drafter the target layers it reads and whether the target can feed it; each model's kind of memory and rollback, the target's MTP layers (its own drafter), and whether each reads images."""
     with user_errors():
-        target, draft, k = _check_subjects(pair_or_target, draft)
+        target, draft, k, spec = _check_subjects(pair_or_target, draft)
         fed = reports.drafter_facts(target, draft) if draft is not None else None
         if fed is not None:
             show_facts("drafter fed by the target", fed[0])
@@ -68,20 +68,22 @@ def models_check(
                 show_facts("drafting through text", through_text)
         show_facts("memory", reports.memory_facts(target, draft, k))
         show_facts("chat template", reports.template_facts(target))
+        show_facts("images", reports.image_facts(target, draft, spec))
         if draft is None and not mtp_layers(target) or fed is not None and not fed[1]:
             raise typer.Exit(EXIT_USER_ERROR)
 
 
-def _check_subjects(pair_or_target: str, draft: Path | None) -> tuple[Path, Path | None, int]:
-    """(target, draft or None, K the target's memory is sized for): a pair's files, or the files given; a
+def _check_subjects(pair_or_target: str,
+                    draft: Path | None) -> tuple[Path, Path | None, int, registry.PairSpec | None]:
+    """(target, draft or None, K the target's memory is sized for, the pair): a pair's files, or the files given; a
     GGUF given alone is checked for its MTP head."""
     if draft is not None or pair_or_target.endswith(".gguf") or Path(pair_or_target).is_file():
-        return Path(pair_or_target), draft, 0
+        return Path(pair_or_target), draft, 0, None
     spec = registry.load_registry().get(pair_or_target)
     files = reports.located_pair(spec)
     if files is None:
         raise SpecError(f"pair {spec.name!r} is not on disk yet: spec models pull {spec.name}")
-    return *files, spec.draft_max
+    return *files, spec.draft_max, spec
 
 
 @models_app.command("derive")

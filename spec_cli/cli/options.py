@@ -247,14 +247,14 @@ def open_pair(options: LoadOptions) -> Iterator[Loaded]:
 
 def _projectors(options: LoadOptions, spec: registry.PairSpec | None, target: Path, draft: Path | None,
                 load_draft: bool) -> tuple[Path | None, Path | None]:
-    """The target's and the draft's mmproj (None for a draft that does not load): as given, else the pair's, else
-    (where prompts may hold images) a single one beside the model (the draft's only in a folder of its own: one
+    """The target's and the draft's mmproj (None for a draft that does not load): as given, else (where prompts may
+    hold images) the pair's, or a single one beside the model (the draft's only in a folder of its own: one
     beside both is the target's)."""
     if options.draft_mmproj is not None and draft is None:
         raise BadInput("--draft-mmproj is the draft model's projector: give the draft model too (--draft)")
     if not load_draft:
         draft = None
-    given = registry.projectors(spec) if spec is not None else (None, None)
+    given = registry.projectors(spec) if spec is not None and options.images else (None, None)
     mmproj = options.mmproj or given[0] or (mmproj_beside(target) if options.images else None)
     draft_mmproj = options.draft_mmproj or given[1]
     if draft_mmproj is None and options.images and draft is not None and draft.parent != target.parent:

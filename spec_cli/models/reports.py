@@ -17,7 +17,7 @@ from spec_cli.errors import SpecError
 from spec_cli.llama import features, gguf, kernels, rpc
 from spec_cli.llama.model import Model, supports_gpu_offload, versions
 from spec_cli.models import hub, vocab
-from spec_cli.models.registry import PairSpec, Registry, describe, locate
+from spec_cli.models.registry import PROJECTORS, PairSpec, Registry, describe, locate, mmproj_beside, projectors
 from spec_cli.paths import cache_dir, user_registry_path
 
 
@@ -72,7 +72,8 @@ def member_reports(spec: PairSpec) -> list[MemberReport]:
     for member in spec.files:
         path = locate(spec, member)
         fed = drafter_facts(target, path) if member == "draft" and path else None
-        info = gguf.model_info(path, _rollback_sized_for(member, spec.draft_max)) if path else None
+        info = gguf.model_info(path, _rollback_sized_for(member, spec.draft_max)) \
+            if path and member not in PROJECTORS else None
         reports.append(MemberReport(member, describe(spec.source(member)), path, path.stat().st_size if path else 0,
                                     info, drafter=fed[0] if fed else []))
     if spec.drafts_with_mtp:
@@ -97,6 +98,22 @@ def memory_facts(target: Path, draft: Path | None, draft_max: int) -> list[tuple
         facts.append((f"{member} memory", f"{info.memory}; rollback: {info.rollback}"))
         if member == "target":
             facts.append(("target MTP layers", mtp_verdict(info.mtp_layers, drafts_alone=draft is None)))
+    return facts
+
+
+def image_facts(target: Path, draft: Path | None, spec: PairSpec | None = None) -> list[tuple[str, str]]:
+    """Whether each side reads images: through the pair's mmproj files, else (files given by hand) a single
+    mmproj beside each model, as `spec run` finds them (the draft's in a folder of its own)."""
+    if spec is not None:
+        mmproj, draft_mmproj = projectors(spec)
+    else:
+        mmproj = mmproj_beside(target)
+        draft_mmproj = mmproj_beside(draft) if draft is not None and draft.parent != target.parent else None
+    facts = [("target reads images", f"yes, through {mmproj.name}" if mmproj else
+              "no mmproj (give one with --mmproj, or put it beside the model): text only")]
+    if draft is not None:
+        facts.append(("draft reads images", f"yes, through {draft_mmproj.name}: it sees what the target sees"
+                      if draft_mmproj else "no: it drafts from the text around the images" if mmproj else "no"))
     return facts
 
 
@@ -257,6 +274,7 @@ def doctor_facts(default: PairSpec, probe_again: bool = False) -> list[tuple[str
         facts.append((f"pair {default.name}", f"not on disk yet (spec models pull {default.name})"))
     else:
         facts += [(f"{default.name}: {key}", value) for key, value in memory_facts(*files, default.draft_max)]
+        facts += [(f"{default.name}: {key}", value) for key, value in image_facts(*files, default)]
     return facts
 
 
