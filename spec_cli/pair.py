@@ -23,7 +23,7 @@ from spec_cli.decoding.reasoning import Budgeted
 from spec_cli.decoding.sampling import recommended
 from spec_cli.drafting import cost_book
 from spec_cli.drafting import memory_file
-from spec_cli.drafting.modes import FED_MODES, MODES, Drafting, Sources
+from spec_cli.drafting.modes import MODES, Drafting, Sources
 from spec_cli.drafting.recall import OutputMemory
 from spec_cli.drafting.translation import Translation
 from spec_cli.errors import BadInput, SpecError
@@ -204,12 +204,11 @@ class Pair:
                     drafting: Drafting) -> Generation:
         """A generation of `tokens` on the target's sequence `target`, drafting with `drafting`'s sources."""
         self.check_prompt(tokens)
-        if has_images(tokens):
-            self._check_reads_images(self.mode_for(request))
+        name = self._mode_past_images(self.mode_for(request)) if has_images(tokens) else self.mode_for(request)
         grammar = self.grammar(request.grammar) if request.grammar is not None else None
         if request.reasoning_budget is not None:
             grammar = Budgeted(grammar, request.reasoning_budget, self.target)
-        mode = MODES[self.mode_for(request)]
+        mode = MODES[name]
         drafter, draft_length = drafting.build(mode.name, request.draft_p_min, request.draft_max)
         seed = secrets.randbits(32) if request.seed is None else request.seed
         generation = Generation(target, drafter, tokens, request.sampling, seed, draft_length,
@@ -228,16 +227,22 @@ class Pair:
         """Whether a negative id is not an image the target's projector has seen."""
         return self.vision is None or self.vision.get(token) is None
 
-    def _check_reads_images(self, mode: str) -> None:
-        """Refuse drafting that cannot go past an image yet: from the target's hidden states or features (MTP,
-        EAGLE-3, DFlash, or the hybrid choosing among them), or through another vocabulary's text."""
-        fed = [name for name in FED_MODES if name in self.drafting_modes]
-        if mode in FED_MODES or (mode == "hybrid" and fed):
-            raise BadInput(f"drafting with {mode if mode in FED_MODES else fed[0]} does not read images yet; "
-                           "use --draft-mode model, memory or ngram for a prompt with images")
-        if self.translation is not None and MODES[mode].loads_draft:
-            raise BadInput("a draft with another vocabulary cannot draft for a prompt with images; "
-                           "use --draft-mode memory or ngram")
+    def _mode_past_images(self, mode: str) -> str:
+        """The mode a prompt with images drafts in. A DFlash drafter (fed the target's features at every position)
+        and a draft with another vocabulary (drafting through text) cannot go past an image yet: asked for by
+        name, they are refused; the hybrid over a pair that has one drafts with the lookup alone (the memory's,
+        or n-gram lookup), which `stats.draft_mode` says. MTP and EAGLE-3 heads read the text around images."""
+        blind = [name for name in ("dflash",) if name in self.drafting_modes]
+        if self.translation is not None:
+            blind.append("model")
+        if mode in blind:
+            reason = ("a draft with another vocabulary cannot draft" if mode == "model" else
+                      f"drafting with {mode} does not read images yet")
+            raise BadInput(f"{reason} for a prompt with images; use --draft-mode memory or ngram"
+                           + (", or model" if self.draft_context is not None and self.translation is None else ""))
+        if mode == "hybrid" and blind:
+            return "memory" if "memory" in self.drafting_modes else "ngram"
+        return mode
 
     def slots(self, n: int) -> list[Slot]:
         """`n` sequences to generate on at once (`decoding.scheduler`). One is the pair's own contexts and

@@ -28,7 +28,7 @@ from spec_cli.llama.vision import Image, image_runs
 from exactness import (SAMPLED, SIGNIFICANCE, against_alone, assert_greedy_identity, chi_square_p_value,
                        exact_pair_distribution, finish, sampled_pairs)
 from serving import running
-from tiny_models import CHAT_TEMPLATE, N_EMBD, write_model
+from tiny_models import CHAT_TEMPLATE, N_EMBD, byte_level_bpe, write_model, write_qwen35_mtp
 from tiny_vision import png, write_mmproj
 
 runner = CliRunner()
@@ -116,6 +116,31 @@ def test_two_images_under_mrope_then_a_rejection_right_after_the_second(files: d
         assert same.see([Image(WIDE, "wide"), Image(SQUARE, "square")]) == images  # ids a pair has read the images for
         drafted = finish(same.generate(prompt, sampling=GREEDY, max_tokens=24, draft_max=3, draft_mode="model"))
         assert drafted.stats.accepted == drafted.stats.drafted > 0  # a draft that sees the images sees them exactly
+
+
+def test_an_mtp_head_drafts_after_images_exactly_with_rejections(files: dict[str, Path]) -> None:
+    """The head pairs the text around the images with the target's states (a Qwen3.5 with an MTP layer, reading
+    images through the same projector)."""
+    target = write_qwen35_mtp(files["target"].parent / "mtp.gguf")
+    with load_pair(target, mmproj=files["mmproj"], n_ctx=512) as pair:
+        totals = Stats(draft_max=0)
+        for images in ((WIDE,), (SQUARE, WIDE), (WIDE,)):  # the third: the same text after another image
+            prompt = prompt_with_images(pair, *images)
+            assert_greedy_identity(pair.target, prompt, against_alone(pair, totals, draft_max=3, draft_mode="mtp"),
+                                   24, projector=pair.vision)
+        assert 0 < totals.accepted < totals.drafted
+
+
+def test_a_draft_of_another_vocabulary_steps_aside_for_images(files: dict[str, Path]) -> None:
+    draft = write_model(files["target"].parent / "bpe.gguf", 1, arch="qwen2vl", tokenizer=byte_level_bpe())
+    with load_pair(files["target"], draft, mmproj=files["mmproj"], n_ctx=512) as pair:
+        assert pair.translation is not None
+        prompt = prompt_with_images(pair, WIDE)
+        with pytest.raises(BadInput, match="a draft with another vocabulary cannot draft for a prompt with images"):
+            pair.generate(prompt, draft_mode="model")
+        generation = finish(pair.generate(prompt, max_tokens=8))  # the hybrid: the memory alone
+        assert generation.stats.draft_mode == "memory"
+        assert generation.token_ids == finish(pair.generate(prompt, max_tokens=8, draft_mode="none")).token_ids
 
 
 def test_a_memory_never_keeps_part_of_an_image(alone: Pair) -> None:

@@ -262,8 +262,13 @@ class Context:
     def features(self, start: int, end: int) -> np.ndarray:
         """The feature layers' inputs at positions [start, end), side by side in each row (layer by layer, in the
         order given): what an EAGLE-3 or DFlash drafter's fc layer reads."""
+        return self.features_at(slice(start, end))
+
+    def features_at(self, positions: slice | np.ndarray) -> np.ndarray:
+        """`features` at `positions` (a slice, or an array of them)."""
         assert self._features is not None
-        return self._features[:, start:end].transpose(1, 0, 2).reshape(end - start, -1)
+        rows = self._features[:, positions]
+        return rows.transpose(1, 0, 2).reshape(rows.shape[1], -1)
 
     def _keep_rows(self, first: int, n_rows: int) -> None:
         """Keep the hidden states and feature layers' inputs of this sequence's `n_rows` rows of the decode just
