@@ -46,6 +46,10 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "mmproj": write_mmproj(folder / "mmproj-target.gguf", 3, text_width=N_EMBD),
         "draft_mmproj": write_mmproj(folder / "draft-projector.gguf", 3, text_width=N_EMBD),
         "narrow": write_mmproj(folder / "narrow-projector.gguf", 3, text_width=N_EMBD // 2),
+        # LLaVA-1.5 over a llama: an image's tokens advance positions by their count (Gemma 3, SmolVLM do so too).
+        "llama": write_model(folder / "llama.gguf", 1),
+        "llama_draft": write_model(folder / "llama-draft.gguf", 1, noise=0.05),
+        "mlp": write_mmproj(folder / "llava-projector.gguf", 3, text_width=N_EMBD, projector="mlp"),
         "wide": _write(folder / "wide.png", WIDE),
         "square": _write(folder / "square.png", SQUARE),
     }
@@ -83,17 +87,23 @@ def test_the_answer_depends_on_the_image(alone: Pair) -> None:
     assert answers[0] == answers[2] != answers[1]
 
 
+@pytest.mark.parametrize("projector", ["qwen2vl", "llava"])
 @pytest.mark.parametrize("sees", [False, True], ids=["text-only draft", "draft with its own mmproj"])
-def test_greedy_output_with_images_is_the_target_alones_with_rejections(files: dict[str, Path], sees: bool) -> None:
-    with load_pair(files["target"], files["draft"], mmproj=files["mmproj"],
-                   draft_mmproj=files["draft_mmproj"] if sees else None, n_ctx=512) as pair:
+def test_greedy_output_with_images_is_the_target_alones_with_rejections(files: dict[str, Path], sees: bool,
+                                                                         projector: str) -> None:
+    target, draft, mmproj = (("target", "draft", "mmproj") if projector == "qwen2vl" else
+                             ("llama", "llama_draft", "mlp"))
+    with load_pair(files[target], files[draft], mmproj=files[mmproj], draft_mmproj=files[mmproj] if sees else None,
+                   n_ctx=512) as pair:
         totals = Stats(draft_max=0)
         prompt = prompt_with_images(pair, WIDE, SQUARE)
         assert_greedy_identity(pair.target, prompt, against_alone(pair, totals, draft_max=4, draft_mode="model"), 40,
                                projector=pair.vision)
         assert 0 < totals.accepted < totals.drafted
-        # The text-only draft skipped both images; the other decoded them on the target's grid.
-        assert [held.n_pos for held in pair.draft_context._held] == ([6, 4] if sees else [0, 0])
+        # The text-only draft skipped both images; the other decoded them as the target: on its grid under M-RoPE
+        # (6×4 and 4×4), one position a token under LLaVA.
+        seen = [6, 4] if projector == "qwen2vl" else [held.run for held in pair.target_context._held]
+        assert [held.n_pos for held in pair.draft_context._held] == (seen if sees else [0, 0])
 
 
 def test_two_images_under_mrope_then_a_rejection_right_after_the_second(files: dict[str, Path]) -> None:

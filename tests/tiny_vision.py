@@ -1,8 +1,9 @@
 """Tiny vision projectors (llama.cpp's `clip` GGUF, an "mmproj") and PNG images, for real image input in tests.
 
-A Qwen2-VL merger (M-RoPE: an image's tokens advance positions by its grid, not their count) over one tiny
-ViT layer, its output as wide as the text model it feeds (`tiny_models.write_model(arch="qwen2vl")`); random
-weights from a fixed seed. Images are a few lines of zlib: llama.cpp decodes them with stb_image.
+Two projectors over one tiny ViT layer, each as wide as the text model it feeds; random weights from a fixed
+seed: a Qwen2-VL merger (M-RoPE: an image's tokens advance positions by its grid, not their count; for
+`tiny_models.write_model(arch="qwen2vl")`) and LLaVA-1.5's MLP (an image's tokens advance positions by their
+count; for a llama). Images are a few lines of zlib: llama.cpp decodes them with stb_image.
 """
 
 from __future__ import annotations
@@ -17,19 +18,22 @@ import numpy as np
 V_EMBD, V_HEAD, V_FF, PATCH = 16, 2, 32, 2
 
 
-def write_mmproj(path: Path, seed: int, *, text_width: int, image_size: int = 16, max_pixels: int = 64 * 64) -> Path:
-    """Write a Qwen2-VL vision tower with its merger to `path`, projecting into `text_width`-wide embeddings.
+def write_mmproj(path: Path, seed: int, *, text_width: int, projector: str = "qwen2vl_merger",
+                 image_size: int = 16, max_pixels: int = 64 * 64) -> Path:
+    """Write a vision tower with its `projector` to `path`, projecting into `text_width`-wide embeddings.
 
-    Patches are PATCH² pixels, merged 2×2: an image resized to w×h pixels gives (w/4)·(h/4) tokens."""
+    "qwen2vl_merger": patches of PATCH² pixels merged 2×2, so an image resized to w×h pixels gives (w/4)·(h/4)
+    tokens. "mlp" (LLaVA-1.5): every image padded to an `image_size` square, (image_size/PATCH)² tokens."""
     rng = np.random.default_rng(seed)
     writer = gguf.GGUFWriter(str(path), "clip")
     writer.add_string("general.name", f"tiny-mmproj-{seed}")
-    writer.add_string("clip.projector_type", "qwen2vl_merger")
+    writer.add_string("clip.projector_type", projector)
     writer.add_bool("clip.has_vision_encoder", True)
     writer.add_uint32("clip.vision.embedding_length", V_EMBD)
     writer.add_uint32("clip.vision.attention.head_count", V_HEAD)
     writer.add_uint32("clip.vision.feed_forward_length", V_FF)
-    writer.add_uint32("clip.vision.block_count", 1)
+    blocks = 1 if projector == "qwen2vl_merger" else 2  # LLaVA reads the second-to-last layer's output
+    writer.add_uint32("clip.vision.block_count", blocks)
     writer.add_uint32("clip.vision.projection_dim", text_width)
     writer.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-6)
     writer.add_uint32("clip.vision.image_size", image_size)
@@ -45,21 +49,24 @@ def write_mmproj(path: Path, seed: int, *, text_width: int, image_size: int = 16
     def ones(n: int) -> np.ndarray:
         return np.ones(n, dtype=np.float32)
 
-    merged = 4 * V_EMBD
+    merged = 4 * V_EMBD if projector == "qwen2vl_merger" else V_EMBD
     tensors = {
         "v.patch_embd.weight": weight(V_EMBD, 3, PATCH, PATCH, scale=4.0),
-        "v.patch_embd.weight.1": weight(V_EMBD, 3, PATCH, PATCH, scale=4.0),
-        "v.blk.0.ln1.weight": ones(V_EMBD), "v.blk.0.ln1.bias": weight(V_EMBD, scale=0.1),
-        "v.blk.0.ln2.weight": ones(V_EMBD), "v.blk.0.ln2.bias": weight(V_EMBD, scale=0.1),
-        "v.post_ln.weight": ones(V_EMBD), "v.post_ln.bias": weight(V_EMBD, scale=0.1),
         "mm.0.weight": weight(merged, merged), "mm.0.bias": weight(merged, scale=0.1),
         "mm.2.weight": weight(text_width, merged, scale=8.0), "mm.2.bias": weight(text_width, scale=0.1),
     }
-    for name in ("attn_q", "attn_k", "attn_v", "attn_out"):
-        tensors[f"v.blk.0.{name}.weight"] = weight(V_EMBD, V_EMBD)
-        tensors[f"v.blk.0.{name}.bias"] = weight(V_EMBD, scale=0.1)
-    tensors["v.blk.0.ffn_up.weight"], tensors["v.blk.0.ffn_up.bias"] = weight(V_FF, V_EMBD), weight(V_FF, scale=0.1)
-    tensors["v.blk.0.ffn_down.weight"], tensors["v.blk.0.ffn_down.bias"] = weight(V_EMBD, V_FF), weight(V_EMBD, scale=0.1)
+    if projector == "qwen2vl_merger":  # a second patch kernel for video frames; a norm before the merger
+        tensors["v.patch_embd.weight.1"] = weight(V_EMBD, 3, PATCH, PATCH, scale=4.0)
+        tensors["v.post_ln.weight"], tensors["v.post_ln.bias"] = ones(V_EMBD), weight(V_EMBD, scale=0.1)
+    else:  # learnt positions
+        tensors["v.position_embd.weight"] = weight((image_size // PATCH) ** 2, V_EMBD)
+    for blk in (f"v.blk.{i}" for i in range(blocks)):
+        for name in ("ln1", "ln2"):
+            tensors[f"{blk}.{name}.weight"], tensors[f"{blk}.{name}.bias"] = ones(V_EMBD), weight(V_EMBD, scale=0.1)
+        for name in ("attn_q", "attn_k", "attn_v", "attn_out"):
+            tensors[f"{blk}.{name}.weight"], tensors[f"{blk}.{name}.bias"] = weight(V_EMBD, V_EMBD), weight(V_EMBD, scale=0.1)
+        tensors[f"{blk}.ffn_up.weight"], tensors[f"{blk}.ffn_up.bias"] = weight(V_FF, V_EMBD), weight(V_FF, scale=0.1)
+        tensors[f"{blk}.ffn_down.weight"], tensors[f"{blk}.ffn_down.bias"] = weight(V_EMBD, V_FF), weight(V_EMBD, scale=0.1)
     for name, tensor in tensors.items():
         writer.add_tensor(name, tensor)
     writer.write_header_to_file()
