@@ -6,7 +6,10 @@ every bad input's one line."""
 from __future__ import annotations
 
 import base64
+import functools
+import http.server
 import json
+import threading
 from pathlib import Path
 from typing import Iterator
 
@@ -25,8 +28,11 @@ from spec_cli.llama import vision
 from spec_cli.llama.context import Context
 from spec_cli.llama.prompt_text import IMAGE_MARKER, PromptText
 from spec_cli.llama.vision import Image, image_runs
+from spec_cli.server import images
+from spec_cli.server.errors import RequestError
+from spec_cli.server.images import ImageUrl
 from exactness import (SAMPLED, SIGNIFICANCE, against_alone, assert_greedy_identity, chi_square_p_value,
-                       exact_pair_distribution, finish, sampled_pairs)
+                       exact_pair_distribution, finish, greedy_agreement, sampled_pairs)
 from serving import running
 from tiny_models import CHAT_TEMPLATE, N_EMBD, byte_level_bpe, write_model, write_qwen35_mtp
 from tiny_vision import png, write_mmproj
@@ -181,7 +187,8 @@ def test_several_sequences_with_images_each_answer_as_alone(files: dict[str, Pat
             scheduler.join(generation)
         while len(scheduler):
             scheduler.step()
-        assert [g.token_ids for g in generations] == expected
+        for prompt, generation, alone_ids in zip(prompts, generations, expected):  # several rows a pass: ties apart
+            assert greedy_agreement(pair.target, prompt, generation.token_ids, alone_ids, projector=pair.vision)[0] > 0
         assert sum(g.stats.accepted for g in generations) > 0
 
 
@@ -237,6 +244,33 @@ def test_the_server_takes_image_url_data_parts_and_answers_as_the_target_alone(f
             serving.client().chat.completions.create(model="tiny", messages=message, max_tokens=4)
 
 
+@pytest.fixture
+def web(tmp_path: Path) -> Iterator[str]:
+    """A loopback HTTP server of `tmp_path`'s files, stopped by the test."""
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.RequestHandlerClass.log_message = lambda *_args: None  # type: ignore[method-assign]
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        thread.join(5)
+
+
+def test_image_urls_are_fetched_within_their_bounds(web: str, tmp_path: Path) -> None:
+    _write(tmp_path / "wide.png", WIDE)
+    _write(tmp_path / "notes.txt", b"no picture here")
+    where = "messages[0].content[0].image_url"
+    assert images.fetch(ImageUrl(f"{web}/wide.png", where)).data == WIDE
+    for url, limit, says in ((f"{web}/wide.png", 100, "larger than"), (f"{web}/notes.txt", 1 << 20, "not an image"),
+                             (f"{web}/missing.png", 1 << 20, "cannot fetch")):
+        with pytest.raises(RequestError, match=says) as raised:
+            images.fetch(ImageUrl(url, where), limit_bytes=limit)
+        assert raised.value.param == where and raised.value.status == 400
+
+
 def spec(*args: str) -> tuple[int, str]:
     result = runner.invoke(app, ["run", "--raw", "-n", "8", *args])
     return result.exit_code, result.output
@@ -247,8 +281,10 @@ def test_spec_run_reads_images_and_finds_the_mmproj_beside_the_target(files: dic
                         "-i", str(files["wide"]), "-i", str(files["square"]), "say what you see")
     assert code == 0, output
     assert "reading images with mmproj-target.gguf" in output
-    expected = finish(alone.generate(prompt_with_images(alone, WIDE, SQUARE), max_tokens=8, draft_mode="none"))
-    assert json.loads(output[output.index("{"):])["token_ids"] == expected.token_ids
+    prompt = prompt_with_images(alone, WIDE, SQUARE)
+    expected = finish(alone.generate(prompt, max_tokens=8, draft_mode="none"))
+    ours = json.loads(output[output.index("{"):])["token_ids"]
+    greedy_agreement(alone.target, prompt, ours, expected.token_ids, projector=alone.vision)  # up to a float tie
 
 
 def test_spec_batch_reads_a_lines_images(files: dict[str, Path], alone: Pair, tmp_path: Path) -> None:
@@ -257,11 +293,12 @@ def test_spec_batch_reads_a_lines_images(files: dict[str, Path], alone: Pair, tm
                      + json.dumps({"prompt": "and this", "images": [str(files["target"])]}) + "\n")
     out = tmp_path / "out.jsonl"
     result = runner.invoke(app, ["batch", str(lines), "-o", str(out), "--target", str(files["target"]), "--raw",
-                                 "-n", "8", "--no-draft"])
+                                 "-n", "8", "--draft", str(files["draft"]), "--token-ids"])
     assert result.exit_code == 1, result.output  # one line failed
     done, failed = [json.loads(line) for line in out.read_text().splitlines()]
-    expected = finish(alone.generate(prompt_with_images(alone, WIDE), max_tokens=8, draft_mode="none"))
-    assert done["text"] == expected.text
+    prompt = prompt_with_images(alone, WIDE)
+    expected = finish(alone.generate(prompt, max_tokens=8, draft_mode="none"))
+    greedy_agreement(alone.target, prompt, done["token_ids"], expected.token_ids, projector=alone.vision)
     assert "line 2" in failed["error"] and "not an image" in failed["error"]
 
 

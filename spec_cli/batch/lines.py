@@ -23,7 +23,8 @@ from spec_cli.llama.prompt_text import with_images
 from spec_cli.llama.vision import Image, read_image
 from spec_cli.server import openai_api
 from spec_cli.server.errors import RequestError
-from spec_cli.server.openai_api import ApiRequest, ImageUrl
+from spec_cli.server.images import ImageUrl
+from spec_cli.server.openai_api import ApiRequest
 
 TEXT, JSONL, OPENAI = "text", "jsonl", "openai"
 FIELDS = ("id", "prompt", "messages", "system", "images", "max_tokens", "temperature", "seed", "json_schema", "grammar",

@@ -9,18 +9,17 @@ llama-server users know (top_k, min_p, repeat_penalty, repeat_last_n, grammar, j
 
 from __future__ import annotations
 
-import base64
 import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from spec_cli.conventions import HERMES, Convention, Spell
 from spec_cli.decoding.stats import Stats
-from spec_cli.errors import SpecError
 from spec_cli.llama.prompt_text import IMAGE_MARKER
-from spec_cli.llama.vision import Image, check_image
+from spec_cli.llama.vision import Image
 from spec_cli.request import GenerationRequest, InvalidConstraint, InvalidRequest, shown
 from spec_cli.server.errors import RequestError, unicode_text
+from spec_cli.server.images import ImageUrl, image_part
 from spec_cli.server.tool_calls import Tools, parse_tools
 from spec_cli.server.tool_calls import call_grammar, checked_parameters
 from spec_cli.structured import ANY_OBJECT, Thought, after_thought, grammar_structure, schema_grammar
@@ -92,14 +91,6 @@ class ApiRequest:
     def fields(self) -> dict[str, object]:
         """The `GenerationRequest` fields this request sets (those it leaves out keep the server's defaults)."""
         return {name: getattr(self, name) for name in REQUEST_FIELDS if getattr(self, name) is not None}
-
-
-@dataclass(frozen=True)
-class ImageUrl:
-    """An image part's http(s) URL, fetched (where the server allows it) before the request runs."""
-
-    url: str
-    where: str
 
 
 def parse_chat(body: object) -> ApiRequest:
@@ -294,7 +285,7 @@ def _content(content: object, where: str, images: list[Image | ImageUrl]) -> str
         for i, part in enumerate(content):
             kind = part.get("type") if isinstance(part, dict) else None
             if kind == "image_url":
-                images.append(_image(part.get("image_url"), f"{where}.content[{i}].image_url"))
+                images.append(image_part(part.get("image_url"), f"{where}.content[{i}].image_url"))
                 texts.append(IMAGE_MARKER)
             elif kind == "text" and isinstance(part.get("text"), str):
                 texts.append(unicode_text(part["text"], f"{where}.content"))
@@ -304,27 +295,6 @@ def _content(content: object, where: str, images: list[Image | ImageUrl]) -> str
         return "".join(texts)
     raise RequestError(f"{where}.content must be a string or a list of text and image_url parts",
                        param=f"{where}.content")
-
-
-def _image(value: object, where: str) -> Image | ImageUrl:
-    """An image part: a `data:` URL's image (checked to be one), or an http(s) URL to fetch."""
-    url = value.get("url") if isinstance(value, dict) else value
-    if not isinstance(url, str):
-        raise RequestError(f"{where} must be {{\"url\": \"data:image/png;base64,…\"}}", param=where)
-    if url.startswith(("http://", "https://")):
-        return ImageUrl(url, where)
-    header, comma, payload = url.partition(",")
-    if not url.startswith("data:") or not comma or not header.endswith(";base64"):
-        raise RequestError(f"{where}: the url must be a base64 data: URL (data:image/png;base64,…) or an http(s) "
-                           "URL", param=where)
-    try:
-        data = base64.b64decode(payload, validate=True)
-    except ValueError:
-        raise RequestError(f"{where}: the data: URL is not valid base64", param=where) from None
-    try:
-        return check_image(Image(data, where))
-    except SpecError as exc:
-        raise RequestError(str(exc), param=where) from None
 
 
 def _prompt(value: object) -> str | list[int]:

@@ -32,9 +32,10 @@ from spec_cli.llama.prefix_store import PrefixStore
 from spec_cli.llama.prompt_text import PromptText
 from spec_cli.pair import Pair, Slot
 from spec_cli.request import GenerationRequest, InvalidRequest, ReasoningBudget, shown
-from spec_cli.server import image_urls, openai_api
+from spec_cli.server import images, openai_api
 from spec_cli.server.errors import RequestError
-from spec_cli.server.openai_api import PARAMS, ApiRequest, ImageUrl
+from spec_cli.server.images import ImageUrl
+from spec_cli.server.openai_api import PARAMS, ApiRequest
 from spec_cli.server.stop_strings import StopStrings
 from spec_cli.server.tool_calls import spelt_out, template_messages
 from spec_cli.summary import summary_line
@@ -164,7 +165,7 @@ class Service:
         where the compiled grammar is kept for the worker) in the bounded pool of compilers, never on the event
         loop or the generation worker: a large schema delays no other request. One that takes longer than
         `COMPILE_LIMIT_S` is refused as too complex. Images given as http(s) URLs are fetched here too, in the
-        same pool (`image_urls`), where the server allows it."""
+        same pool (`images`), where the server allows it."""
         if any(isinstance(image, ImageUrl) for image in request.images):
             request = await self._fetched(request)
         if request.asked is None and request.tools is None:
@@ -184,7 +185,7 @@ class Service:
                                "URL (data:image/png;base64,…), or start spec serve with --allow-image-urls",
                                param=urls[0].where)
         loop = asyncio.get_running_loop()
-        fetched = await asyncio.gather(*(loop.run_in_executor(self._compilers, image_urls.fetch, image)
+        fetched = await asyncio.gather(*(loop.run_in_executor(self._compilers, images.fetch, image)
                                          for image in urls))
         found = iter(fetched)
         return replace(request, images=tuple(next(found) if isinstance(image, ImageUrl) else image
@@ -449,10 +450,10 @@ class Service:
         else:
             prompt = PromptText(request.prompt) if isinstance(request.prompt, str) else None
         best: tuple[float, list[int], Slot] | None = None
-        images = self.pair.see(request.images)  # type: ignore[arg-type]  # URLs were fetched by `prepare`
+        pieces = self.pair.see(request.images)  # type: ignore[arg-type]  # URLs were fetched by `prepare`
         for candidate in list(self._free):
             tokens = (list(request.prompt) if prompt is None
-                      else self._caches[id(candidate)].tokens_for(model, prompt, images))
+                      else self._caches[id(candidate)].tokens_for(model, prompt, pieces))
             score = candidate.fits(tokens)
             if best is None or score > best[0]:
                 best = (score, tokens, candidate)
