@@ -34,7 +34,7 @@ from spec_cli.llama.heads import BlockContext, HeadContext
 from spec_cli.llama.model import Model
 from spec_cli.llama.placement import load_model
 from spec_cli.llama.prompt_text import PromptText, with_images
-from spec_cli.llama.vision import Image, Projector, has_images
+from spec_cli.llama.vision import KEPT_IMAGES, Image, Projector, has_images
 from spec_cli.models import vocab
 from spec_cli.request import GenerationRequest, InvalidConstraint, InvalidRequest
 
@@ -163,12 +163,12 @@ class Pair:
         if images and self.vision is None:
             raise BadInput(f"{self.target.path.name} reads no images without its mmproj: give one with --mmproj "
                            "(or put a single mmproj*.gguf beside the model)")
-        pieces = []
-        for image in images:
-            read, before, after = self.vision.see(image)
-            if self.draft_vision is not None:
-                self.draft_vision.see(image)
-            pieces.append([*before, *[image.key] * read.n_tokens, *after])
+        if not images:
+            return []
+        pieces = [[*before, *[image.key] * read.n_tokens, *after]
+                  for image, (read, before, after) in zip(images, self.vision.see(images))]
+        if self.draft_vision is not None:
+            self.draft_vision.see(images)
         return pieces
 
     def check_prompt(self, tokens: Sequence[int]) -> None:
@@ -176,9 +176,13 @@ class Pair:
         in the context for one token."""
         if not tokens:
             raise SpecError("the prompt is empty")
-        if any(not 0 <= token < self.target.n_vocab for token in tokens if token >= 0 or self._unseen(token)):
+        if any(token >= self.target.n_vocab or token < 0 and self.vision is None for token in tokens):
             raise InvalidRequest("prompt", "the prompt has token ids outside the vocabulary "
                                            f"(0 to {self.target.n_vocab - 1})")
+        if self.vision is not None and any(self.vision.get(key) is None for key in {t for t in tokens if t < 0}):
+            raise InvalidRequest("prompt", "the prompt holds an image the target's projector does not hold (never "
+                                           f"read by `Pair.see`, or more than {KEPT_IMAGES} images were read since): "
+                                           "send it again")
         if len(tokens) >= self.n_ctx and has_images(tokens):
             raise BadInput(f"the prompt's images and text take {len(tokens)} tokens but the context holds "
                            f"{self.n_ctx}; give fewer or smaller images, or raise --ctx")
@@ -222,10 +226,6 @@ class Pair:
         generation.stats.memory = {name: facts for name, facts in self.memory().items() if name in in_use}
         generation.stats.placement = {name: where for name, where in self.placement().items() if name in in_use}
         return generation
-
-    def _unseen(self, token: int) -> bool:
-        """Whether a negative id is not an image the target's projector has seen."""
-        return self.vision is None or self.vision.get(token) is None
 
     def _mode_past_images(self, mode: str) -> str:
         """The mode a prompt with images drafts in. A DFlash drafter (fed the target's features at every position)

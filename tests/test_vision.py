@@ -23,7 +23,7 @@ from spec_cli.chat import ChatSession, Settings, run_command
 from spec_cli.cli.app import app
 from spec_cli.decoding.scheduler import Scheduler
 from spec_cli.decoding.stats import Stats
-from spec_cli.errors import BadInput
+from spec_cli.errors import BadInput, SpecError
 from spec_cli.llama import vision
 from spec_cli.llama.context import Context
 from spec_cli.llama.prompt_text import IMAGE_MARKER, PromptText
@@ -78,7 +78,7 @@ def prompt_with_images(pair: Pair, *images: bytes) -> list[int]:
 
 
 def test_an_image_is_read_into_its_grid_between_the_templates_markers(alone: Pair) -> None:
-    read, before, after = alone.vision.see(Image(WIDE, "wide"))
+    (read, before, after), = alone.vision.see([Image(WIDE, "wide")])
     assert (read.n_tokens, read.n_pos) == (6 * 4, 6)  # M-RoPE: positions advance by the grid's larger side
     assert read.embeddings().shape == (24, N_EMBD)
     spell = lambda ids: b"".join(alone.target.piece(t) for t in ids).decode().strip()  # noqa: E731 (SPM: " <|…")
@@ -170,6 +170,22 @@ def test_a_memory_never_keeps_part_of_an_image(alone: Pair) -> None:
         assert context.n_past == start and not context._held
         again = context.decode(tokens[start:], 1)[0]
         np.testing.assert_allclose(again, expected, rtol=1e-4, atol=1e-4)
+    finally:
+        context.close()
+
+
+def test_an_image_no_longer_held_is_said_never_skipped(alone: Pair, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(vision, "KEPT_IMAGES", 1)
+    prompt = prompt_with_images(alone, png(8, 8, seed=7))
+    prompt_with_images(alone, png(8, 8, seed=8))  # read since, and only one is kept
+    with pytest.raises(SpecError, match="an image the target's projector does not hold .*send it again"):
+        alone.generate(prompt, max_tokens=2, draft_mode="none")
+    context = Context(alone.target, n_ctx=128, n_threads=1)  # a prompt already started when the image went
+    context.projector = alone.vision
+    try:
+        with pytest.raises(SpecError, match="no longer held .*send it again"):
+            context.decode(prompt, 1)
+        assert context.n_past == 0
     finally:
         context.close()
 

@@ -94,7 +94,7 @@ def batch(
                 note(f"all {len(tasks)} lines are in {output} already")
             return
         try:
-            with open_pair(load.for_request(flags, no_draft, quiet)) as loaded:
+            with open_pair(load.for_request(flags, no_draft, quiet, images=True)) as loaded:
                 memory.apply(loaded.pair, default_file=False, quiet=quiet)
                 if form != OPENAI and not raw and not loaded.pair.has_chat_template:
                     if not quiet:

@@ -69,7 +69,7 @@ def chat(
                                         grammar=constraint.compiled())
         memory = memory.checked()
         template = conversation.chat_template(chat_format)
-        with open_pair(load.for_request(flags, no_draft, quiet)) as loaded:
+        with open_pair(load.for_request(flags, no_draft, quiet, images=True)) as loaded:
             memory.apply(loaded.pair, default_file=False, quiet=quiet)
             # Fail now rather than at the first message when there is no template to use.
             loaded.pair.target.format_chat([{"role": "user", "content": "hi"}], template=template)

@@ -191,13 +191,14 @@ class LoadOptions:
     local_only: bool = False  # no workers, not even the pair's
     mmproj: Path | None = None
     draft_mmproj: Path | None = None
-    images: bool = True  # prompts may hold images: projectors found beside the models load too
+    images: bool = False  # prompts may hold images: the pair's projectors, or those beside the models, load too
 
-    def for_request(self, flags: RequestFlags, no_draft: bool = False, quiet: bool = False) -> LoadOptions:
-        """These options with what the command's request decides: whether the draft file loads, and the
-        largest fixed K asked for."""
+    def for_request(self, flags: RequestFlags, no_draft: bool = False, quiet: bool = False,
+                    images: bool = False) -> LoadOptions:
+        """These options with what the command's request decides: whether the draft file loads, the largest
+        fixed K asked for, and whether prompts may hold images (chat, serve and batch: any message may)."""
         return replace(self, no_draft=no_draft, quiet=quiet, needs_draft=flags.loads_draft,
-                       requires_draft=flags.requires_draft, max_draft=flags.max_draft)
+                       requires_draft=flags.requires_draft, max_draft=flags.max_draft, images=images)
 
 
 @dataclass(frozen=True)

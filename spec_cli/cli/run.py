@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -93,7 +92,7 @@ def run(
                                         verify=verify, draft_p_min=draft_p_min, max_tokens=max_tokens,
                                         grammar=constraint.compiled())
         memory = memory.checked()
-        with open_pair(replace(load.for_request(flags, no_draft, quiet), images=bool(pictures))) as loaded:
+        with open_pair(load.for_request(flags, no_draft, quiet, images=bool(pictures))) as loaded:
             memory.apply(loaded.pair, default_file=True, quiet=quiet)
             if not raw and not loaded.pair.has_chat_template:
                 if not quiet:

@@ -18,7 +18,7 @@ from llama_cpp import llama_cpp_ext
 from spec_cli.errors import SpecError
 from spec_cli.llama import features, memory
 from spec_cli.llama.model import Backend, Model
-from spec_cli.llama.vision import Projector, whole_images
+from spec_cli.llama.vision import KEPT_IMAGES, Projector, whole_images
 
 
 def copy_rows(pointer: object, n_rows: int, width: int) -> np.ndarray:
@@ -219,6 +219,10 @@ class Context:
         """Decode the image whose run of `run` ids holds `key` through the projector (skip it without one);
         return `run`."""
         image = self.projector.get(key) if self.projector is not None else None
+        if self.projector is not None and image is None:
+            self._fail_quietly()
+            raise SpecError(f"an image of the prompt is no longer held by {self.projector.path.name} (more than "
+                            f"{KEPT_IMAGES} images were read since): send it again")
         if image is not None:
             try:
                 image.decode(self._handle, self.n_past + self._shift, self.seq, self.n_batch)

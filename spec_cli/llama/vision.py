@@ -27,7 +27,7 @@ from spec_cli.llama.model import Backend, Model, check_gguf
 
 MAX_PIXELS = 8192 * 8192  # decoded pixels an image may have; each projector downscales to its own input size
 MAX_IMAGE_BYTES = 32 << 20
-KEPT_IMAGES = 16  # images a projector keeps encoded (a chat's history, a batch's repeated image)
+KEPT_IMAGES = 32  # images a projector keeps read (a chat's history, several requests' at once), at least
 _TEXT_CHUNK = 0  # MTMD_INPUT_CHUNK_TYPE_TEXT
 
 
@@ -153,7 +153,8 @@ class ImageTokens:
 
 
 class Projector:
-    """A model's mmproj: reads images into `ImageTokens` (the last `KEPT_IMAGES` kept, by `Image.key`)."""
+    """A model's mmproj: reads images into `ImageTokens`, kept by `Image.key` for the contexts that decode them:
+    the most recently read, `KEPT_IMAGES` of them or a whole prompt's if it has more."""
 
     def __init__(self, model: Model, path: str | Path, n_threads: int) -> None:
         """Load `path` for `model`; one line when it is not an mmproj for this model (its embeddings are not the
@@ -179,16 +180,17 @@ class Projector:
         self.uses_mrope: bool = mtmd.mtmd_decode_use_mrope(handle)
         self._seen: OrderedDict[int, tuple[ImageTokens, list[int], list[int]]] = OrderedDict()
 
-    def see(self, image: Image) -> tuple[ImageTokens, list[int], list[int]]:
-        """The image as this projector reads it, with the text tokens its model writes before and after an
+    def see(self, images: Sequence[Image]) -> list[tuple[ImageTokens, list[int], list[int]]]:
+        """Each image as this projector reads it, with the text tokens its model writes before and after an
         image (Qwen-VL's <|vision_start|> … <|vision_end|>; none for many). One line when the bytes are not an
         image (or are truncated) or hold too many pixels."""
-        if image.key in self._seen:
+        seen = []
+        for image in images:
+            if image.key not in self._seen:
+                self._seen[image.key] = self._tokenize(image)
             self._seen.move_to_end(image.key)
-            return self._seen[image.key]
-        seen = self._tokenize(image)
-        self._seen[image.key] = seen
-        while len(self._seen) > KEPT_IMAGES:
+            seen.append(self._seen[image.key])
+        while len(self._seen) > max(KEPT_IMAGES, len(images)):
             self._seen.popitem(last=False)[1][0].close()
         return seen
 
