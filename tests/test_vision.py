@@ -112,6 +112,21 @@ def test_greedy_output_with_images_is_the_target_alones_with_rejections(files: d
         assert [held.n_pos for held in pair.draft_context._held] == (seen if sees else [0, 0])
 
 
+@pytest.mark.parametrize("arch", ["gemma3", "lfm2", "jamba"])
+def test_every_kind_of_memory_goes_back_past_an_image(files: dict[str, Path], arch: str) -> None:
+    """A sliding window, a hybrid llama.cpp rolls back in place and one it cannot (snapshots, replays) take back
+    rejected drafts after images, on both sides (the draft reads the images too)."""
+    folder = files["target"].parent
+    target = write_model(folder / f"{arch}.gguf", 1, arch=arch)
+    draft = write_model(folder / f"{arch}-draft.gguf", 1, arch=arch, noise=0.05)
+    with load_pair(target, draft, mmproj=files["mlp"], draft_mmproj=files["mlp"], n_ctx=512) as pair:
+        totals = Stats(draft_max=0)
+        prompt = prompt_with_images(pair, WIDE, SQUARE)
+        assert_greedy_identity(pair.target, prompt, against_alone(pair, totals, draft_max=3, draft_mode="model"), 24,
+                               projector=pair.vision)
+        assert 0 < totals.accepted < totals.drafted
+
+
 def test_two_images_under_mrope_then_a_rejection_right_after_the_second(files: dict[str, Path]) -> None:
     with load_pair(files["target"], files["useless"], mmproj=files["mmproj"], n_ctx=512) as pair:
         images = pair.see([Image(WIDE, "wide"), Image(SQUARE, "square")])
@@ -347,3 +362,12 @@ def test_every_bad_input_is_one_line_and_exit_2(files: dict[str, Path], tmp_path
     code, output = spec(*args, "hello")
     assert code == 2, output
     assert says in output and len(output.strip().splitlines()) == 1 and "Traceback" not in output
+
+
+def test_spec_chat_attaches_an_image_with_slash_image(files: dict[str, Path]) -> None:
+    lines = f"/image {files['wide']}\nwhat is this?\n/image {files['target']}\n/exit\n"
+    result = runner.invoke(app, ["chat", "--target", str(files["target"]), "-n", "4", "--temp", "0"], input=lines)
+    assert result.exit_code == 0, result.output
+    assert "reading images with mmproj-target.gguf" in result.output
+    assert f"{files['wide']} attached to the next message" in result.output
+    assert "is not an image llama.cpp reads" in result.output and "Traceback" not in result.output
