@@ -194,9 +194,10 @@ class Pair:
                  images: Sequence[Image] = (), **fields: Any) -> Generation:
         """Start a generation; nothing runs until it is iterated.
 
-        `prompt` is text (see `prompt_tokens`, which places `images` before it) or token ids. `request` says how to generate (`GenerationRequest`;
-        the defaults when None), and keyword arguments set its fields (sampling=, seed=, draft_max=,
-        draft_mode=, draft_p_min=, verify=, max_tokens=, grammar=): `pair.generate("Hi", seed=1, draft_max="auto")`.
+        `prompt` is text (see `prompt_tokens`, which places `images` before it) or token ids. `request` says how to
+        generate (`GenerationRequest`; the defaults when None), and keyword arguments set its fields (sampling=,
+        seed=, draft_max=, draft_mode=, draft_p_min=, verify=, max_tokens=, grammar=):
+        `pair.generate("Hi", seed=1, draft_max="auto")`.
         The seed fixes the one random generator used for drafting, acceptance and correction, so the same seed
         gives the same text; without one a random seed is drawn and kept on the returned `Generation`.
         """

@@ -27,7 +27,7 @@ from spec_cli.errors import BadInput, SpecError
 from spec_cli.llama import vision
 from spec_cli.llama.context import Context
 from spec_cli.llama.prompt_text import IMAGE_MARKER, PromptText
-from spec_cli.llama.vision import Image, image_runs
+from spec_cli.llama.vision import Image
 from spec_cli.server import images
 from spec_cli.server.errors import RequestError
 from spec_cli.server.images import ImageUrl
@@ -70,6 +70,17 @@ def _write(path: Path, data: bytes) -> Path:
 def alone(files: dict[str, Path]) -> Iterator[Pair]:
     with load_pair(files["target"], mmproj=files["mmproj"], n_ctx=512) as pair:
         yield pair
+
+
+def image_runs(tokens: list[int]) -> list[tuple[int, int]]:
+    """(start, length) of each image's run of ids in `tokens`."""
+    runs: list[tuple[int, int]] = []
+    for i, token in enumerate(tokens):
+        if token < 0 and runs and sum(runs[-1]) == i and tokens[i - 1] == token:
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+        elif token < 0:
+            runs.append((i, 1))
+    return runs
 
 
 def prompt_with_images(pair: Pair, *images: bytes) -> list[int]:
@@ -251,20 +262,30 @@ def test_a_chat_keeps_its_images_and_reuses_them_the_next_turn(files: dict[str, 
             run_command(drafting, f"/image {files['target']}")
 
 
-def test_the_server_takes_image_url_data_parts_and_answers_as_the_target_alone(files: dict[str, Path]) -> None:
+@pytest.mark.parametrize("drafting", ["text-only draft", "draft with its own mmproj", "MTP head"])
+def test_the_server_takes_image_url_data_parts_and_answers_as_the_target_alone(files: dict[str, Path],
+                                                                               drafting: str) -> None:
     url = "data:image/png;base64," + base64.b64encode(WIDE).decode()
     message = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
                                             {"type": "text", "text": "what is this?"}]}]
-    with load_pair(files["target"], files["draft"], mmproj=files["mmproj"], n_ctx=512) as pair:
+    mtp = drafting == "MTP head"
+    target = write_qwen35_mtp(files["target"].parent / "mtp-chat.gguf", chat_template=CHAT_TEMPLATE) if mtp \
+        else files["target"]
+    with load_pair(target, None if mtp else files["draft"], mmproj=files["mmproj"], n_ctx=512,
+                   draft_mmproj=files["mmproj"] if drafting == "draft with its own mmproj" else None) as pair:
         expected_prompt = pair.target.tokenize_prompt(
             pair.target.format_chat([{"role": "user", "content": IMAGE_MARKER + "what is this?"}]),
             images=pair.see([Image(WIDE, "x")]))
-        expected = finish(pair.generate(expected_prompt, max_tokens=12, draft_mode="none"))
-        with running(pair) as serving:
+        expected = finish(pair.generate(expected_prompt, max_tokens=24, draft_mode="none"))
+        mode = GenerationRequest(draft_max=3, draft_mode="mtp" if mtp else "model")
+        with running(pair, defaults=mode) as serving:
             client = serving.client()
-            answer = client.chat.completions.create(model="tiny", messages=message, max_tokens=12, temperature=0)
+            answer = client.chat.completions.create(model="tiny", messages=message, max_tokens=24, temperature=0)
             assert answer.choices[0].message.content == expected.text
             assert answer.usage.prompt_tokens == len(expected_prompt)
+            assert 0 < serving.service.health()["acceptance"] < 1  # drafted, and some drafts rejected
+            if drafting != "text-only draft":
+                return
             for bad, says in ((url[:40] + "!!!", "base64"), ("https://example.com/cat.png", "--allow-image-urls"),
                               ("data:text/plain;base64," + base64.b64encode(b"hello").decode(), "not an image")):
                 parts = [{"type": "image_url", "image_url": {"url": bad}}]
@@ -307,15 +328,22 @@ def spec(*args: str) -> tuple[int, str]:
     return result.exit_code, result.output
 
 
-def test_spec_run_reads_images_and_finds_the_mmproj_beside_the_target(files: dict[str, Path], alone: Pair) -> None:
-    code, output = spec("--target", str(files["target"]), "--draft", str(files["draft"]), "--json",
+@pytest.mark.parametrize("drafting", ["text-only draft", "draft with its own mmproj", "MTP head"])
+def test_spec_run_reads_images_and_finds_the_mmproj_beside_the_target(files: dict[str, Path], drafting: str) -> None:
+    mtp = drafting == "MTP head"
+    target = write_qwen35_mtp(files["target"].parent / "mtp.gguf") if mtp else files["target"]
+    drafts = (["--draft-mode", "mtp"] if mtp else ["--draft", str(files["draft"]), "--draft-mode", "model"]
+              + (["--draft-mmproj", str(files["mmproj"])] if drafting == "draft with its own mmproj" else []))
+    code, output = spec("--target", str(target), *drafts, "-k", "3", "-n", "24", "--json",
                         "-i", str(files["wide"]), "-i", str(files["square"]), "say what you see")
     assert code == 0, output
     assert "reading images with mmproj-target.gguf" in output
-    prompt = prompt_with_images(alone, WIDE, SQUARE)
-    expected = finish(alone.generate(prompt, max_tokens=8, draft_mode="none"))
-    ours = json.loads(output[output.index("{"):])["token_ids"]
-    greedy_agreement(alone.target, prompt, ours, expected.token_ids, projector=alone.vision)  # up to a float tie
+    answer = json.loads(output[output.index("{"):])
+    assert 0 < answer["stats"]["accepted"] < answer["stats"]["drafted"]
+    with load_pair(target, mmproj=files["mmproj"], n_ctx=512) as alone:
+        prompt = prompt_with_images(alone, WIDE, SQUARE)
+        expected = finish(alone.generate(prompt, max_tokens=24, draft_mode="none"))
+        greedy_agreement(alone.target, prompt, answer["token_ids"], expected.token_ids, projector=alone.vision)
 
 
 def test_spec_batch_reads_a_lines_images(files: dict[str, Path], alone: Pair, tmp_path: Path) -> None:

@@ -73,19 +73,6 @@ def check_image(image: Image) -> Image:
     return image
 
 
-def image_runs(tokens: Sequence[int]) -> list[tuple[int, int]]:
-    """(start, length) of each image's run in `tokens`."""
-    runs: list[tuple[int, int]] = []
-    for i, token in enumerate(tokens):
-        if token >= 0:
-            continue
-        if runs and runs[-1][0] + runs[-1][1] == i and tokens[i - 1] == token:
-            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
-        else:
-            runs.append((i, 1))
-    return runs
-
-
 def has_images(tokens: Sequence[int]) -> bool:
     return bool(tokens) and min(tokens) < 0
 
