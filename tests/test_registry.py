@@ -10,7 +10,7 @@ from spec_cli.errors import SpecError
 from spec_cli.llama import gguf
 from spec_cli.llama.model import Model
 from spec_cli.models import derive as derive_module
-from spec_cli.models.registry import load_registry, parse_registry, resolve
+from spec_cli.models.registry import load_registry, parse_registry, projectors, resolve
 
 
 def test_shipped_registry_has_the_demo_pair_as_default() -> None:
@@ -39,6 +39,10 @@ def test_malformed_toml_names_file_and_line() -> None:
      "field 'draft_max' must be an integer >= 1, got 0"),
     ('[pairs.x]\ntarget = { derive = "target", type = "f16" }\ndraft = { path = "d.gguf" }\n',
      "cannot be derived from itself"),
+    ('[pairs.x]\ntarget = { path = "t.gguf" }\ndraft = { path = "d.gguf" }\nmmproj = { derive = "target", type = "f16" }\n',
+     "field 'mmproj' must be a repo, path or package member"),
+    ('[pairs.x]\ntarget = { path = "t.gguf" }\ndraft = { path = "d.gguf" }\ndraft_mmproj = "m.gguf"\n',
+     "field 'draft_mmproj' must be a table"),
 ])
 def test_pair_errors_name_the_pair_and_field(body: str, field: str) -> None:
     with pytest.raises(SpecError) as raised:
@@ -89,6 +93,19 @@ def test_path_sources_resolve_to_their_files(tmp_path: Path) -> None:
     target, draft = resolve(spec)
     assert target == tmp_path / "t.gguf"
     assert draft == Path.home() / "d.gguf"
+
+
+def test_a_pairs_projectors_are_members_that_resolve_with_it(tmp_path: Path) -> None:
+    for name in ("t.gguf", "d.gguf", "t-mmproj.gguf", "d-mmproj.gguf"):
+        (tmp_path / name).write_bytes(b"GGUF")
+    spec = parse_registry(f'[pairs.x]\ntarget = {{ path = "{tmp_path}/t.gguf" }}\ndraft = {{ path = "{tmp_path}/d.gguf" }}\n'
+                          f'mmproj = {{ path = "{tmp_path}/t-mmproj.gguf" }}\n'
+                          f'draft_mmproj = {{ path = "{tmp_path}/d-mmproj.gguf" }}\n', origin="r").get("x")
+    assert spec.files == ("target", "draft", "mmproj", "draft_mmproj")
+    assert projectors(spec) == (tmp_path / "t-mmproj.gguf", tmp_path / "d-mmproj.gguf")
+    plain = parse_registry(f'[pairs.y]\ntarget = {{ path = "{tmp_path}/t.gguf" }}\n'
+                           f'draft = {{ path = "{tmp_path}/d.gguf" }}\n', origin="r").get("y")
+    assert projectors(plain) == (None, None)
 
 
 def test_missing_package_names_the_install_command() -> None:

@@ -392,6 +392,13 @@ def test_every_bad_input_is_one_line_and_exit_2(files: dict[str, Path], tmp_path
     assert says in output and len(output.strip().splitlines()) == 1 and "Traceback" not in output
 
 
+def test_models_check_says_which_side_reads_images(files: dict[str, Path]) -> None:
+    result = runner.invoke(app, ["models", "check", str(files["target"]), str(files["draft"])])
+    assert result.exit_code == 0, result.output
+    assert "yes, through mmproj-target.gguf" in result.output  # the single mmproj beside the target
+    assert "no: it drafts from the text around the images" in result.output  # the draft shares the target's folder
+
+
 def test_spec_chat_attaches_an_image_with_slash_image(files: dict[str, Path]) -> None:
     lines = f"/image {files['wide']}\nwhat is this?\n/image {files['target']}\n/exit\n"
     result = runner.invoke(app, ["chat", "--target", str(files["target"]), "-n", "4", "--temp", "0"], input=lines)
