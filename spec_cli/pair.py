@@ -229,21 +229,16 @@ class Pair:
         return generation
 
     def _mode_past_images(self, mode: str) -> str:
-        """The mode a prompt with images drafts in. A DFlash drafter (fed the target's features at every position)
-        and a draft with another vocabulary (drafting through text) cannot go past an image yet: asked for by
-        name, they are refused; the hybrid over a pair that has one drafts with the lookup alone (the memory's,
-        or n-gram lookup), which `stats.draft_mode` says. MTP and EAGLE-3 heads read the text around images."""
-        blind = [name for name in ("dflash",) if name in self.drafting_modes]
-        if self.translation is not None:
-            blind.append("model")
-        if mode in blind:
-            reason = ("a draft with another vocabulary cannot draft" if mode == "model" else
-                      f"drafting with {mode} does not read images yet")
-            raise BadInput(f"{reason} for a prompt with images; use --draft-mode memory or ngram"
-                           + (", or model" if self.draft_context is not None and self.translation is None else ""))
-        if mode == "hybrid" and blind:
+        """The mode a prompt with images drafts in. A draft with another vocabulary (drafting through text) cannot
+        go past an image yet: asked for by name, it is refused; the hybrid over such a pair drafts with the
+        lookup alone (the memory's, or n-gram lookup), which `stats.draft_mode` says. Every other drafter reads
+        the images or the text around them."""
+        if self.translation is None or not MODES[mode].loads_draft:
+            return mode
+        if mode == "hybrid":
             return "memory" if "memory" in self.drafting_modes else "ngram"
-        return mode
+        raise BadInput("a draft with another vocabulary cannot draft for a prompt with images; use --draft-mode "
+                       "memory or ngram")
 
     def slots(self, n: int) -> list[Slot]:
         """`n` sequences to generate on at once (`decoding.scheduler`). One is the pair's own contexts and

@@ -34,7 +34,8 @@ from spec_cli.server.images import ImageUrl
 from exactness import (SAMPLED, SIGNIFICANCE, against_alone, assert_greedy_identity, chi_square_p_value,
                        exact_pair_distribution, finish, greedy_agreement, sampled_pairs)
 from serving import running
-from tiny_models import CHAT_TEMPLATE, N_EMBD, byte_level_bpe, write_model, write_qwen35_mtp
+from tiny_models import (CHAT_TEMPLATE, N_EMBD, byte_level_bpe, write_dflash, write_eagle3, write_model,
+                         write_qwen35_mtp)
 from tiny_vision import png, write_mmproj
 
 runner = CliRunner()
@@ -171,6 +172,25 @@ def test_an_mtp_head_drafts_after_images_exactly_with_rejections(files: dict[str
             assert_greedy_identity(pair.target, prompt, against_alone(pair, totals, draft_max=3, draft_mode="mtp"),
                                    24, projector=pair.vision)
         assert 0 < totals.accepted < totals.drafted
+
+
+@pytest.mark.parametrize("kind", ["eagle3", "dflash"])
+def test_heads_fed_the_targets_features_draft_after_images_exactly_with_rejections(files: dict[str, Path],
+                                                                                    kind: str) -> None:
+    """An EAGLE-3 head and a DFlash drafter hold the target's features at the text around the images."""
+    folder = files["target"].parent
+    target = write_model(folder / "fed.gguf", 1, layer_scale=0.3, output_scale=0.3)
+    drafter = (write_eagle3(folder / "eagle3.gguf") if kind == "eagle3"
+               else write_dflash(folder / "dflash.gguf", target, block_size=8))
+    with load_pair(target, drafter, mmproj=files["mlp"], n_ctx=512) as pair:
+        totals = Stats(draft_max=0)
+        for images in ((WIDE,), (SQUARE, WIDE), (WIDE,)):  # the third: the same text after another image
+            prompt = prompt_with_images(pair, *images)
+            assert_greedy_identity(pair.target, prompt, against_alone(pair, totals, draft_max=3, draft_mode=kind),
+                                   24, projector=pair.vision)
+        assert 0 < totals.accepted < totals.drafted
+        hybrid = finish(pair.generate(prompt, max_tokens=8))
+        assert hybrid.stats.draft_mode == "hybrid"
 
 
 def test_a_draft_of_another_vocabulary_steps_aside_for_images(files: dict[str, Path]) -> None:

@@ -12,6 +12,8 @@ follow, never on the tokens drafted at rows before it. Drawing d_i from q_i = tr
 count d_1..d_{i−1}, a grammar's state after them) is drawing from a proposal whose law at position i, given
 the context and d_1..d_{i−1}, is q_i: the conditional law token verification (min(1, p/q)) and block
 verification need of each position. So the output keeps the target's law, as with any drafter.
+
+With images in the prompt the memory holds the target's features at text positions only (`text_only`).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import numpy as np
 from spec_cli.decoding.drafter import Draft
 from spec_cli.decoding.sampling import SamplingParams
 from spec_cli.drafting.base import CatchUpDrafter, drafted_token
+from spec_cli.drafting.text_only import TextOnly
 from spec_cli.llama.context import Context, common_prefix
 from spec_cli.llama.grammar import Grammar
 from spec_cli.llama.heads import BlockContext
@@ -38,6 +41,7 @@ class DFlashDrafter(CatchUpDrafter):
             raise ValueError("the target context must keep the drafter's feature layers (feature_layers=...)")
         self.target, self.block, self.p_min = target, block, p_min
         self.k_max = block.block_size - 1
+        self.text = TextOnly()  # positions below are those of the sequence's text, its images left out
 
     @property
     def busy_s(self) -> float:
@@ -46,12 +50,14 @@ class DFlashDrafter(CatchUpDrafter):
     def prefill(self, tokens: Sequence[int]) -> list[tuple[int, float]]:
         """Inject the features of the prompt (the tokens the target has decoded), keeping what the memory already
         holds of them. Not a cost the rounds are priced with: a round is one pass."""
-        self.block.trim(common_prefix(self.block.tokens, tokens))
-        self._catch_up(tokens, len(tokens))
+        held = self.text.sequence(self.block.tokens)
+        self.text.see(tokens)
+        self.block.trim(self.text.length(common_prefix(held, tokens)))
+        self._catch_up(tokens, self.text.length(len(tokens)))
         return []
 
     def pending(self, tokens: Sequence[int]) -> int:
-        return len(tokens) - 1 - self.block.n_past
+        return self.text.length(len(tokens)) - 1 - self.block.n_past
 
     def propose(self, tokens: Sequence[int], k: int, sampling: SamplingParams, rng: np.random.Generator,
                 grammar: Grammar | None = None) -> Draft:
@@ -63,7 +69,7 @@ class DFlashDrafter(CatchUpDrafter):
         if k <= 0:
             return draft
         started = time.perf_counter()
-        self._catch_up(tokens, len(tokens) - 1)
+        self._catch_up(tokens, self.text.length(len(tokens)) - 1)
         rows = self.block.block(tokens[-1], k + 1)[1:]
         choose, recent = drafted_token(sampling, rng, self.p_min, grammar), sampling.recent(tokens)
         for logits in rows:
@@ -75,11 +81,12 @@ class DFlashDrafter(CatchUpDrafter):
         return draft
 
     def rewind(self, n_keep: int) -> None:
-        self.block.trim(n_keep)
+        self.block.trim(self.text.length(n_keep))
 
     def _catch_up(self, tokens: Sequence[int], end: int) -> None:
-        """Inject the target's features at the positions from the memory's end to `end` (the target has
+        """Inject the target's features at text positions from the memory's end to `end` (the target has
         decoded them)."""
         start = self.block.n_past
         if end > start:
-            self.block.inject(tokens[start:end], self.target.features(start, end))
+            features = self.target.features(self.text.positions(start, end))
+            self.block.inject(self.text.text(tokens, start, end), features)

@@ -34,4 +34,4 @@ class Eagle3Drafter(MtpDrafter):
     def _states(self, start: int, end: int) -> np.ndarray:
         """g_{p-1} = fc(features_{p-1}) for p in [start, end)."""
         assert start >= 1
-        return self.head.encode(self.target.features_at(self._positions(start - 1, end - 1)))
+        return self.head.encode(self.target.features(self.text.positions(start - 1, end - 1)))

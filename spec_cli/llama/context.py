@@ -263,13 +263,9 @@ class Context:
     def keeps_features(self) -> bool:
         return self._features is not None
 
-    def features(self, start: int, end: int) -> np.ndarray:
-        """The feature layers' inputs at positions [start, end), side by side in each row (layer by layer, in the
-        order given): what an EAGLE-3 or DFlash drafter's fc layer reads."""
-        return self.features_at(slice(start, end))
-
-    def features_at(self, positions: slice | np.ndarray) -> np.ndarray:
-        """`features` at `positions` (a slice, or an array of them)."""
+    def features(self, positions: slice | np.ndarray) -> np.ndarray:
+        """The feature layers' inputs at `positions` (a slice, or an array of them), side by side in each row
+        (layer by layer, in the order given): what an EAGLE-3 or DFlash drafter's fc layer reads."""
         assert self._features is not None
         rows = self._features[:, positions]
         return rows.transpose(1, 0, 2).reshape(rows.shape[1], -1)
