@@ -108,6 +108,16 @@ def test_a_pairs_projectors_are_members_that_resolve_with_it(tmp_path: Path) -> 
     assert projectors(plain) == (None, None)
 
 
+def test_a_projector_on_the_hub_is_fetched_only_for_images(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # nothing is in the cache: fetching it would fail
+    spec = parse_registry(f'[pairs.x]\ntarget = {{ path = "{tmp_path}/t.gguf" }}\ndraft = {{ path = "{tmp_path}/d.gguf" }}\n'
+                          'mmproj = { repo = "org/x-GGUF", file = "mmproj-x.gguf" }\n', origin="r").get("x")
+    assert resolve(spec, images=False) == (tmp_path / "t.gguf", tmp_path / "d.gguf")
+    assert projectors(spec) == (None, None)
+    with pytest.raises(SpecError, match="mmproj-x.gguf"):
+        resolve(spec)
+
+
 def test_missing_package_names_the_install_command() -> None:
     spec = parse_registry('[pairs.x]\ntarget = { package = "no_such_pkg", file = "t.gguf" }\n'
                           'draft = { derive = "target", type = "q4_0" }\n', origin="r").get("x")

@@ -47,12 +47,13 @@ def user_errors() -> Iterator[None]:
         raise typer.Exit(EXIT_USER_ERROR) from None
 
 
-def resolve_files(spec: registry.PairSpec, quiet: bool, refresh: bool = False) -> tuple[Path, Path | None]:
-    """The pair's files (no draft file when the target's MTP head drafts), downloading (with progress bars) and
-    deriving what is missing."""
+def resolve_files(spec: registry.PairSpec, quiet: bool, refresh: bool = False,
+                  images: bool = True) -> tuple[Path, Path | None]:
+    """The pair's files (no draft file when the target's MTP head drafts; its mmproj files where `images`),
+    downloading (with progress bars) and deriving what is missing."""
     notify = (lambda _m: None) if quiet else note
     with download_progress() as bar:
-        return registry.resolve(spec, notify=notify, tqdm_class=bar, refresh=refresh)
+        return registry.resolve(spec, notify=notify, tqdm_class=bar, refresh=refresh, images=images)
 
 
 def csv_list(text: str, parse: Callable[[str], T]) -> list[T]:

@@ -224,7 +224,7 @@ def open_pair(options: LoadOptions) -> Iterator[Loaded]:
     if spec is None:
         target, draft = options.target, options.draft
     else:
-        target, draft = resolve_files(spec, options.quiet)
+        target, draft = resolve_files(spec, options.quiet, images=options.images)
     if (options.gpu_layers and not workers) or (options.draft_gpu_layers and not draft_workers):
         _warn_cpu_only()
     load_draft = options.needs_draft and not options.no_draft

@@ -244,15 +244,17 @@ def locate(spec: PairSpec, member: str) -> Path | None:
 
 
 def resolve(spec: PairSpec, notify: Callable[[str], None] = lambda _message: None,
-            tqdm_class: Any = None, refresh: bool = False) -> tuple[Path, Path | None]:
+            tqdm_class: Any = None, refresh: bool = False, images: bool = True) -> tuple[Path, Path | None]:
     """Paths of the pair's (target, draft): downloading Hub members and deriving members that are missing;
-    the draft is None when the target's MTP head drafts.
+    the draft is None when the target's MTP head drafts. Its mmproj files too, unless `images` is False (text
+    prompts need none: `projectors` finds them where they are).
 
     A Hub file already in the cache is used without asking the Hub, so a pulled pair runs with no network
     (huggingface_hub would otherwise retry an unreachable Hub for ~20 s before falling back to the cache);
     `refresh` asks the Hub for a newer revision first, as `spec models pull` does.
     """
-    paths = {m: _fetch(spec, m, tqdm_class, refresh) for m in spec.files if "derive" not in spec.source(m)}
+    fetched = [m for m in spec.files if "derive" not in spec.source(m) and (images or m not in PROJECTORS)]
+    paths = {m: _fetch(spec, m, tqdm_class, refresh) for m in fetched}
     for member in spec.files:
         source = spec.source(member)
         if "derive" in source:
