@@ -10,6 +10,7 @@ from spec_cli.errors import SpecError
 from spec_cli.llama import gguf
 from spec_cli.llama.model import Model
 from spec_cli.models import derive as derive_module
+from spec_cli.models import registry
 from spec_cli.models.registry import load_registry, parse_registry, projectors, resolve
 
 
@@ -109,13 +110,15 @@ def test_a_pairs_projectors_are_members_that_resolve_with_it(tmp_path: Path) -> 
 
 
 def test_a_projector_on_the_hub_is_fetched_only_for_images(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # nothing is in the cache: fetching it would fail
+    fetched: list[str] = []
+    monkeypatch.setattr(registry.hub, "cached", lambda _repo, _file, _revision: None)
+    monkeypatch.setattr(registry.hub, "download", lambda _repo, file, *_args, **_kwargs: fetched.append(file))
     spec = parse_registry(f'[pairs.x]\ntarget = {{ path = "{tmp_path}/t.gguf" }}\ndraft = {{ path = "{tmp_path}/d.gguf" }}\n'
                           'mmproj = { repo = "org/x-GGUF", file = "mmproj-x.gguf" }\n', origin="r").get("x")
     assert resolve(spec, images=False) == (tmp_path / "t.gguf", tmp_path / "d.gguf")
-    assert projectors(spec) == (None, None)
-    with pytest.raises(SpecError, match="mmproj-x.gguf"):
-        resolve(spec)
+    assert fetched == []
+    resolve(spec)
+    assert fetched == ["mmproj-x.gguf"]
 
 
 def test_missing_package_names_the_install_command() -> None:
