@@ -18,7 +18,7 @@ from typing import Callable, Iterator
 from spec_cli.decoding.engine import Generation, TokenEvent
 from spec_cli.decoding.prompt_cache import PromptCache
 from spec_cli.decoding.stats import Stats
-from spec_cli.errors import BadInput, SpecError
+from spec_cli.errors import SpecError
 from spec_cli.llama.prompt_text import PromptText, with_images
 from spec_cli.llama.vision import Image, read_image
 from spec_cli.pair import Pair
@@ -90,11 +90,9 @@ class ChatSession:
                          for t in (self.turns if turns is None else turns)]
 
     def attach(self, path: Path) -> str:
-        """Attach an image to the next message (read now: a bad file is said at once)."""
+        """Attach an image to the next message (read now: a bad file, or a target that reads none, is said at
+        once)."""
         image = read_image(path)
-        if self.pair.vision is None:
-            raise BadInput(f"{self.pair.target.path.name} reads no images without its mmproj: start spec chat with "
-                           "--mmproj (or put a single mmproj*.gguf beside the model)")
         self.pair.see([image])
         self.attached.append(image)
         count = len(self.attached)

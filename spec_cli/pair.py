@@ -160,11 +160,11 @@ class Pair:
         """The ids each image takes in a prompt (the text the target's projector writes around it, then its run),
         each read by the target's projector and by the draft's where it has one (`BadInput` when an image is
         not one, or the target reads none)."""
-        if images and self.vision is None:
-            raise BadInput(f"{self.target.path.name} reads no images without its mmproj: give one with --mmproj "
-                           "(or put a single mmproj*.gguf beside the model)")
         if not images:
             return []
+        if self.vision is None:
+            raise BadInput(f"{self.target.path.name} reads no images without its mmproj: give one with --mmproj "
+                           "(or put a single mmproj*.gguf beside the model)")
         pieces = [[*before, *[image.key] * read.n_tokens, *after]
                   for image, (read, before, after) in zip(images, self.vision.see(images))]
         if self.draft_vision is not None:
