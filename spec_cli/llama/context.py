@@ -30,6 +30,34 @@ def copy_rows(pointer: object, n_rows: int, width: int) -> np.ndarray:
     return rows
 
 
+LONG_DECODE = 32  # tokens from which a decode counts as taking in a stretch (a prompt, a catch-up)
+
+
+class Throughput:
+    """Seconds per token of a context's long decodes (prompts, catch-ups), older ones weighing `DECAY`× less at
+    each new one: what taking in a long stretch costs on this machine, under its present load. Every sequence
+    of one llama.cpp context shares it (they run the same weights)."""
+
+    DECAY = 0.8
+
+    def __init__(self) -> None:
+        self.tokens = 0.0
+        self.seconds = 0.0
+
+    def record(self, n_tokens: int, seconds: float) -> None:
+        if n_tokens >= LONG_DECODE:
+            self.tokens = self.tokens * self.DECAY + n_tokens
+            self.seconds = self.seconds * self.DECAY + seconds
+
+    @property
+    def per_token(self) -> float | None:
+        return self.seconds / self.tokens if self.tokens else None
+
+    def seed(self, per_token: float, tokens: float = 4 * 128) -> None:
+        """Start from a rate measured before (a cost book's), counting as `tokens` tokens decoded."""
+        self.tokens, self.seconds = tokens, tokens * per_token
+
+
 def common_prefix(held: Sequence[int], tokens: Sequence[int]) -> int:
     """How many tokens a memory holding `held` can keep of a new sequence `tokens`."""
     keep = 0
@@ -124,6 +152,7 @@ class Context:
         self._shift = 0  # positions less indices past every image held
         self.busy_s = 0.0
         self._trim_s = 0.0
+        self.throughput = Throughput()  # shared with `sequence`'s copies
         # Row p: h_p as last computed. Valid for every position of the sequence decoded with its current tokens,
         # those a rollback took back included (their h does not change); rows of rejected drafts are stale.
         self.hidden: np.ndarray | None = None
@@ -175,7 +204,10 @@ class Context:
         tokens = self._prepare(tokens, n_logits, len(tokens) if n_final is None else n_final)
         started = time.perf_counter()
         rows = self._decode(tokens, n_logits)
-        self.busy_s += time.perf_counter() - started
+        elapsed = time.perf_counter() - started
+        self.busy_s += elapsed
+        if n_logits <= 1:  # a stretch taken in, not a verify pass (whose output rows cost more)
+            self.throughput.record(len(tokens), elapsed)
         return rows
 
     def _prepare(self, tokens: Sequence[int], n_logits: int, n_final: int) -> Sequence[int]:
@@ -426,6 +458,8 @@ def decode_together(parts: Sequence[Part]) -> list[np.ndarray]:
     n_rows = sum(n_logits for _, _, n_logits in todo)
     rows = copy_rows(llama_cpp.llama_get_logits(first._handle), n_rows, first.model.n_vocab) if n_rows else None
     elapsed, out, row = time.perf_counter() - started, [], 0
+    if n_rows <= len(parts):  # prompt chunks and one-row steps, not verify passes
+        first.throughput.record(at, elapsed)
     for (context, tokens, n_logits), first_row in zip(todo, firsts):
         context._keep_rows(first_row, len(tokens))
         context.tokens.extend(tokens)

@@ -154,6 +154,7 @@ class Model:
         self._vocab = llama_cpp.llama_model_get_vocab(handle)
         self.n_vocab: int = llama_cpp.llama_vocab_n_tokens(self._vocab)
         self.n_ctx_train: int = llama_cpp.llama_model_n_ctx_train(handle)
+        self.size: int = llama_cpp.llama_model_size(handle)  # bytes of weights: what a pass reads
         self.n_embd: int = llama_cpp.llama_model_n_embd(handle)
         self.n_layer: int = llama_cpp.llama_model_n_layer(handle)
         self.n_layer_mtp: int = llama_cpp.llama_model_n_layer_nextn(handle)

@@ -91,6 +91,13 @@ def whole_images(tokens: Sequence[int], n: int) -> int:
     return n
 
 
+def image_end(tokens: Sequence[int], n: int) -> int:
+    """n, or the end of the image the first n of `tokens` end inside (a memory never holds part of one)."""
+    while 0 < n < len(tokens) and tokens[n] < 0 and tokens[n] == tokens[n - 1]:
+        n += 1
+    return n
+
+
 def text_of(tokens: Sequence[int]) -> list[int]:
     """`tokens` without their images."""
     return [token for token in tokens if token >= 0]
