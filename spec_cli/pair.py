@@ -261,6 +261,9 @@ class Pair:
                    feature_layers: tuple[int, ...] = ()) -> list[Context]:
         first = self._add(Context(model, self.n_ctx, self.n_threads, sequences=n, hidden_states=hidden_states,
                                   feature_layers=feature_layers))
+        own = self.target_context if model is self.target else self.draft_context
+        if own is not None:  # the same weights take in a stretch at the same rate: measured once, kept in the book
+            first.throughput = own.throughput
         return [first, *(self._add(first.sequence(seq)) for seq in range(1, n))]
 
     def _fed(self, sources: Sources) -> Sources:

@@ -76,6 +76,12 @@ def other_draft_path(models_dir: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
+def near_draft_path(models_dir: Path) -> Path:
+    """The target's weights perturbed: a draft that agrees with it most of the time, not always."""
+    return write_model(models_dir / "near.gguf", seed=1, noise=0.05)
+
+
+@pytest.fixture(scope="session")
 def chat_target_path(models_dir: Path) -> Path:
     return write_model(models_dir / "chat.gguf", seed=1, chat_template=CHAT_TEMPLATE)
 
@@ -104,4 +110,11 @@ def other(target_path: Path, other_draft_path: Path) -> Iterator[Pair]:
 def chat_pair(chat_target_path: Path, other_draft_path: Path) -> Iterator[Pair]:
     """The tiny target with a chat template, drafted by unrelated weights: what a server test serves."""
     with load_pair(chat_target_path, other_draft_path) as pair:
+        yield pair
+
+
+@pytest.fixture(scope="module")
+def roomy(target_path: Path, near_draft_path: Path) -> Iterator[Pair]:
+    """The target and a draft that agrees with it most of the time, over a context of several thousand tokens."""
+    with load_pair(target_path, near_draft_path, n_ctx=8192) as pair:
         yield pair

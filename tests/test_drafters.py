@@ -237,13 +237,13 @@ def test_the_ngram_lookups_host_time_is_priced() -> None:
 
 
 def test_a_new_prompt_starts_afresh() -> None:
-    """The prompt's prefill catches every own drafter up: no regret carries over, the regime in use stays, and
-    the rates learnt on the last text weigh a round or two."""
+    """A new prompt: no regret carries over, the regime in use stays, and the rates learnt on the last text weigh
+    a round or two."""
     drafter, _ = hybrid(model_accepts=4, pending=40)
     assert choice(drafter, NO_MATCH) == "none" and drafter.state.regret_s > 0
     drafter.state.regimes[OUT].add(20, 0.1, 1.0)
     rate = drafter.state.regimes[OUT].rate
-    drafter.prefill(MATCH[:1])
+    drafter.start(MATCH[:1])
     assert drafter.state.regret_s == 0.0 and drafter.state.in_use == OUT
     assert drafter.state.regimes[OUT].rate == pytest.approx(rate)
     for _ in range(3):

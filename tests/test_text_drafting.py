@@ -28,6 +28,7 @@ from spec_cli.cli.app import app
 from spec_cli.decoding.sampling import probabilities
 from spec_cli.decoding.stats import Stats
 from spec_cli.drafting.text import TextDrafter
+from spec_cli.drafting.window import MIN_WINDOW, SINKS
 from spec_cli.llama.context import Context
 from spec_cli.llama.model import Model
 from spec_cli.models.vocab import translation
@@ -153,6 +154,27 @@ def test_hybrid_and_chat_turns_that_extend_the_last_stay_exact(bpe_pair: Pair, a
         for mode in ("model", "hybrid"):
             generation = finish(bpe_pair.generate(prompt, max_tokens=32, draft_max=3, draft_mode=mode))
             assert generation.token_ids == reference.token_ids
+
+
+def test_a_dear_catch_up_through_text_drafts_from_a_window_and_stays_exact(files: dict[str, Path],
+                                                                             alone: Pair) -> None:
+    """A long prompt whose catch-up would cost the draft more than β of the target's prefill: the draft reads the
+    sinks and the latest of its spelling only, drafts are still kept, and the output is the target alone's; a
+    prompt that extends it keeps that window."""
+    long = alone.prompt_tokens(" ".join(["the cat sat on the mat and the dog sat on the log"] * 12), raw=True)
+    with load_pair(files["target"], files["bpe"], n_ctx=1024) as pair:
+        pair.draft_context.throughput.seed(1e-3)  # the draft takes a stretch in a hundred times dearer
+        pair.target_context.throughput.seed(1e-5)
+        reference = finish(alone.generate(long, max_tokens=24, draft_mode="none"))
+        generation = finish(pair.generate(long, max_tokens=24, draft_max=3, draft_mode="model"))
+        assert generation.token_ids == reference.token_ids and generation.stats.accepted > 0
+        window = pair.draft_context.n_past
+        assert window <= SINKS + MIN_WINDOW + 2 * 24 < len(long)
+        longer = [*long, *reference.token_ids, *alone.target.tokenize(" and the cat", add_special=False)]
+        reference = finish(alone.generate(longer, max_tokens=24, draft_mode="none"))
+        assert finish(pair.generate(longer, max_tokens=24, draft_max=3, draft_mode="model")).token_ids == \
+            reference.token_ids
+        assert window <= pair.draft_context.n_past < len(longer)
 
 
 def test_chat_answers_equal_answers_without_drafting(tmp_path: Path, files: dict[str, Path]) -> None:

@@ -37,6 +37,15 @@ class Draft:
     way: str = ""
 
 
+@dataclass
+class CatchUp:
+    """A chunk of a drafter's catch-up taken in between rounds: its decodes, (tokens fed, seconds) each, and how many
+    tokens it still lacks."""
+
+    steps: list[tuple[int, float]]
+    left: int
+
+
 DraftSteps = Generator[list[int], np.ndarray, Draft]
 """A proposal made one decode of the drafter's context at a time: it yields the tokens each decode feeds (the
 catch-up first), is sent the logits of the token after them, and returns the draft."""
@@ -92,6 +101,14 @@ class Drafter:
         """How many tokens the next proposal must feed before its first draft step (its catch-up): 0 for a
         drafter without a memory of its own."""
         return 0
+
+    def catch_up(self, tokens: Sequence[int], chunk: int) -> CatchUp | None:
+        """Where this drafter lacks more than `chunk` tokens of `tokens` (a long prompt, a long stretch drafted
+        another way), take in the next `chunk` of them now and say what is left: a catch-up is a prefill, made in
+        chunks between rounds like the target's prompt, and a drafter that is catching up drafts nothing that
+        round, so no round waits on a long catch-up. None: it lacks at most `chunk` and may draft this round (its
+        first decode takes them in)."""
+        return None
 
     def update(self, drafted: int, accepted: int) -> None:
         """The target kept `accepted` of the `drafted` tokens last proposed."""

@@ -40,6 +40,11 @@ from spec_cli.llama.context import Context, Part, common_prefix
 from spec_cli.llama.grammar import Grammar
 
 
+ALONE_CHUNK = 512
+"""The most a drafter of a generation run alone catches up on within a round (its first decode): nobody waits on
+it. More is taken in that many at a time between rounds, each round a plain target step."""
+
+
 @dataclass(frozen=True)
 class TokenEvent:
     """One emitted token: `from_draft` is True when a draft token was accepted, False for the target's."""
@@ -94,6 +99,7 @@ class Generation:
                                  [self.stats.costs, *filter(None, [costs])])
         self._draft = Draft()  # the round `plan` began
         self._k = 0  # the K of the round `begin_round` began
+        self.catching_up = 0  # tokens the drafter still lacks, while it catches up between rounds
 
     def __iter__(self) -> Iterator[TokenEvent]:
         if self._started:
@@ -110,14 +116,13 @@ class Generation:
             self.close()
 
     def _prefill(self) -> None:
-        """Both memories take in the prompt but its last token, which the first round feeds."""
+        """The target takes in the prompt but its last token, which the first round feeds; the drafter keeps what
+        it holds of it and catches up on the rest when it drafts (`Drafter.start`), in chunks between rounds
+        where that is long (`_catch_up`): the first token waits for the target's prefill alone."""
         with self._timer.prompt():
             self.stats.prompt_cached = self.target.prefill(self._seq[:-1])
-            self._prefill_drafter()
-
-    def _prefill_drafter(self) -> None:
-        if self.drafter is not None:
-            self._timer.prefill_steps(self.drafter.prefill(self._seq[:-1]))
+            if self.drafter is not None:
+                self.drafter.start(self._seq[:-1])
 
     # A scheduler runs several generations over sequences of one target context (`scheduler`): it feeds each
     # one's prompt in chunks (`start`, `prompt_fed`), then each step begins every one's round (`begin_round`),
@@ -145,12 +150,28 @@ class Generation:
             self.drafter.start(self._seq[:-1])
         self._timer.prompt_done()
 
-    def begin_round(self, k: int | None = None) -> bool:
-        """Start a round drafting K = `k` (None: its own controller's choice); False once it has finished."""
+    def begin_round(self, k: int | None = None, chunk: int = ALONE_CHUNK) -> bool:
+        """Start a round drafting K = `k` (None: its own controller's choice), or none while the drafter catches up
+        `chunk` tokens at a time; False once it has finished."""
         if self.check_limits() is not None:
             return False
         self._timer.start_round()
-        self._k = self._next_k() if k is None else min(k, self.room() - 1)
+        self._k = 0 if self._catch_up(chunk) else self._next_k() if k is None else min(k, self.room() - 1)
+        return True
+
+    def _catch_up(self, chunk: int) -> bool:
+        """Where the drafter lacks more than `chunk` tokens of the sequence, feed it the next `chunk` (drafting
+        time, booked as its decodes); True: this round drafts nothing (`Drafter.catch_up`)."""
+        if self.drafter is None:
+            return False
+        self._timer.begin_step()
+        done = self.drafter.catch_up(self._seq, chunk)
+        self.catching_up = done.left if done is not None else 0
+        if done is None:
+            return False
+        self._timer.end_step("draft_s")
+        self._timer.catch_up_steps(done.steps)
+        self.stats.caught_up += sum(n for n, _ in done.steps)
         return True
 
     def draft_steps(self) -> tuple[Context, DraftSteps] | None:
@@ -205,7 +226,7 @@ class Generation:
         """Propose d1..dK, verify them in one target pass, emit the kept prefix and the target's token, rewind
         what was not kept, and learn from the round."""
         self._timer.start_round()
-        draft = self._propose(self._next_k())
+        draft = self._propose(0 if self._catch_up(ALONE_CHUNK) else self._next_k())
         with self._timer.step("verify_s"):
             known = self._seq[self.target.n_past:]
             rows = self.target.decode([*known, *draft.tokens], len(draft.tokens) + 1, n_final=len(known))

@@ -26,6 +26,7 @@ class Stats:
     generated_tokens: int = 0
     rounds: int = 0
     rejected_rounds: int = 0  # rounds in which a drafted token was rejected
+    caught_up: int = 0  # tokens the drafter took in between rounds (chunks of a long catch-up)
     drafted: int = 0
     accepted: int = 0
     accepted_at: list[int] = field(default_factory=list)
@@ -45,7 +46,8 @@ class Stats:
 
     def merge(self, other: Stats) -> None:
         """Add another generation's counts and times to these (a chat session's totals)."""
-        for name in ("prompt_tokens", "prompt_cached", "generated_tokens", "rounds", "rejected_rounds", "drafted",
+        for name in ("prompt_tokens", "prompt_cached", "generated_tokens", "rounds", "rejected_rounds", "caught_up",
+                     "drafted",
                      "accepted", "batched",
                      "prompt_s", "decode_s", "draft_s", "convert_s", "verify_s", "llama_s", "rollback_s"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
@@ -134,6 +136,7 @@ class Stats:
             "generated_tokens": self.generated_tokens,
             "rounds": self.rounds,
             "rejected_rounds": self.rejected_rounds,
+            "caught_up": self.caught_up,
             "drafted": self.drafted,
             "accepted": self.accepted,
             "acceptance_rate": self.acceptance_rate,

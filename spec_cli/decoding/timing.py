@@ -87,8 +87,8 @@ class RoundTimer:
         """Decoding time so far, as live views read it."""
         self.stats.decode_s = time.perf_counter() - self._decode_start
 
-    def prefill_steps(self, steps: list[tuple[int, float]]) -> None:
-        """The drafter's decode of the prompt: the size of a large catch-up, for the cost books."""
+    def catch_up_steps(self, steps: list[tuple[int, float]]) -> None:
+        """The drafter's decodes of a chunk of its catch-up between rounds (large sizes), for the cost books."""
         for book in self.books:
             book.record_draft(steps)
 

@@ -9,27 +9,47 @@ from typing import Callable, Sequence
 import numpy as np
 
 from spec_cli.decoding.constrained import constrained_greedy, constrained_probabilities
-from spec_cli.decoding.drafter import Draft, Drafter, DraftSteps, run_steps
+from spec_cli.decoding.drafter import CatchUp, Draft, Drafter, DraftSteps, run_steps
 from spec_cli.decoding.sampling import Law, SamplingParams, penalized, probabilities, sample
-from spec_cli.llama.context import Context, common_prefix
+from spec_cli.drafting.window import DraftMemory
+from spec_cli.llama.context import Context
 from spec_cli.llama.grammar import Grammar
 
 
 class CatchUpDrafter(Drafter):
     """A drafter with a memory of its own that catches up on the tokens it did not draft (a draft model, an
-    MTP head): the hybrid weighs that backlog (`pending`), which each implements."""
+    MTP head): the hybrid weighs that backlog (`pending`), and a long one is taken in chunk by chunk between
+    rounds (`catch_up`, over each drafter's `_feed`)."""
 
     def pending(self, tokens: Sequence[int]) -> int:
         raise NotImplementedError
 
+    def catch_up(self, tokens: Sequence[int], chunk: int) -> CatchUp | None:
+        if self.pending(tokens) <= chunk:
+            return None
+        steps = self._feed(tokens, chunk)
+        return CatchUp(steps, self.pending(tokens))
+
+    def _feed(self, tokens: Sequence[int], n: int) -> list[tuple[int, float]]:
+        """Take in the next `n` tokens of the backlog (sure ones: the target has decoded them); return the decodes
+        the cost model prices drafting with, (tokens fed, seconds) each."""
+        raise NotImplementedError
+
+    def narrow(self, tokens: Sequence[int]) -> None:
+        """Make the catch-up on `tokens` the cheapest that drafts: the latest few only, where the memory can hold a
+        window (a trial of a drafter whose costs are not known yet; `window`). By default nothing: the catch-up
+        of a head fed with the target's states costs a fraction of its prefill anyway."""
+
 
 class ContextDrafter(CatchUpDrafter):
-    """What drafters on a draft model's own KV cache share: the time spent in llama.cpp, and taking in a prompt
-    (keeping what the cache already holds of it)."""
+    """What drafters on a draft model's own KV cache share: the time spent in llama.cpp, and what the cache holds
+    of the sequence (`memory`, the pair's, kept across generations: a window of it where taking in all of it would
+    cost more than β of the target's prefill of the same tokens; by default every token)."""
 
-    def __init__(self, context: Context, p_min: float = 0.0) -> None:
+    def __init__(self, context: Context, p_min: float = 0.0, memory: DraftMemory | None = None) -> None:
         self.context = context
         self.p_min = p_min
+        self.memory = memory if memory is not None else DraftMemory(context)
 
     @property
     def busy_s(self) -> float:
@@ -45,14 +65,16 @@ class ContextDrafter(CatchUpDrafter):
         return self.context.decode(fed, 1, n_final=len(fed) if i == 0 else 0)[0]
 
     def start(self, tokens: Sequence[int]) -> None:
-        """Keep what the cache holds of `tokens`; the first proposal's catch-up decodes the rest."""
-        self.context.trim(common_prefix(self.context.tokens, tokens))
+        """Keep what the cache holds of `tokens`; the catch-up decodes the rest (in chunks, or in the first round)."""
+        self.memory.keep(tokens)
 
     def _take_in(self, tokens: Sequence[int]) -> list[tuple[int, float]]:
         """Make the cache hold `tokens`; return the decode it took, (tokens fed, seconds), for the cost model."""
-        started = time.perf_counter()
-        fed = len(tokens) - self.context.prefill(tokens)
-        return [(fed, time.perf_counter() - started)] if fed else []
+        self.memory.keep(tokens)
+        steps = self.memory.feed(tokens, len(tokens))
+        if steps:
+            self.context.mark_prompt()
+        return steps
 
 
 Choose = Callable[[Draft, np.ndarray, list[int]], "int | None"]

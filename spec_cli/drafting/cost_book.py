@@ -5,8 +5,8 @@ One JSON file in the cache folder holds an entry per (machine, pair): the target
 drafter's decodes by tokens fed (c_d), the loop's work per token (o), and each own drafter's acceptance by
 draft position. A pair starts from its entry (`Drafting.seed`), each stored mean counting as a few calls so
 that what is measured now soon outweighs it, and writes what it learnt back when it closes. The machine is
-`kernels.machine_key` (this CPU and llama.cpp build) with the thread count; the pair, its files' names and
-sizes and where they run. Nothing here is tuned by hand: every figure was measured where it is used.
+`kernels.machine_key` (this CPU and llama.cpp build) with the kernels it runs and the thread count; the pair,
+its files' names and sizes and where they run. Nothing here is tuned by hand: every figure was measured where it is used.
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ def path() -> Path:
 
 
 def key(files: Sequence[Path], n_threads: int, placement: dict[str, str]) -> str:
-    """Whom an entry holds for: this machine at `n_threads`, these model files placed so."""
-    parts = [kernels.machine_key(), str(n_threads), json.dumps(placement, sort_keys=True),
+    """Whom an entry holds for: this machine at `n_threads` with the kernels it runs, these model files placed so."""
+    parts = [kernels.machine_key(), kernels.verdict().name, str(n_threads), json.dumps(placement, sort_keys=True),
              *(f"{file.name}:{file.stat().st_size}" for file in files)]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
 

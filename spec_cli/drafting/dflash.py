@@ -47,13 +47,22 @@ class DFlashDrafter(CatchUpDrafter):
     def busy_s(self) -> float:
         return self.block.busy_s
 
-    def prefill(self, tokens: Sequence[int]) -> list[tuple[int, float]]:
-        """Inject the features of the prompt (the tokens the target has decoded), keeping what the memory already
-        holds of them. Not a cost the rounds are priced with: a round is one pass."""
+    def start(self, tokens: Sequence[int]) -> None:
+        """A new prompt: keep the features the memory holds of it; the catch-up injects the rest."""
         held = self.text.sequence(self.block.tokens)
         self.text.see(tokens)
         self.block.trim(self.text.length(common_prefix(held, tokens)))
+
+    def prefill(self, tokens: Sequence[int]) -> list[tuple[int, float]]:
+        """Inject the features of the prompt (the tokens the target has decoded) now. Not a cost the rounds are
+        priced with: a round is one pass."""
+        self.start(tokens)
         self._catch_up(tokens, self.text.length(len(tokens)))
+        return []
+
+    def _feed(self, tokens: Sequence[int], n: int) -> list[tuple[int, float]]:
+        """Inject the next `n` positions the memory lacks (not a cost the rounds are priced with: see `prefill`)."""
+        self._catch_up(tokens, min(self.text.length(len(tokens)) - 1, self.block.n_past + n))
         return []
 
     def pending(self, tokens: Sequence[int]) -> int:

@@ -13,7 +13,7 @@ import numpy as np
 
 from spec_cli.decoding.costs import FREE, LoopCosts
 from spec_cli.decoding.draft_length import DraftLength
-from spec_cli.decoding.drafter import Draft, Drafter, DraftSteps
+from spec_cli.decoding.drafter import CatchUp, Draft, Drafter, DraftSteps
 from spec_cli.decoding.sampling import SamplingParams
 from spec_cli.drafting.base import CatchUpDrafter
 from spec_cli.llama.context import Context
@@ -124,6 +124,7 @@ class HybridDrafter(Drafter):
         self._decided: Draft | None = None  # a round `stepped` chose, for the `propose` that follows it
         self._unused: tuple[int, list[int]] | None = None  # (where, what): the n-gram proposal a round passed over
         self._lookups = Yield()  # n-gram lookups: calls and their host seconds
+        self._chunk = 1 << 30  # the most an own drafter may lack and draft: the loop's catch-up chunk
 
     @property
     def busy_s(self) -> float:
@@ -133,19 +134,24 @@ class HybridDrafter(Drafter):
     def rollback_s(self) -> float:
         return sum(drafter.rollback_s for drafter in self.own.values())
 
-    def prefill(self, tokens: Sequence[int]) -> list[tuple[int, float]]:
-        """A new prompt, taken in whole by every own drafter: each starts caught up, so the first rounds choose
-        by rates alone, as a pinned mode would start."""
-        self._new_prompt(tokens)
-        for name, drafter in self.own.items():
-            self.books[name].record_draft(drafter.prefill(tokens))
-        return []
-
     def start(self, tokens: Sequence[int]) -> None:
-        """A new prompt, which each own drafter takes in when it first drafts (its backlog, which is priced)."""
+        """A new prompt, which each own drafter takes in once its regime is entered (its backlog, which is
+        priced): a prompt the rounds never draft for with a model costs what the target alone does."""
         self._new_prompt(tokens)
         for drafter in self.own.values():
             drafter.start(tokens)
+
+    def catch_up(self, tokens: Sequence[int], chunk: int) -> CatchUp | None:
+        """The next chunk of the catch-up of the own drafter whose regime the loop runs in, where it lacks more
+        than a chunk: the regime was entered, its backlog is paid first. An own drafter that lacks more than a
+        chunk is not offered this round (`_ready`)."""
+        self._chunk = chunk
+        drafter = self.own.get(self.state.in_use)
+        done = drafter.catch_up(tokens, chunk) if drafter is not None else None
+        if done is not None:
+            self.books[self.state.in_use].record_draft(done.steps)
+            self.chosen = None
+        return done
 
     def _new_prompt(self, tokens: Sequence[int]) -> None:
         self.state.new_text()
@@ -200,7 +206,12 @@ class HybridDrafter(Drafter):
         self._lookups.add(1.0, time.perf_counter() - started, self.state.decay)
         ks = {name: min(k, lengths[name].next_k()) for name in self.own}
         options = self._price(len(looked_up.tokens), ks)
-        name = self._choose(options, {name: self.own[name].pending(tokens) for name in self.own})
+        pending = {name: self.own[name].pending(tokens) for name in self.own}
+        for name, drafter in self.own.items():
+            if name in options and options[name].seconds is None and pending[name] > self._chunk:
+                drafter.narrow(tokens)  # a trial: the cheapest catch-up, the latest tokens only
+                pending[name] = drafter.pending(tokens)
+        name = self._choose(options, pending)
         self.chosen = (name, options[name].seconds or 0.0)
         self._unused = (len(tokens), looked_up.tokens) if looked_up.tokens and name != self.lookup_name else None
         return name, looked_up, ks.get(name, 0)
@@ -225,11 +236,15 @@ class HybridDrafter(Drafter):
         return options
 
     def _choose(self, options: dict[str, Option], pending: dict[str, int]) -> str:
-        """Try what is not priced yet (the n-gram first: it costs no decode); else the choice of the regime
-        the loop runs in, after weighing a move to the regime with the best rate (see the class notes)."""
+        """Try what is not priced yet (the n-gram first: it costs no decode; an own drafter in its regime, so
+        that it catches up first); else the choice of the regime the loop runs in, after weighing a move to the
+        regime with the best rate (see the class notes). An own drafter that lacks more than a chunk is not
+        offered: the lookup drafts (or nothing) while it catches up."""
         for name in (self.lookup_name, *self.own, NONE):
             if name in options and options[name].seconds is None:
-                return name
+                if name in self.own:
+                    self.state.in_use = name
+                return self._ready(name, options, pending)
         state = self.state
         picks = {regime: self._regime_choice(regime, options) for regime in state.regimes}
         for regime, (name, tokens, seconds) in picks.items():
@@ -246,7 +261,13 @@ class HybridDrafter(Drafter):
                 state.in_use, state.regret_s = best, 0.0
         else:
             state.regret_s = 0.0
-        return picks[state.in_use][0]
+        return self._ready(picks[state.in_use][0], options, pending)
+
+    def _ready(self, name: str, options: dict[str, Option], pending: dict[str, int]) -> str:
+        """`name`, unless it is an own drafter still catching up: then the lookup's proposal, or no draft."""
+        if name not in self.own or pending[name] <= self._chunk:
+            return name
+        return self.lookup_name if self.lookup_name in options else NONE
 
     def _regime_choice(self, regime: str, options: dict[str, Option]) -> tuple[str, float, float]:
         """(the option, its E[tokens], its E[seconds] with the catch-up it leaves) that `regime` chooses: the

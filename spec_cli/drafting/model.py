@@ -36,14 +36,20 @@ class ModelDrafter(ContextDrafter):
 
     def stepped(self, tokens: Sequence[int], k: int, sampling: SamplingParams, rng: np.random.Generator,
                 grammar: Grammar | None = None) -> tuple[Context, DraftSteps]:
-        catch_up = list(tokens[self.context.n_past:])
-        return self.context, draft_steps(catch_up, k, sampling, sampling.recent(tokens),
+        return self.context, draft_steps(self.memory.backlog(tokens), k, sampling, sampling.recent(tokens),
                                          drafted_token(sampling, rng, self.p_min, grammar))
 
     def pending(self, tokens: Sequence[int]) -> int:
-        """How many tokens the next proposal must feed before its first draft step (its catch-up)."""
-        return len(tokens) - self.context.n_past
+        """How many tokens the next proposal must feed before its first draft step (its catch-up, within the
+        window its budget allows)."""
+        return self.memory.lacking(tokens)
+
+    def _feed(self, tokens: Sequence[int], n: int) -> list[tuple[int, float]]:
+        return self.memory.feed(tokens, n)
+
+    def narrow(self, tokens: Sequence[int]) -> None:
+        self.memory.narrow(tokens)
 
     def rewind(self, n_keep: int) -> None:
         """What a snapshot restore takes back beyond `n_keep`, the next catch-up feeds again."""
-        self.context.trim(n_keep)
+        self.memory.rewind(n_keep)

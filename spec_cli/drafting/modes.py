@@ -27,6 +27,7 @@ from spec_cli.drafting.ngram import NgramDrafter
 from spec_cli.drafting.recall import MemoryDrafter, OutputMemory
 from spec_cli.drafting.text import TextDrafter
 from spec_cli.drafting.translation import Translation
+from spec_cli.drafting.window import DraftMemory
 from spec_cli.errors import SpecError
 from spec_cli.llama.context import Context
 from spec_cli.llama.heads import BlockContext, HeadContext
@@ -63,8 +64,8 @@ class Mode:
     can draft this way (`missing` says why not). Its rounds are priced with and recorded in a cost book of its
     own (`Drafting.costs`: the MTP head's steps apart from the draft model's), over the target's passes,
     which every book shares. `build(drafting, p_min, K)`: its drafter and the controller of its K.
-    `own_drafter(sources, p_min)`: for a mode that drafts with a model of the pair's own (`own_model`), that
-    drafter alone. `pricing`: how its drafting cost grows with K (`costs`). `k_limit`: the most it can draft in
+    `own_drafter(drafting, p_min)`: for a mode that drafts with a model of the pair's own (`own_model`), that
+    drafter alone, over the pair's `drafting`. `pricing`: how its drafting cost grows with K (`costs`). `k_limit`: the most it can draft in
     a round.
     """
 
@@ -75,7 +76,7 @@ class Mode:
     available: Callable[[Sources], bool]
     missing: Callable[[Sources], str]
     build: Build
-    own_drafter: Callable[[Sources, float], CatchUpDrafter] | None = None
+    own_drafter: Callable[[Drafting, float], CatchUpDrafter] | None = None
     pricing: str = PER_TOKEN
     k_limit: Callable[[Sources], int] = lambda _sources: AUTO_K_MAX
 
@@ -101,25 +102,31 @@ def _lookup(sources: Sources) -> NgramDrafter | MemoryDrafter:
     return MemoryDrafter(sources.memory, n_vocab) if sources.memory is not None else NgramDrafter(n_vocab)
 
 
-def _model_drafter(sources: Sources, p_min: float) -> CatchUpDrafter:
-    """The draft model's drafter: on the target's token ids, or through text when the vocabularies differ."""
-    assert sources.draft is not None
+def _model_drafter(drafting: Drafting, p_min: float) -> CatchUpDrafter:
+    """The draft model's drafter: on the target's token ids, or through text when the vocabularies differ; what
+    its context holds of the sequence is the pair's (`Drafting.draft_memory`), kept from one generation to the
+    next."""
+    sources, memory = drafting.sources, drafting.draft_memory
+    assert sources.draft is not None and memory is not None
     if sources.translation is not None:
-        return TextDrafter(sources.draft, sources.translation, p_min)
-    return ModelDrafter(sources.draft, p_min)
+        return TextDrafter(sources.draft, sources.translation, p_min, memory)
+    return ModelDrafter(sources.draft, p_min, memory)
 
 
-def _mtp_drafter(sources: Sources, p_min: float) -> CatchUpDrafter:
+def _mtp_drafter(drafting: Drafting, p_min: float) -> CatchUpDrafter:
+    sources = drafting.sources
     assert sources.head is not None
     return MtpDrafter(sources.target, sources.head, p_min)
 
 
-def _eagle3_drafter(sources: Sources, p_min: float) -> CatchUpDrafter:
+def _eagle3_drafter(drafting: Drafting, p_min: float) -> CatchUpDrafter:
+    sources = drafting.sources
     assert sources.eagle3 is not None
     return Eagle3Drafter(sources.target, sources.eagle3, p_min)
 
 
-def _dflash_drafter(sources: Sources, p_min: float) -> CatchUpDrafter:
+def _dflash_drafter(drafting: Drafting, p_min: float) -> CatchUpDrafter:
+    sources = drafting.sources
     assert sources.dflash is not None
     return DFlashDrafter(sources.target, sources.dflash, p_min)
 
@@ -135,7 +142,7 @@ def _alone(name: str) -> Build:
         own = MODES[name]
         assert own.own_drafter is not None
         length = drafting.length((name, name, k), name, own.pricing, own.k_limit(drafting.sources))
-        return own.own_drafter(drafting.sources, p_min), length
+        return own.own_drafter(drafting, p_min), length
     return build
 
 
@@ -150,7 +157,7 @@ def _hybrid(drafting: Drafting, p_min: float, k: int | str) -> tuple[Drafter | N
     for name in own:
         make = MODES[name].own_drafter
         assert make is not None
-        drafters[name] = make(drafting.sources, p_min)
+        drafters[name] = make(drafting, p_min)
     hybrid = HybridDrafter(_lookup(drafting.sources), drafters,
                            {name: drafting.costs(name) for name in own}, drafting.costs("hybrid"),
                            drafting.hybrid_state(k), {name: MODES[name].pricing for name in own})
@@ -226,6 +233,8 @@ class Drafting:
 
     def __init__(self, sources: Sources) -> None:
         self.sources = sources
+        # What the draft's context holds of the sequence (all of it, or a window), across generations.
+        self.draft_memory = DraftMemory(sources.draft, sources.target) if sources.draft is not None else None
         self._verify = BatchCosts(COSTS_DECAY)  # the target's passes, whoever drafted: one for every book
         self._costs: dict[str, LoopCosts] = {}
         self._lengths: dict[tuple[str, str, int | str], DraftLength] = {}
@@ -286,7 +295,8 @@ class Drafting:
 
     def seed(self, entry: dict[str, Any] | None) -> None:
         """Start from a cost book's entry (`learnt`'s form): each mean counts as `BOOK_CALLS` calls, each own
-        drafter's acceptance as up to `BOOK_ROUNDS` rounds. An entry that does not read as such is ignored."""
+        drafter's acceptance as up to `BOOK_ROUNDS` rounds, the rates at which the target and the draft take in a
+        stretch as a few chunks (`Throughput`). An entry that does not read as such is ignored."""
         if not entry:
             return
         try:
@@ -295,8 +305,14 @@ class Drafting:
                      for name, book in entry.get("books", {}).items() if name in MODES}
             acceptance = {name: _counts(counts) for name, counts in entry.get("acceptance", {}).items()
                           if name in self.own_models()}
+            throughput = {name: float(rate) for name, rate in entry.get("throughput", {}).items()
+                          if name in ("target", "draft") and 0.0 < float(rate) < 1e3}
         except (AttributeError, KeyError, TypeError, ValueError):
             return
+        for name, rate in throughput.items():
+            context = self.sources.target if name == "target" else self.sources.draft
+            if context is not None:
+                context.throughput.seed(rate)
         self._verify.seed(verify, BOOK_CALLS)
         for name, (draft, per_token) in books.items():
             costs = self.costs(name)
@@ -319,7 +335,11 @@ class Drafting:
         # Only own drafters decode to draft: the other books' steps are not theirs (the hybrid's mixes them).
         books = {name: {"draft": costs.draft.as_dict() if name in own else {}, "per_token": costs.per_token}
                  for name, costs in self._costs.items()}
-        return {"verify": self._verify.as_dict(), "books": books, "acceptance": {**self._acceptance, **acceptance}}
+        throughput = {name: context.throughput.per_token
+                      for name, context in (("target", self.sources.target), ("draft", self.sources.draft))
+                      if context is not None and context.throughput.per_token is not None}
+        return {"verify": self._verify.as_dict(), "books": books, "acceptance": {**self._acceptance, **acceptance},
+                "throughput": throughput}
 
 
 def _means(means: dict[str, float]) -> dict[str, float]:

@@ -58,20 +58,28 @@ class MtpDrafter(CatchUpDrafter):
     def busy_s(self) -> float:
         return self.head.busy_s
 
-    def prefill(self, tokens: Sequence[int]) -> list[tuple[int, float]]:
-        """Pair the prompt's tokens (all but its last, which the target has decoded) with their states, keeping
-        what the head already holds of them (up to the first image that differs: the states after it do)."""
+    def start(self, tokens: Sequence[int]) -> None:
+        """A new prompt: keep the pairs the head holds of it (up to the first image that differs: the states after
+        it do); the catch-up pairs the rest."""
         held = self.text.sequence([*self._start, *self.head.tokens] if self.head.n_past else [])
         self.text.see(tokens)
         self.head.trim(max(self.text.length(common_prefix(held, tokens)) - self.first, 0))
-        text = self.text.text(tokens, 0)
-        self._start = text[:self.first]
-        started = time.perf_counter()
+        self._start = self.text.text(tokens, 0, self.first)
+
+    def prefill(self, tokens: Sequence[int]) -> list[tuple[int, float]]:
+        """Pair the prompt's tokens (all but its last, which the target has decoded) with their states now."""
+        self.start(tokens)
+        return self._feed(tokens, len(tokens))
+
+    def _feed(self, tokens: Sequence[int], n: int) -> list[tuple[int, float]]:
+        """Pair the next `n` tokens the head lacks with the target's states before them."""
         start = self.head.n_past + self.first
-        fed = len(text) - start
-        if fed > 0:
-            self.head.decode(text[start:], self._states(start, len(text)), 0)
-        return [(fed, time.perf_counter() - started)] if fed > 0 else []
+        end = min(self.text.length(len(tokens)), start + n)
+        if end <= start:
+            return []
+        started = time.perf_counter()
+        self.head.decode(self.text.text(tokens, start, end), self._states(start, end), 0)
+        return [(end - start, time.perf_counter() - started)]
 
     def pending(self, tokens: Sequence[int]) -> int:
         """How many pairs the next proposal feeds before its first draft step (its catch-up)."""

@@ -28,6 +28,7 @@ from spec_cli.decoding.sampling import SamplingParams, probabilities, sample
 from spec_cli.drafting.base import Choose, ContextDrafter, draft_step_by_step, next_draft_token
 from spec_cli.drafting.spelling import incomplete_tail
 from spec_cli.drafting.translation import Translation
+from spec_cli.drafting.window import MIN_WINDOW, DraftMemory
 from spec_cli.llama.context import Context, common_prefix
 from spec_cli.llama.grammar import Grammar
 
@@ -43,8 +44,9 @@ class TextDrafter(ContextDrafter):
     finished in two tokens reads as the draft would spell it; the draft's memory keeps its common prefix.
     """
 
-    def __init__(self, context: Context, translation: Translation, p_min: float = 0.0) -> None:
-        super().__init__(context, p_min)
+    def __init__(self, context: Context, translation: Translation, p_min: float = 0.0,
+                 memory: DraftMemory | None = None) -> None:
+        super().__init__(context, p_min, memory)
         self.translation = translation
         self._seen: list[int] = []  # the target tokens the draft's text spells (and `_tail`)
         self._valid = 0  # how many of them are still the sequence's
@@ -64,20 +66,42 @@ class TextDrafter(ContextDrafter):
 
     def pending(self, tokens: Sequence[int]) -> int:
         """About how many tokens the next proposal feeds before its first draft step (its catch-up): the
-        target's new tokens, and what the draft's memory lacks of the text it already has."""
-        return len(tokens) - self._valid + len(self._draft) - min(self.context.n_past, len(self._draft))
+        target's new tokens, and what the draft's memory lacks of the text it already has; a long backlog is
+        spelt first, to be measured within its window."""
+        held = self.memory.window.held(len(self._draft))
+        about = len(tokens) - self._valid + held - min(self.context.n_past, held)
+        if about <= MIN_WINDOW:
+            return about
+        self._resync(tokens)
+        return self.memory.lacking(self._draft)
+
+    def _feed(self, tokens: Sequence[int], n: int) -> list[tuple[int, float]]:
+        self._resync(tokens)
+        return self.memory.feed(self._draft, n)
+
+    def narrow(self, tokens: Sequence[int]) -> None:
+        self._resync(tokens)
+        self.memory.narrow(self._draft)
+
+    def _resync(self, tokens: Sequence[int]) -> None:
+        """Make the draft's text spell `tokens`, and its memory keep what it holds of that text but the last token
+        (which a round feeds again for its logits)."""
+        same, window = self._sync(tokens), self.memory.window
+        if same < window.start and not window.fits(self._draft):  # the text changed where the window skips it
+            self.memory.rewind(same)
+        keep = min(window.held(same), self.context.n_past)
+        keep += common_prefix(self.context.tokens[keep:], window.tail(self._draft, keep))
+        self.context.trim(min(keep, window.held(len(self._draft)) - 1))
 
     def propose(self, tokens: Sequence[int], k: int, sampling: SamplingParams, rng: np.random.Generator,
                 grammar: Grammar | None = None) -> Draft:
         """Under a grammar the draft is spelt as without one: its vocabulary is not the grammar's, and the loop
         cuts the draft at its first token the grammar forbids."""
         started = time.perf_counter()
-        same = self._sync(tokens)
-        keep = min(same, self.context.n_past)
-        keep += common_prefix(self.context.tokens[keep:], self._draft[keep:])
-        self.context.trim(min(keep, len(self._draft) - 1))  # the last token is fed again for its logits
+        self._resync(tokens)
+        catch_up = self.memory.backlog(self._draft)
         synced_s = time.perf_counter() - started
-        catch_up, recent = self._draft[self.context.n_past:], sampling.recent(self._draft)
+        recent = sampling.recent(self._draft)
         if sampling.greedy:
             draft = draft_step_by_step(self._step, catch_up, STEPS_PER_TOKEN * k, sampling, recent,
                                        self._spelt_text(k, sampling, rng))
