@@ -11,7 +11,7 @@ from typing import Iterator
 import numpy as np
 import pytest
 from exactness import (N_SAMPLES, REPETITIVE, SAMPLED, SIGNIFICANCE, chi_square_p_value, exact_pair_distribution,
-                       finish)
+                       finish, greedy_agreement)
 from tiny_models import write_model
 
 from spec_cli import GenerationRequest, Pair, load_pair
@@ -151,6 +151,53 @@ def test_a_long_prompt_is_fed_in_chunks_between_the_others_rounds(other: Pair, s
     while len(scheduler):
         scheduler.step()
     assert newcomer.token_ids == alone(other, "the cat sat on the mat " * 30, REQUESTS[0])
+
+
+def steps_to_first_token(scheduler: Scheduler, generation: Generation, others: Generation) -> int:
+    """Steps until `generation` emits, each taking in at most a chunk of `others`' drafter's catch-up."""
+    steps = 0
+    while not generation.token_ids:
+        caught_up = others.stats.caught_up
+        scheduler.step()
+        assert others.stats.caught_up - caught_up <= scheduling.PREFILL_CHUNK
+        steps += 1
+    return steps
+
+
+def test_a_short_request_starts_at_once_beside_a_long_prefill_and_a_long_catch_up(roomy: Pair) -> None:
+    """Thousands of prompt tokens are fed a batch a step, the shortest prompt first, and a draft that lacks them
+    takes them in a chunk a step while its sequence generates plainly: a short request that joins meanwhile gets
+    its first token at its second step, the long one's draft never drafts before it has caught up, and its output
+    is the target alone's."""
+    roomy.draft_context.throughput.seed(1e-7)  # the draft takes a stretch in cheaply: all of it, no window
+    roomy.target_context.throughput.seed(1e-5)
+    long_tokens = roomy.target.tokenize(" ".join(f"w{i % 37} the cat" for i in range(550)))
+    assert len(long_tokens) > 4000
+    slots = roomy.slots(2)
+    scheduler = Scheduler()
+    long = slots[0].generate(long_tokens, GenerationRequest(sampling=GREEDY, draft_max=3, draft_mode="model",
+                                                            max_tokens=160))
+    scheduler.join(long)
+    scheduler.step()
+    quick = GenerationRequest(sampling=GREEDY, draft_mode="none", max_tokens=2)
+    short = slots[1].generate(roomy.prompt_tokens("hello there", raw=True), quick)
+    scheduler.join(short)
+    assert steps_to_first_token(scheduler, short, long) <= 2 and scheduler.phase(long)["phase"] == "prefill"
+    while scheduler.phase(long)["phase"] != "catching up":
+        scheduler.step()
+        assert long.stats.drafted == 0
+    lacks = scheduler.phase(long)["lacks"]
+    assert isinstance(lacks, int) and lacks > 3000
+    short = slots[1].generate(roomy.prompt_tokens("zz top", raw=True), quick)
+    scheduler.join(short)
+    assert steps_to_first_token(scheduler, short, long) <= 2 and scheduler.phase(long)["phase"] == "catching up"
+    assert long.stats.drafted == 0
+    while len(scheduler):
+        scheduler.step()
+    assert long.stats.caught_up > 3000 and long.stats.accepted > 0
+    expected = finish(roomy.generate(long_tokens, sampling=GREEDY, max_tokens=160, draft_mode="none")).token_ids
+    agreed, _tie = greedy_agreement(roomy.target, long_tokens, long.token_ids, expected)
+    assert agreed == len(expected) or _tie is not None
 
 
 @pytest.fixture(scope="module", params=["mamba", "jamba", "lfm2"])

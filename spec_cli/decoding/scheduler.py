@@ -31,7 +31,8 @@ from spec_cli.decoding.goodput import Candidate, choose_ks
 from spec_cli.llama.context import Context, Part, decode_together
 from spec_cli.llama.vision import has_images, whole_images
 
-PREFILL_CHUNK = 64  # prompt tokens a newcomer feeds a step while others generate (alone: a whole batch)
+PREFILL_CHUNK = 64  # prompt tokens a newcomer feeds a step while others generate (alone: a whole batch), and the
+# most a drafter catches up on in a step (`Generation.begin_round`): a long catch-up never holds the others up
 COSTS_DECAY = 0.95  # a pass of a size weighs 5% less at the next of that size: costs follow the machine's load
 PROBE_MAX = 1024  # the most rounds an idle sequence's drafter waits for its next probe
 QUIET_STEPS = 4  # steps a choice of no drafts at all stands for
@@ -48,6 +49,7 @@ class _Running:
     generation: Generation
     prompt: list[int]
     fed: int = 0
+    lacked: int = 0  # the prompt tokens the target lacked when it joined
     idle: int = 0
     probe_after: int = PROBE_ROUNDS
     probing: bool = False
@@ -79,7 +81,8 @@ class Scheduler:
     def join(self, generation: Generation) -> None:
         """Start `generation` (made by a `Slot` no other running generation uses); its prompt is fed from the
         next step on."""
-        running = _Running(generation, generation.start())
+        prompt = generation.start()
+        running = _Running(generation, prompt, lacked=len(prompt))
         self._running.append(running)
         if not running.prompt:  # the target's memory holds it all
             generation.prompt_fed(0)
@@ -93,13 +96,26 @@ class Scheduler:
                 generation.close()
                 return
 
+    def phase(self, generation: Generation) -> dict[str, object]:
+        """Where `generation` is: its prompt being fed (tokens fed of those the target lacked), its drafter catching
+        up between rounds (tokens it still lacks), or generating (tokens so far); "done" once it has left."""
+        running = next((r for r in self._running if r.generation is generation), None)
+        if running is None:
+            return {"phase": "done"}
+        if running.prompt:
+            return {"phase": "prefill", "fed": running.fed, "of": running.lacked}
+        if generation.catching_up:
+            return {"phase": "catching up", "lacks": generation.catching_up,
+                    "tokens": generation.stats.generated_tokens}
+        return {"phase": "generating", "tokens": generation.stats.generated_tokens}
+
     def step(self) -> list[tuple[Generation, list[TokenEvent]]]:
         """One pass: every generating sequence's round and the next chunk of prompts. Returns what each
         generation emitted (those that finished included, with what they emitted last: they have left)."""
         generating = [r for r in self._running if not r.prompt]
         planned, emitted = [], []
         for running, k in zip(generating, self._ks(generating)):
-            if self._own(running, running.generation.begin_round, k) is True:
+            if self._own(running, running.generation.begin_round, k, PREFILL_CHUNK) is True:
                 planned.append(running)
             else:
                 emitted.append((running.generation, []))
@@ -197,12 +213,13 @@ class Scheduler:
 
     def _prompt_chunks(self, parts: list[Part], others: bool) -> list[tuple[_Running, int]]:
         """Add the next chunk of each prompt still being fed to `parts`, within one batch; return how many tokens
-        of which prompt were added."""
+        of which prompt were added. The prompts that lack least go first: a short request beside a long prompt
+        starts generating at the next step instead of after it."""
         n_batch = self._running[0].generation.target.n_batch if self._running else 0
         # What the rounds leave of a batch; at least a chunk (a pass of its own), so that a prompt always moves.
         room = max(n_batch - sum(len(p[1]) for p in parts), min(PREFILL_CHUNK, n_batch))
         fed = []
-        for running in self._running:
+        for running in sorted(self._running, key=lambda r: len(r.prompt)):
             n = min(len(running.prompt), PREFILL_CHUNK if others else room, room)
             if not running.prompt or n <= 0:
                 continue
