@@ -236,9 +236,10 @@ def test_the_server_sends_without_waiting_for_acks(live: Running) -> None:
 def test_models_and_health_describe_the_server(live: Running, chat_target_path: Path) -> None:
     models = live.client().models.list().data
     assert [m.id for m in models] == [NAME] and models[0].model_extra["target"] == chat_target_path.name
-    assert httpx.get(f"{live.url}/health").json() == {"status": "ok", "model": NAME, "generating": False,
-                                                      "waiting": 0, "slots": 1, "active": 0, "tokens_per_second": 0.0,
-                                                      "acceptance": None}
+    assert httpx.get(f"{live.url}/health").json() == {"status": "ok", "model": NAME, "busy": False,
+                                                      "generating": False, "waiting": 0, "slots": 1, "active": 0,
+                                                      "phases": [{"slot": 0, "phase": "idle"}],
+                                                      "tokens_per_second": 0.0, "acceptance": None}
 
 
 def test_an_api_key_is_required_on_every_request_but_health(pair: Pair) -> None:
@@ -268,7 +269,7 @@ def no_server(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(server, "listen", lambda _host, _port: server.socket.create_server(("127.0.0.1", 0)))
 
     class Refuse:
-        def __init__(self, _app: object, _limits: object) -> None:
+        def __init__(self, _app: object, _limits: object, _log: object) -> None:
             pass
 
         def run(self, sockets: object) -> None:

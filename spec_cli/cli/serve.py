@@ -131,7 +131,7 @@ def serve(
             try:
                 with rpc.on_worker_lost(error):
                     app = server.create_app(service, api_key, origins, limits)
-                    server.http_server(app, limits).run(sockets=[sock])
+                    server.http_server(app, limits, log).run(sockets=[sock])
             except KeyboardInterrupt:
                 pass
             finally:

@@ -14,7 +14,7 @@ import socket
 import time
 import uuid
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator, Sequence
+from typing import Any, AsyncIterator, Callable, Sequence
 
 import uvicorn
 from starlette.applications import Starlette
@@ -236,16 +236,23 @@ async def health(request: Request) -> Response:
     return JSONResponse({"status": "ok", "model": service.name, **service.health()})
 
 
-async def _request_error(_request: Request, exc: Exception) -> Response:
+def _refused(request: Request, status: int, reason: str) -> None:
+    """One line in the server's log for a request answered with an error status: what was asked, and why not."""
+    request.app.state.service.log(f"{request.method} {request.url.path}: {status}, {reason}")
+
+
+async def _request_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, RequestError)
+    _refused(request, exc.status, f"{exc.code or exc.kind}: {exc.message}")
     headers = {"Retry-After": "1"} if exc.status == 503 else {}
     if exc.status in (408, 413):  # a body left unread: the connection cannot carry another request
         headers["Connection"] = "close"
     return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
 
 
-async def _http_error(_request: Request, exc: Exception) -> Response:
+async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
+    _refused(request, exc.status_code, str(exc.detail))
     kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
     return JSONResponse(error_body(str(exc.detail), kind), status_code=exc.status_code)
 
@@ -266,35 +273,43 @@ def create_app(service: Service, api_key: str | None = None, cors: Sequence[str]
         Route("/v1/completions", completions, methods=["POST"]),
     ], exception_handlers={RequestError: _request_error, HTTPException: _http_error, ClientGone: _client_gone})
     app.state.service, app.state.limits = service, limits
-    guarded: ASGIApp = app if api_key is None else _RequireKey(app, api_key)
+    guarded: ASGIApp = app if api_key is None else _RequireKey(app, api_key, service.log)
     if not cors:
         return guarded
     # Outside the key check: a browser's preflight carries no key, and a 401 needs CORS headers to be read.
-    return _Cors(guarded, allow_origins=list(cors), allow_methods=["GET", "POST"],
-                 allow_headers=["Authorization", "Content-Type"], max_age=600)
+    cors_app = _Cors(guarded, allow_origins=list(cors), allow_methods=["GET", "POST"],
+                     allow_headers=["Authorization", "Content-Type"], max_age=600)
+    cors_app.log = service.log
+    return cors_app
 
 
 class _Cors(CORSMiddleware):
-    """Starlette's CORS answers, with a refused preflight in OpenAI's error shape like every other error."""
+    """Starlette's CORS answers, with a refused preflight in OpenAI's error shape like every other error, and
+    logged as every refusal is."""
+
+    log: Callable[[str], None] = staticmethod(lambda _line: None)
 
     def preflight_response(self, request_headers: Headers) -> Response:
         response = super().preflight_response(request_headers)
         if response.status_code == 200:
             return response
-        body = error_body(bytes(response.body).decode(), "invalid_request_error")
+        reason = bytes(response.body).decode()
+        self.log(f"OPTIONS preflight from {request_headers.get('origin', '?')}: {response.status_code}, {reason}")
+        body = error_body(reason, "invalid_request_error")
         return JSONResponse(body, status_code=response.status_code, headers={"Vary": "Origin"})
 
 
 class _RequireKey:
     """Every request but /health must carry `Authorization: Bearer KEY` (the scheme in any case, RFC 7235)."""
 
-    def __init__(self, app: ASGIApp, key: str) -> None:
+    def __init__(self, app: ASGIApp, key: str, log: Callable[[str], None] = lambda _line: None) -> None:
         if not key:
             raise ValueError("an empty API key would let anyone in")
-        self.app, self._expected = app, key.encode()
+        self.app, self._expected, self._log = app, key.encode(), log
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"] != "/health" and not self._allows(scope):
+            self._log(f"{scope['method']} {scope['path']}: 401, invalid_api_key: no valid API key")
             body = error_body("a valid API key is required: send 'Authorization: Bearer KEY'",
                                          "invalid_request_error", code="invalid_api_key")
             await JSONResponse(body, status_code=401)(scope, receive, send)
@@ -323,9 +338,10 @@ def listen(host: str, port: int) -> socket.socket:
     return sock
 
 
-def http_server(app: ASGIApp, limits: Limits = Limits()) -> uvicorn.Server:
-    """uvicorn without its own logging (the service logs a line per answer), on the HTTP/1.1 protocol that keeps
-    `limits`; a Ctrl-C waits 2 s for answers in progress, then cancels them."""
-    config = uvicorn.Config(app, http=GuardedH11Protocol.with_limits(limits), log_level="warning",
+def http_server(app: ASGIApp, limits: Limits = Limits(), log: Callable[[str], None] = lambda _line: None
+                ) -> uvicorn.Server:
+    """uvicorn without its own logging (the service logs a line per answer, `log` one per connection refused), on
+    the HTTP/1.1 protocol that keeps `limits`; a Ctrl-C waits 2 s for answers in progress, then cancels them."""
+    config = uvicorn.Config(app, http=GuardedH11Protocol.with_limits(limits, log), log_level="warning",
                             access_log=False, lifespan="off", timeout_graceful_shutdown=2)
     return uvicorn.Server(config)

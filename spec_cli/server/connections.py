@@ -20,7 +20,7 @@ import contextlib
 import json
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, Callable
 
 import h11
 from starlette.responses import JSONResponse
@@ -49,21 +49,21 @@ class GuardedH11Protocol(H11Protocol):
     """uvicorn's HTTP/1.1 protocol, with a deadline for each request's headers, a cap on open connections, and its
     400 for bytes that are not HTTP in OpenAI's shape."""
 
-    def __init__(self, *args: Any, limits: Limits, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, limits: Limits, log: Callable[[str], None], **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._limits = limits
+        self._limits, self._log = limits, log
         self._header_deadline: asyncio.TimerHandle | None = None
         self._idle_since: float | None = None  # when it began waiting for a request's headers
 
     @classmethod
-    def with_limits(cls, limits: Limits) -> partial[GuardedH11Protocol]:
-        """The protocol factory uvicorn's `http` setting takes."""
-        return partial(cls, limits=limits)
+    def with_limits(cls, limits: Limits, log: Callable[[str], None] = lambda _line: None) -> partial[GuardedH11Protocol]:
+        """The protocol factory uvicorn's `http` setting takes; `log` gets a line for each request it refuses."""
+        return partial(cls, limits=limits, log=log)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         if len(self.connections) > self._limits.connections and not self._close_longest_idle():
-            self.app = _busy(self._limits)  # its request is read, answered 503, and the connection closed
+            self.app = _busy(self._limits, self._log)  # its request is read, answered 503, and the connection closed
         self._await_headers()
 
     def _close_longest_idle(self) -> bool:
@@ -93,6 +93,7 @@ class GuardedH11Protocol(H11Protocol):
 
     def send_400_response(self, msg: str) -> None:
         """uvicorn's answer to bytes that are not HTTP/1.1 (or headers past h11's size limit), in OpenAI's shape."""
+        self._log(f"a request that is not HTTP/1.1: 400, {msg}")
         body = json.dumps(error_body(msg, "invalid_request_error")).encode()
         headers = [(b"content-type", b"application/json"), (b"connection", b"close")]
         for event in (h11.Response(status_code=400, headers=headers, reason=b"Bad Request"), h11.Data(data=body),
@@ -117,10 +118,10 @@ class GuardedH11Protocol(H11Protocol):
             self.transport.close()
 
 
-def _busy(limits: Limits) -> ASGIApp:
+def _busy(limits: Limits, log: Callable[[str], None]) -> ASGIApp:
     """The app a connection past the cap gets when no other is idle: 503 in OpenAI's error shape, then close."""
-    body = error_body(f"the server has {limits.connections} connections open, its most; try again shortly",
-                      "server_error", code="server_busy")
+    message = f"the server has {limits.connections} connections open, its most; try again shortly"
+    body = error_body(message, "server_error", code="server_busy")
 
     async def refuse(scope: Scope, receive: Receive, send: Send) -> None:
         async def read_body() -> None:
@@ -130,6 +131,7 @@ def _busy(limits: Limits) -> ASGIApp:
         # The body is read first (within its deadline), so that the close does not reset the answer away.
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(read_body(), limits.body_timeout_s)
+        log(f"{scope.get('method', '?')} {scope.get('path', '?')}: 503, server_busy: {message}")
         await JSONResponse(body, status_code=503, headers={"Retry-After": "1", "Connection": "close"})(
             scope, receive, send)
 

@@ -153,6 +153,8 @@ class Service:
         self._jobs: set[Job] = set()  # admitted and not yet done
         self._closing = False
         self._emitted: collections.deque[tuple[float, int]] = collections.deque()  # (when, tokens) of recent steps
+        self._busy = False  # the worker is starting requests or running a step
+        self._phases: list[dict[str, object]] = self._idle_phases()  # each slot's, as the worker last saw them
         self._drafted = self._accepted = 0  # over finished generations
         self._worker = threading.Thread(target=self._work, name="spec-serve", daemon=True)
         self._worker.start()
@@ -212,18 +214,37 @@ class Service:
             return sum(not job.cancelled.is_set() for job in self._jobs)
 
     def health(self) -> dict[str, object]:
-        """What /health reports: the slots, the sequences generating and the requests waiting, the tokens per
-        second of the last `RATE_WINDOW_S` seconds, and the acceptance of every drafted token so far."""
+        """What /health reports: whether the worker is busy, each slot's phase (idle; its prompt being fed, with
+        progress; its drafter catching up; generating; stopping, once its client left), the requests waiting,
+        the tokens per second of the last `RATE_WINDOW_S` seconds, and the acceptance of every drafted token so
+        far. The phases are the worker's own, as of its last step."""
         with self._lock:
-            active = [a for a in self._active.values() if not a.job.cancelled.is_set()]
+            phases = [dict(phase) for phase in self._phases]
             waiting = sum(not job.cancelled.is_set() for job in self._waiting)
             now = time.monotonic()
             recent = sum(n for when, n in self._emitted if when >= now - RATE_WINDOW_S)
             drafted = self._drafted + sum(a.generation.stats.drafted for a in self._active.values())
             accepted = self._accepted + sum(a.generation.stats.accepted for a in self._active.values())
-        return {"generating": bool(active), "waiting": waiting, "slots": self.parallel, "active": len(active),
+            busy = self._busy or bool(self._active)
+        active = sum(phase["phase"] != "idle" for phase in phases)
+        return {"busy": busy, "generating": any(phase["phase"] == "generating" for phase in phases),
+                "waiting": waiting, "slots": self.parallel, "active": active, "phases": phases,
                 "tokens_per_second": recent / RATE_WINDOW_S, "acceptance": accepted / drafted if drafted else None,
                 **({"cache_ram": self._store.report()} if self._store is not None else {})}
+
+    def _idle_phases(self) -> list[dict[str, object]]:
+        return [{"slot": i, "phase": "idle"} for i in range(self.parallel)]
+
+    def _publish(self) -> None:
+        """Note each slot's phase as the worker sees it now, for /health (held: lock)."""
+        phases = self._idle_phases()
+        for active in self._active.values():
+            slot = self._slots.index(active.slot)
+            phase = self._scheduler.phase(active.generation)
+            if active.job.cancelled.is_set():
+                phase = {"phase": "stopping"}
+            phases[slot] = {"slot": slot, **phase, "endpoint": active.job.request.endpoint}
+        self._phases = phases
 
     def check_model(self, model: str | None, status: int = 400) -> None:
         if model is not None and model != self.name:
@@ -262,11 +283,17 @@ class Service:
                 if self._closing:
                     break
                 starting = self._admit()
+                self._busy = True
             for job in starting:
                 self._guarded(job, self._start, job)
             self._drop_cancelled()
+            with self._lock:
+                self._publish()
             if self._active:
                 self._step()
+            with self._lock:
+                self._publish()
+                self._busy = False
         for active in list(self._active.values()):
             self._leave(active)
 
