@@ -4,7 +4,8 @@ default drafting beside `--draft-mode none`, alone and with a second client's sh
 
 Both servers run side by side (`--parallel 2`, `--no-memory`), each in its own process, and the requests alternate
 between them, `-r` times after one uncounted warm-up each. Every agent request starts with a new line of its own, so
-no slot's cache holds its prompt: each is a first encounter. Medians are printed.
+no slot's cache holds its prompt, and asks its own question (as does every second client), so that no answer is
+drafted from the memory of an earlier one: each is a first encounter. Medians are printed.
 
     python benchmarks/agent_prompt.py [--pair NAME | --target T.gguf --draft D.gguf] [--ctx 8192] [-n 96] [-r 3]
 """
@@ -25,8 +26,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from serve_overhead import served_url  # noqa: E402
 
-SHORT = "Say hello in five words."
-USER = "List the files in the src folder, then open the one that defines the command line."
+TASKS = ["List the files in the src folder, then open the one that defines the command line.",
+         "Find where the configuration file is read and explain what happens when it is missing.",
+         "Rename the function parse_args to read_arguments everywhere and run the tests.",
+         "Why does the build fail on Windows? Look at the last log first.",
+         "Write a unit test for the retry helper in the network module.",
+         "Show me the three largest files in the repository and what each one does.",
+         "Add a --verbose flag to the command line and print the settings it reads.",
+         "Check whether any function in utils is unused and remove it if so.",
+         "Summarise what changed in the last commit and whether it needs a changelog entry.",
+         "Search for TODO comments and turn the oldest one into an issue note."]
+SHORT = ["Say hello in five words.", "Name three colours.", "Count from one to five.", "Give me a fruit.",
+         "What is two plus two?", "Name a planet.", "Say goodbye politely.", "Name a month.", "Spell cat.",
+         "Name an animal."]
 
 
 def tools(n: int) -> list[dict]:
@@ -79,7 +91,8 @@ def ask(client: openai.OpenAI, model: str, messages: list[dict], max_tokens: int
 
 def agent(client: openai.OpenAI, model: str, nonce: int, n_tools: int, max_tokens: int,
           barrier: threading.Barrier | None = None) -> tuple[float, float, int]:
-    messages = [{"role": "system", "content": system(nonce)}, {"role": "user", "content": USER}]
+    messages = [{"role": "system", "content": system(nonce)},
+                {"role": "user", "content": TASKS[nonce % len(TASKS)]}]
     return ask(client, model, messages, max_tokens, tools(n_tools), barrier)
 
 
@@ -87,7 +100,7 @@ def with_second(client: openai.OpenAI, model: str, nonce: int, n_tools: int, max
     """The agent's request and a short one from a second client, sent at once."""
     barrier, short = threading.Barrier(2), []
     second = threading.Thread(target=lambda: short.append(
-        ask(client, model, [{"role": "user", "content": SHORT}], 16, None, barrier)))
+        ask(client, model, [{"role": "user", "content": SHORT[nonce % len(SHORT)]}], 16, None, barrier)))
     second.start()
     long = agent(client, model, nonce, n_tools, max_tokens, barrier)
     second.join()
@@ -100,7 +113,8 @@ def main() -> None:
     parser.add_argument("--target", type=Path, help="target GGUF (with --draft)")
     parser.add_argument("--draft", type=Path, help="draft GGUF")
     parser.add_argument("--ctx", type=int, default=8192)
-    parser.add_argument("--tools", type=int, default=26, help="tool schemas in the prompt (26: ~7.6k tokens on the demo pair)")
+    parser.add_argument("--tools", type=int, default=26,
+                        help="tool schemas in the prompt (26: ~7.6k tokens on the demo pair)")
     parser.add_argument("-n", "--max-tokens", type=int, default=96)
     parser.add_argument("-r", "--repeat", type=int, default=3)
     args = parser.parse_args()

@@ -10,7 +10,7 @@ import pytest
 
 from spec_cli.decoding.costs import PER_TOKEN, LoopCosts
 from spec_cli.decoding.draft_length import FixedK
-from spec_cli.decoding.drafter import Draft
+from spec_cli.decoding.drafter import CatchUp, Draft
 from spec_cli.decoding.sampling import SamplingParams
 from spec_cli.drafting.hybrid import OUT, HybridDrafter, HybridState
 from spec_cli.drafting.ngram import NgramDrafter
@@ -101,6 +101,12 @@ class FakeModel:
     def rewind(self, _n_keep: int) -> None:
         pass
 
+    def catch_up(self, _tokens: list[int], chunk: int) -> CatchUp | None:
+        if self.backlog <= chunk:
+            return None
+        self.backlog -= chunk
+        return CatchUp([(chunk, 0.004 * chunk)], self.backlog)
+
 
 MATCH, NO_MATCH = [1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3], [1, 2, 3, 4, 5, 6]
 
@@ -125,7 +131,7 @@ def hybrid(model_accepts: int, ngram_accepts: int = 4, pending: int = 1, k: int 
     drafters = {name: model if name == "model" else FakeModel(pending) for name in books}
     drafter = HybridDrafter(NgramDrafter(n_vocab=100), drafters, books, next(iter(books.values())), state,
                             {name: PER_TOKEN for name in books})
-    drafter.prefill(MATCH[:1])
+    drafter.start(MATCH[:1])
     for name, accepted in (("ngram", ngram_accepts), *((name, model_accepts) for name in books)):
         for _ in range(8):
             state.lengths[name].update(k, accepted)
@@ -249,6 +255,23 @@ def test_a_new_prompt_starts_afresh() -> None:
     for _ in range(3):
         drafter.state.regimes[OUT].add(1, 0.025, drafter.state.decay)
     assert drafter.state.regimes[OUT].rate < 0.5 * rate
+
+
+def test_a_new_long_prompt_leaves_the_regime_of_the_drafter_that_lacks_it() -> None:
+    """In the model's regime, a new prompt the model lacks more than a chunk of is not paid for because the last
+    one drafted with the model: the regime is left, and that backlog is priced as any entry is. A regime entered
+    within a prompt pays its backlog first, a chunk a round; a short backlog is caught up in the round's draft."""
+    drafter, model = hybrid(model_accepts=4, pending=300, in_use="model")
+    drafter.start(MATCH[:1])
+    assert drafter.catch_up(NO_MATCH, 64) is None and drafter.state.in_use == OUT and model.backlog == 300
+    drafter.state.in_use = "model"  # entered later: the regret reached the backlog's price
+    done = drafter.catch_up(NO_MATCH, 64)
+    assert done is not None and done.left == 236 and drafter.state.in_use == "model"
+    assert choice(drafter, NO_MATCH) == "none" and model.proposed == 0  # not offered while it catches up
+    drafter, model = hybrid(model_accepts=4, pending=10, in_use="model")
+    drafter.start(MATCH[:1])
+    assert drafter.catch_up(NO_MATCH, 64) is None and drafter.state.in_use == "model"
+    assert choice(drafter, NO_MATCH) == "model" and model.proposed == 1
 
 
 def test_an_ngram_sitting_out_is_scored_in_hindsight() -> None:

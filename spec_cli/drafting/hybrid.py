@@ -125,6 +125,7 @@ class HybridDrafter(Drafter):
         self._unused: tuple[int, list[int]] | None = None  # (where, what): the n-gram proposal a round passed over
         self._lookups = Yield()  # n-gram lookups: calls and their host seconds
         self._chunk = 1 << 30  # the most an own drafter may lack and draft: the loop's catch-up chunk
+        self._new = False  # a new prompt's first round is next
 
     @property
     def busy_s(self) -> float:
@@ -143,10 +144,15 @@ class HybridDrafter(Drafter):
 
     def catch_up(self, tokens: Sequence[int], chunk: int) -> CatchUp | None:
         """The next chunk of the catch-up of the own drafter whose regime the loop runs in, where it lacks more
-        than a chunk: the regime was entered, its backlog is paid first. An own drafter that lacks more than a
-        chunk is not offered this round (`_ready`)."""
+        than a chunk: the regime was entered, its backlog is paid first. A new prompt it lacks more than a chunk of
+        leaves the regime instead: that backlog is a price the next entry weighs, not a given (an agent's next
+        7k-token request is not paid for because the last one drafted with the model). An own drafter that lacks
+        more than a chunk is not offered this round (`_ready`)."""
         self._chunk = chunk
         drafter = self.own.get(self.state.in_use)
+        if drafter is not None and self._new and drafter.pending(tokens) > chunk:
+            self.state.in_use, self.state.regret_s, drafter = OUT, 0.0, None
+        self._new = False
         done = drafter.catch_up(tokens, chunk) if drafter is not None else None
         if done is not None:
             self.books[self.state.in_use].record_draft(done.steps)
@@ -156,6 +162,7 @@ class HybridDrafter(Drafter):
     def _new_prompt(self, tokens: Sequence[int]) -> None:
         self.state.new_text()
         self._unused = self._decided = None
+        self._new = True
         self.lookup.prefill(tokens)
 
     def propose(self, tokens: Sequence[int], k: int, sampling: SamplingParams, rng: np.random.Generator,
