@@ -31,7 +31,8 @@ from spec_cli.server import openai_api
 from spec_cli.server.connections import MIB, GuardedH11Protocol, Limits
 from spec_cli.server.errors import RequestError, error_body
 from spec_cli.server.openai_api import Answer, ApiRequest
-from spec_cli.server.service import Failed, Finished, Job, Left, Service, Started
+from spec_cli.server.jobs import Failed, Finished, Job, Left, Started
+from spec_cli.server.service import Service
 from spec_cli.server.tool_calls import AnswerSplitter
 
 DEFAULT_PORT = 8080

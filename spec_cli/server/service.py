@@ -35,6 +35,7 @@ from spec_cli.request import GenerationRequest, InvalidRequest, ReasoningBudget,
 from spec_cli.server import images, openai_api
 from spec_cli.server.errors import RequestError
 from spec_cli.server.images import ImageUrl
+from spec_cli.server.jobs import Failed, Finished, Job, Started
 from spec_cli.server.openai_api import PARAMS, ApiRequest
 from spec_cli.server.stop_strings import StopStrings
 from spec_cli.server.tool_calls import spelt_out, template_messages
@@ -53,59 +54,6 @@ def _yield_to_generation() -> None:
     if sys.platform.startswith("linux"):
         with contextlib.suppress(OSError):
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), COMPILE_NICE)
-
-
-@dataclass(frozen=True)
-class Started:
-    """The generation has begun; `thinking`: the prompt opened a thought, so the answer starts inside one."""
-
-    generation: Generation
-    thinking: bool = False
-
-
-@dataclass(frozen=True)
-class Finished:
-    reason: str
-
-
-@dataclass(frozen=True)
-class Failed:
-    error: RequestError
-
-
-@dataclass(frozen=True)
-class Left:
-    """The client closed its connection: posted by the face that saw it go, for the request's task to stop."""
-
-
-class Job:
-    """One request's generation: the worker thread posts text and its outcome; the request's task reads them."""
-
-    def __init__(self, request: ApiRequest, loop: asyncio.AbstractEventLoop) -> None:
-        self.request = request
-        self.items: asyncio.Queue[Started | str | Finished | Failed | Left] = asyncio.Queue()
-        self.cancelled = threading.Event()
-        self.enough = False  # the face stopped it with all it wanted (a turn's most tool calls)
-        self._loop = loop
-
-    def post(self, item: Started | str | Finished | Failed) -> None:
-        try:
-            self._loop.call_soon_threadsafe(self.items.put_nowait, item)
-        except RuntimeError:  # the server's event loop has ended (a shutdown): nobody is left to read it
-            self.cancel()
-
-    def cancel(self) -> None:
-        self.cancelled.set()
-
-    def stop(self) -> None:
-        """The face has all it wants of the answer: the generation stops at its next step."""
-        self.enough = True
-        self.cancel()
-
-    def leave(self) -> None:
-        """The client has gone (called on the event loop): stop the generation and the request's task."""
-        self.cancel()
-        self.items.put_nowait(Left())
 
 
 @dataclass
