@@ -39,6 +39,8 @@ def summary_line(stats: Stats, finish_reason: str | None, brief: bool = False) -
         parts.append(f"drafting: {label(s.draft_mode)}{ways(s)}")
     else:
         parts.append("K auto: no draft paid (K = 0)" if s.adaptive else "no draft")
+    if s.caught_up:
+        parts.append(f"the draft caught up on {s.caught_up} tokens between rounds")
     if s.batch_size > 1:
         parts.append(f"{s.batch_size:.1f} sequences a pass")
     cached = f" ({s.prompt_cached} cached)" if s.prompt_cached else ""

@@ -56,6 +56,14 @@ def test_a_generation_batched_with_others_says_how_many_a_pass_and_auto_that_sto
                                              "a pass · prompt 5 tokens in 0.50s · finish: length")
 
 
+def test_a_draft_that_caught_up_between_rounds_says_on_how_many_tokens() -> None:
+    stats = drafted_stats()
+    stats.caught_up = 1536
+    assert summary_line(stats, "length") == (
+        "12 tokens · 24.0 tok/s · acceptance 67% (8/12) · mean accepted length 3.67 · drafting: n-gram lookup · "
+        "the draft caught up on 1536 tokens between rounds · prompt 30 tokens (20 cached) in 0.25s · finish: length")
+
+
 def hybrid_stats() -> Stats:
     stats = Stats(draft_max=16, draft_mode="hybrid", prompt_tokens=5, generated_tokens=16, decode_s=1.0,
                   prompt_s=0.5)
