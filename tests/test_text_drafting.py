@@ -199,7 +199,7 @@ def test_each_sampled_draft_comes_with_the_law_it_was_drawn_from(files: dict[str
     assert bpe_pair.translation is not None and bpe_pair.draft_context is not None
     drafter = TextDrafter(bpe_pair.draft_context, bpe_pair.translation)
     tokens = bpe_pair.prompt_tokens(SAMPLED_PROMPT, raw=True)
-    drafter.prefill(tokens[:-1])
+    drafter.start(tokens[:-1])
     draft = drafter.propose(tokens, 3, SAMPLED, np.random.default_rng(0))
     assert len(draft.tokens) == 3 and len(draft.q) == 3
     model = Model(files["bpe"])

@@ -74,8 +74,8 @@ class Drafter:
     """The part of `busy_s` spent taking back rejected draft tokens (snapshots, restores)."""
 
     def prefill(self, tokens: Sequence[int]) -> list[tuple[int, float]]:
-        """Take in a new prompt before the first round (work that would otherwise land in round one); return
-        the draft model's decode, (tokens fed, seconds), for the cost model: the size of a large catch-up."""
+        """Take in a new prompt now, whole: what `start` does for a drafter whose prompt work decodes nothing (a
+        lookup indexes it); return the decodes it took, (tokens fed, seconds), for the cost model (none)."""
         return []
 
     def stepped(self, tokens: Sequence[int], k: int, sampling: SamplingParams, rng: np.random.Generator,
@@ -87,9 +87,10 @@ class Drafter:
 
     def start(self, tokens: Sequence[int]) -> None:
         """Take in a new prompt lazily: forget what the memory holds that the prompt does not extend, and leave
-        decoding the rest to the first proposal's catch-up. A scheduler starts drafters so, where drafting may
-        not pay at all (K = 0) and should then cost nothing. By default, `prefill`: a drafter whose prompt
-        work decodes nothing does it all now."""
+        decoding the rest to the catch-up (`catch_up`, or the first proposal's first decode). The loop starts
+        drafters so, alone or under a scheduler: drafting may not pay at all (K = 0) and should then cost
+        nothing, and the first token waits for the target's prefill alone. By default, `prefill`: a drafter whose
+        prompt work decodes nothing does it all now."""
         self.prefill(tokens)
 
     def propose(self, tokens: Sequence[int], k: int, sampling: SamplingParams, rng: np.random.Generator,

@@ -68,14 +68,6 @@ class ContextDrafter(CatchUpDrafter):
         """Keep what the cache holds of `tokens`; the catch-up decodes the rest (in chunks, or in the first round)."""
         self.memory.keep(tokens)
 
-    def _take_in(self, tokens: Sequence[int]) -> list[tuple[int, float]]:
-        """Make the cache hold `tokens`; return the decode it took, (tokens fed, seconds), for the cost model."""
-        self.memory.keep(tokens)
-        steps = self.memory.feed(tokens, len(tokens))
-        if steps:
-            self.context.mark_prompt()
-        return steps
-
 
 Choose = Callable[[Draft, np.ndarray, list[int]], "int | None"]
 

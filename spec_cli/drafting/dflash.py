@@ -53,15 +53,9 @@ class DFlashDrafter(CatchUpDrafter):
         self.text.see(tokens)
         self.block.trim(self.text.length(common_prefix(held, tokens)))
 
-    def prefill(self, tokens: Sequence[int]) -> list[tuple[int, float]]:
-        """Inject the features of the prompt (the tokens the target has decoded) now. Not a cost the rounds are
-        priced with: a round is one pass."""
-        self.start(tokens)
-        self._catch_up(tokens, self.text.length(len(tokens)))
-        return []
-
     def _feed(self, tokens: Sequence[int], n: int) -> list[tuple[int, float]]:
-        """Inject the next `n` positions the memory lacks (not a cost the rounds are priced with: see `prefill`)."""
+        """Inject the next `n` positions the memory lacks: not a cost the rounds are priced with, as a round is one
+        pass."""
         self._catch_up(tokens, min(self.text.length(len(tokens)) - 1, self.block.n_past + n))
         return []
 

@@ -21,9 +21,6 @@ class ModelDrafter(ContextDrafter):
     only on the draft model, so exactness is untouched.
     """
 
-    def prefill(self, tokens: Sequence[int]) -> list[tuple[int, float]]:
-        return self._take_in(tokens)
-
     def propose(self, tokens: Sequence[int], k: int, sampling: SamplingParams, rng: np.random.Generator,
                 grammar: Grammar | None = None) -> Draft:
         """Run the draft model k steps: catch up on the tokens it has not seen, then feed back its own.

@@ -66,11 +66,6 @@ class MtpDrafter(CatchUpDrafter):
         self.head.trim(max(self.text.length(common_prefix(held, tokens)) - self.first, 0))
         self._start = self.text.text(tokens, 0, self.first)
 
-    def prefill(self, tokens: Sequence[int]) -> list[tuple[int, float]]:
-        """Pair the prompt's tokens (all but its last, which the target has decoded) with their states now."""
-        self.start(tokens)
-        return self._feed(tokens, len(tokens))
-
     def _feed(self, tokens: Sequence[int], n: int) -> list[tuple[int, float]]:
         """Pair the next `n` tokens the head lacks with the target's states before them."""
         start = self.head.n_past + self.first

@@ -54,11 +54,6 @@ class TextDrafter(ContextDrafter):
         self._aligned: list[tuple[int, int]] = [(0, 0)]
         self._tail = b""
 
-    def prefill(self, tokens: Sequence[int]) -> list[tuple[int, float]]:
-        self._valid = common_prefix(self._seen, tokens)
-        self._sync(tokens)
-        return self._take_in(self._draft)
-
     def start(self, tokens: Sequence[int]) -> None:
         """Only what the text already spelt of `tokens` stays valid; the first proposal re-spells the rest and
         its catch-up feeds it."""
