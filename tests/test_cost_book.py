@@ -82,3 +82,38 @@ def test_doctor_reads_the_book_for_this_machine(target_path: Path, other_draft_p
     assert shown.exit_code == 0 and f"measured here: {target_path.name} ← {other_draft_path.name}" in shown.stdout
     assert f"a draft step costs {step / target:.2f} of a target step here" in shown.stdout
     assert kernels.cpu_name() in shown.stdout
+
+
+WRITER = """
+import sys
+from spec_cli.drafting import cost_book
+name = sys.argv[1]
+for i in range(25):
+    cost_book.write(f"{name}-{i % 5}", {"verify": {"0": 0.01}, "books": {}, "filler": "x" * 20000})
+"""
+
+
+def test_processes_that_write_at_once_keep_every_entry_and_a_reader_never_fails(tmp_path: Path) -> None:
+    """Four processes replace the book 25 times each while this one reads it: every read is a whole book, and
+    the book ends with all 20 keys (each write merges under the lock what the others kept)."""
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "writer.py"
+    script.write_text(WRITER)
+    writers = [subprocess.Popen([sys.executable, str(script), f"p{n}"], env=os.environ.copy()) for n in range(4)]
+    try:
+        reads = 0
+        while any(writer.poll() is None for writer in writers):
+            if cost_book.path().exists():
+                text = cost_book.path().read_text()
+                assert isinstance(json.loads(text), dict)  # never half a file
+                reads += 1
+        assert [writer.returncode for writer in writers] == [0] * 4
+    finally:
+        for writer in writers:
+            writer.kill()
+            writer.wait()
+    assert reads > 0
+    assert sorted(cost_book.read_all()) == sorted(f"p{n}-{i}" for n in range(4) for i in range(5))

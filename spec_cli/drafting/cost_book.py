@@ -22,7 +22,7 @@ from spec_cli.decoding.costs import LoopCosts
 from spec_cli.decoding.draft_length import AUTO_K_MAX, PositionAcceptance
 from spec_cli.drafting.modes import MODES
 from spec_cli.llama import kernels
-from spec_cli.paths import cache_dir
+from spec_cli.paths import cache_dir, locked
 
 Entry = dict[str, Any]
 
@@ -53,17 +53,19 @@ def read(book_key: str) -> Entry | None:
 
 
 def write(book_key: str, entry: Entry) -> None:
-    """Keep `entry` (with when it was written and for which machine), replacing the file whole: a run
-    stopped half-way leaves the book as it was. A book that cannot be written is measured again next time."""
-    book = read_all()
-    book[book_key] = {**entry, "machine": kernels.machine_key(), "cpu": kernels.cpu_name(),
-                      "written": time.strftime("%Y-%m-%d %H:%M")}
+    """Keep `entry` (with when it was written and for which machine). Under the book's lock it reads the entries
+    other processes kept meanwhile and replaces the file whole: a reader sees the book before or after, never half
+    of it, and two processes that close at once keep both their entries (of one key, the last whole one). A book
+    that cannot be written is measured again next time."""
     target = path()
     partial = target.with_name(f".{target.name}.{os.getpid()}.part")
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        partial.write_text(json.dumps(book, indent=1) + "\n")
-        os.replace(partial, target)
+        with locked(target):
+            book = read_all()
+            book[book_key] = {**entry, "machine": kernels.machine_key(), "cpu": kernels.cpu_name(),
+                              "written": time.strftime("%Y-%m-%d %H:%M")}
+            partial.write_text(json.dumps(book, indent=1) + "\n")
+            os.replace(partial, target)
     except OSError:
         partial.unlink(missing_ok=True)
 

@@ -11,19 +11,19 @@ never sees half a file, and two processes that share one lose neither's outputs.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
 import tempfile
 import zipfile
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Sequence
 
 import numpy as np
 
 from spec_cli.drafting.suffix import END
 from spec_cli.llama.model import Model
+from spec_cli.paths import locked
 
 FORMAT = "spec-cli memory"
 VERSION = 1
@@ -71,7 +71,7 @@ def write(path: Path, vocabulary: str, new: Sequence[Sequence[int]], capacity: i
     """Append the documents `new` to what `path` holds now (another process's included), keep the newest
     `capacity` tokens, and replace the file atomically. A file that cannot be used is replaced."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    with _locked(path):
+    with locked(path):
         try:
             documents = read(path, vocabulary)
         except MemoryFileError:
@@ -117,13 +117,3 @@ def split(tokens: np.ndarray) -> list[list[int]]:
     stops = np.concatenate((ends, [len(tokens)]))
     return [tokens[a:b].tolist() for a, b in zip(starts, stops) if b > a]
 
-
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    """An exclusive lock held on `path`'s side file (`FILE.lock`) while it is read and replaced."""
-    with open(path.with_name(path.name + ".lock"), "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)

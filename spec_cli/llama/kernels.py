@@ -111,7 +111,7 @@ def _probe() -> Verdict:
     steps = {step: _run_step(step) for step in STEPS}
     found = Verdict(decide(steps), "probe", time.strftime("%Y-%m-%d %H:%M"), steps)
     path = cache_path()
-    partial = path.with_name(f".{path.name}.part")
+    partial = path.with_name(f".{path.name}.{os.getpid()}.part")  # two first runs may probe at once
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         partial.write_text(json.dumps({"key": machine_key(), "verdict": found.name, "checked": found.checked,
