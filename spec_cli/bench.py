@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from spec_cli.decoding.costs import LoopCosts
+from spec_cli.decoding.costs import PER_TOKEN, LoopCosts
 from spec_cli.decoding.draft_length import PositionAcceptance
 from spec_cli.decoding.sampling import SamplingParams
 from spec_cli.decoding.stats import Stats
@@ -276,12 +276,13 @@ def _compare_texts(pair: Pair, sides: Sequence[Side]) -> None:
                             for (prompt, ours), (_, theirs) in zip(side.outputs, reference.outputs)]
 
 
-def pooled_costs(sides: Sequence[Side]) -> LoopCosts:
-    """Every call of these sides priced together: the cost model's inputs for the predicted column. Each
+def pooled_costs(sides: Sequence[Side], shape: str = PER_TOKEN) -> LoopCosts:
+    """Every call of these sides priced together, for a drafter of cost shape `shape`: the cost model's inputs for
+    the predicted column. Each
     prompt set is pooled apart: a longer context makes every call dearer (on the demo pair the rewrite
     prompts' draft steps and verifies cost 11–14% more than the chat prompts'); so is each place of the
     target (a pass over RPC pays round trips)."""
-    costs = LoopCosts()
+    costs = LoopCosts(shape=shape)
     for side in sides:
         costs.merge(side.totals.costs)
     return costs
@@ -300,7 +301,7 @@ def predicted_speedup(side: Side, costs: LoopCosts, baseline: float | None) -> f
     k = side.config.draft_max
     if side.config.draft_mode not in PREDICTED_MODES or not isinstance(k, int) or not k or not baseline:
         return None
-    rate = costs.rate(k, side.acceptance, MODES[side.config.draft_mode].pricing)
+    rate = costs.rate(k, side.acceptance)
     return rate / baseline if rate else None
 
 
@@ -313,7 +314,8 @@ def report(sides: Sequence[Side], settings: dict[str, object]) -> dict[str, obje
     costs = {group: pooled_costs([s for s in sides if (s.config.task, s.config.where) == group]) for group in groups}
     # A drafter's rows are priced with its own draft steps: a pair may draft with a model and with its MTP head.
     drafter_costs = {(*group, mode): pooled_costs([s for s in sides if (s.config.task, s.config.where) == group
-                                                   and s.config.draft_mode in (mode, "none")])
+                                                   and s.config.draft_mode in (mode, "none")],
+                                                  MODES[mode].cost_shape)
                      for group in groups for mode in PREDICTED_MODES}
     configs = []
     for side in sides:

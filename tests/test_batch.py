@@ -11,7 +11,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 from typer.testing import CliRunner
 
 from spec_cli import load_pair
@@ -102,7 +101,7 @@ def test_unreadable_input_and_unwritable_output_are_one_line(chat_target_path: P
     source = tmp_path / "p.txt"
     source.write_text("hello\n")
     status, _out, err = batch(str(source), "-t", str(chat_target_path), "-o", str(tmp_path))
-    assert status == 2 and err.startswith(f"spec: error: cannot ") and len(err.strip().splitlines()) == 1
+    assert status == 2 and err.startswith("spec: error: cannot ") and len(err.strip().splitlines()) == 1
 
 
 def test_a_resumed_batch_redoes_a_half_written_line_and_skips_the_rest(chat_target_path: Path, tmp_path: Path) -> None:

@@ -44,7 +44,7 @@ def test_the_next_pair_starts_from_the_book(target_path: Path, other_draft_path:
         assert costs.verify.seconds(0) == entry["verify"]["0"]
         length = pair.drafting.build("model", 0.0, "auto")[1]
         assert isinstance(length, AdaptiveK) and length.rounds == length.warmup_rounds  # no warm-up
-        rates = {k: costs.rate(k, length.acceptance, "per token") for k in range(length.k_max + 1)}
+        rates = {k: costs.rate(k, length.acceptance) for k in range(length.k_max + 1)}
         assert length.k == max(rates, key=lambda k: rates[k] or 0.0)
         assert length.acceptance.measured <= 8.0  # a prior that the rounds measured now soon outweigh
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from spec_cli.decoding.costs import FREE, PER_ROUND, PER_TOKEN, BatchCosts, LoopCosts
+from spec_cli.decoding.costs import HOST, PER_ROUND, BatchCosts, LoopCosts
 from spec_cli.decoding.draft_length import PositionAcceptance
 
 
@@ -62,8 +62,9 @@ def test_merge_pools_calls() -> None:
     assert first.as_dict() == {"1": pytest.approx(0.015), "2": pytest.approx(0.030)}
 
 
-def loop_costs(c1: float = 0.010, c2: float = 0.016, verify=lambda k: 0.040 + 0.004 * k) -> LoopCosts:
-    costs = LoopCosts()
+def loop_costs(c1: float = 0.010, c2: float = 0.016, verify=lambda k: 0.040 + 0.004 * k,
+               shape: str = "per token") -> LoopCosts:
+    costs = LoopCosts(shape=shape)
     for k in (0, 2, 4, 6):
         costs.verify.record(k, verify(k))
     costs.draft.record(1, c1)
@@ -76,35 +77,36 @@ def test_a_model_round_pays_k_steps_and_the_catch_up_of_a_full_acceptance() -> N
     acceptance = Fixed(expected=3.5, all_accepted=0.4)
     draft = 4 * 0.010 + 0.4 * (0.016 - 0.010)
     assert costs.draft_seconds(4, acceptance) == pytest.approx(draft)
-    assert costs.round_seconds(4, acceptance, PER_TOKEN) == pytest.approx(draft + 0.056)
-    assert costs.round_seconds(4, acceptance, FREE) == pytest.approx(0.056)  # n-gram: free
-    assert costs.rate(4, acceptance, PER_TOKEN) == pytest.approx(3.5 / (draft + 0.056))
-    assert costs.rate(0, acceptance, PER_TOKEN) == pytest.approx(1 / 0.040)  # no draft: one target step
+    assert costs.round_seconds(4, acceptance) == pytest.approx(draft + 0.056)
+    assert loop_costs(shape=HOST).round_seconds(4, acceptance) == pytest.approx(0.056)  # n-gram: host time only
+    assert costs.rate(4, acceptance) == pytest.approx(3.5 / (draft + 0.056))
+    assert costs.rate(0, acceptance) == pytest.approx(1 / 0.040)  # no draft: one target step
 
 
 def test_a_block_round_pays_one_pass_whatever_k() -> None:
-    costs = loop_costs()
+    costs = loop_costs(shape=PER_ROUND)
     costs.draft.record(5, 0.012)
     acceptance = Fixed(expected=3.5, all_accepted=0.4)
-    assert costs.draft_seconds(4, acceptance, PER_ROUND) == pytest.approx(0.012)  # the pass over [last, 4 masks]
-    assert costs.round_seconds(4, acceptance, PER_ROUND) == pytest.approx(0.012 + 0.056)
+    assert costs.draft_seconds(4, acceptance) == pytest.approx(0.012)  # the pass over [last, 4 masks]
+    assert costs.round_seconds(4, acceptance) == pytest.approx(0.012 + 0.056)
 
 
 def test_the_loops_own_work_counts_per_token() -> None:
-    costs = loop_costs()
+    costs = loop_costs(shape=HOST)
     costs.record_round([(1, 0.010), (1, 0.010)], k=2, verify_s=0.048, round_s=0.074, emitted=3)
     assert costs.per_token == pytest.approx(0.006 / 3)
     acceptance = Fixed(expected=2.5, all_accepted=0.5)
-    assert costs.round_seconds(2, acceptance, FREE) == pytest.approx(costs.verify.seconds(2) + 2.5 * 0.002)
+    assert costs.round_seconds(2, acceptance) == pytest.approx(costs.verify.seconds(2) + 2.5 * 0.002)
 
 
 def test_rate_is_unknown_until_the_costs_it_needs_are_measured() -> None:
-    costs = LoopCosts()
+    lookup, model = LoopCosts(shape=HOST), LoopCosts()
+    model.verify = lookup.verify
     acceptance = PositionAcceptance()
-    assert costs.rate(3, acceptance, FREE) is None
-    costs.verify.record(3, 0.05)
-    assert costs.rate(3, acceptance, FREE) == pytest.approx(4 / 0.05)  # optimistic: all accepted
-    assert costs.rate(3, acceptance, PER_TOKEN) is None  # no draft step measured yet
+    assert lookup.rate(3, acceptance) is None
+    lookup.verify.record(3, 0.05)
+    assert lookup.rate(3, acceptance) == pytest.approx(4 / 0.05)  # optimistic: all accepted
+    assert model.rate(3, acceptance) is None  # no draft step measured yet
 
 
 def test_the_line_never_dips_below_what_smaller_sizes_measured() -> None:

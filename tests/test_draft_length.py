@@ -6,8 +6,8 @@ from typing import Callable
 
 import pytest
 
-from spec_cli.decoding.costs import FREE, PER_TOKEN, LoopCosts
-from spec_cli.decoding.draft_length import (PROBE_ROUNDS, PROBE_SHARE, AdaptiveK, FixedK, PositionAcceptance,
+from spec_cli.decoding.costs import HOST, PER_TOKEN, PROBE_ROUNDS, PROBE_SHARE, LoopCosts
+from spec_cli.decoding.draft_length import (AdaptiveK, FixedK, PositionAcceptance,
                                             expected_tokens)
 from spec_cli.decoding.stats import Stats
 
@@ -65,8 +65,9 @@ def test_counts_from_stats_equal_the_running_counts() -> None:
     assert counted.alpha == pytest.approx(running.alpha) == pytest.approx(9 / 12)
 
 
-def fed_costs(draft_step: float, verify: Callable[[int], float], catch_up: float | None = None) -> LoopCosts:
-    costs = LoopCosts()
+def fed_costs(draft_step: float, verify: Callable[[int], float], catch_up: float | None = None,
+              shape: str = PER_TOKEN) -> LoopCosts:
+    costs = LoopCosts(shape=shape)
     for k in range(0, 17, 2):
         costs.verify.record(k, verify(k))
     costs.draft.record(1, draft_step)
@@ -80,7 +81,7 @@ def feed(controller: AdaptiveK, rounds: list[tuple[int, int]]) -> None:
 
 
 def test_warmup_follows_the_transformers_heuristic() -> None:
-    controller = AdaptiveK(LoopCosts(), PER_TOKEN, k_max=10, k_start=4, warmup_rounds=100)
+    controller = AdaptiveK(LoopCosts(), k_max=10, k_start=4, warmup_rounds=100)
     controller.update(4, 4)
     assert controller.next_k() == 6
     feed(controller, [(6, 6), (8, 8)])
@@ -92,8 +93,8 @@ def test_warmup_follows_the_transformers_heuristic() -> None:
     assert controller.next_k() == 1  # never below 1
 
 
-def settle(costs: LoopCosts, rounds: list[tuple[int, int]], pricing: str = PER_TOKEN) -> int:
-    controller = AdaptiveK(costs, pricing, k_max=16, warmup_rounds=4)
+def settle(costs: LoopCosts, rounds: list[tuple[int, int]]) -> int:
+    controller = AdaptiveK(costs, k_max=16, warmup_rounds=4)
     feed(controller, rounds)
     return controller.next_k()
 
@@ -113,12 +114,12 @@ def test_expensive_drafts_shorten_k_at_the_same_acceptance() -> None:
     verify = lambda k: 0.040 + 0.003 * (k + 1)  # noqa: E731
     cheap = settle(fed_costs(0.002, verify), history)
     assert settle(fed_costs(0.030, verify), history) < cheap
-    assert settle(fed_costs(0.030, verify), history, pricing=FREE) >= cheap  # n-gram drafts cost nothing
+    assert settle(fed_costs(0.030, verify, shape=HOST), history) >= cheap  # n-gram drafts cost nothing
 
 
 def test_choice_maximises_the_modelled_rate() -> None:
     costs = fed_costs(0.015, lambda k: 0.041 + 0.004 * (k + 1), catch_up=0.024)
-    controller = AdaptiveK(costs, PER_TOKEN, k_max=12, warmup_rounds=2)
+    controller = AdaptiveK(costs, k_max=12, warmup_rounds=2)
     feed(controller, [(3, 2), (5, 4), (4, 3), (6, 4)] * 5)
     acceptance = controller.acceptance
     rates = {k: acceptance.expected_tokens(k) / (k * 0.015 + acceptance.all_accepted(k) * 0.009
@@ -128,7 +129,7 @@ def test_choice_maximises_the_modelled_rate() -> None:
 
 
 def test_k_moves_at_most_two_a_round_after_warmup() -> None:
-    controller = AdaptiveK(fed_costs(0.05, lambda k: 0.040 + 0.004 * (k + 1)), PER_TOKEN, k_max=16, k_start=8,
+    controller = AdaptiveK(fed_costs(0.05, lambda k: 0.040 + 0.004 * (k + 1)), k_max=16, k_start=8,
                            warmup_rounds=2)
     chosen = []
     for _ in range(12):
@@ -156,7 +157,7 @@ def batched_catch_up(draft_step: float) -> LoopCosts:
 
 
 def test_an_idle_drafter_is_probed_less_and_less_while_probes_do_not_pay() -> None:
-    controller = AdaptiveK(batched_catch_up(0.002), PER_TOKEN, k_max=16, k_start=2, warmup_rounds=1)
+    controller = AdaptiveK(batched_catch_up(0.002), k_max=16, k_start=2, warmup_rounds=1)
     ks = idle(controller, 8 * PROBE_ROUNDS)
     first = ks.index(0)
     probes = [i for i, k in enumerate(ks) if i > first and k]
@@ -166,7 +167,7 @@ def test_an_idle_drafter_is_probed_less_and_less_while_probes_do_not_pay() -> No
 
 
 def test_a_probe_that_pays_brings_drafting_back() -> None:
-    controller = AdaptiveK(batched_catch_up(0.002), PER_TOKEN, k_max=16, k_start=2, warmup_rounds=1)
+    controller = AdaptiveK(batched_catch_up(0.002), k_max=16, k_start=2, warmup_rounds=1)
     idle(controller, 20)
     assert controller.next_k() == 0
     for _ in range(PROBE_ROUNDS + 40):
@@ -179,13 +180,13 @@ def test_a_probe_dearer_than_its_share_of_the_idle_time_is_not_made() -> None:
     """A drafter whose catch-up costs as much as the rounds it missed (one-token kernels) is not probed."""
     costs = fed_costs(0.050, lambda k: 0.040 + 0.004 * (k + 1))
     costs.draft.record(64, 64 * 0.050)
-    controller = AdaptiveK(costs, PER_TOKEN, k_max=16, k_start=1, warmup_rounds=1)
+    controller = AdaptiveK(costs, k_max=16, k_start=1, warmup_rounds=1)
     assert set(idle(controller, 400)[3:]) == {0}
     assert controller.probe_price() > PROBE_SHARE * controller.idle * 0.044
 
 
 def test_free_drafts_are_probed_for_the_price_of_a_row() -> None:
-    controller = AdaptiveK(fed_costs(0.050, lambda k: 0.040 + 0.010 * (k + 1)), FREE, k_max=16, k_start=1,
+    controller = AdaptiveK(fed_costs(0.050, lambda k: 0.040 + 0.010 * (k + 1), shape=HOST), k_max=16, k_start=1,
                            warmup_rounds=1)
     ks = idle(controller, 2 + PROBE_ROUNDS)
     assert ks == [1] + [0] * PROBE_ROUNDS + [1] and controller.probe_price() == pytest.approx(0.010)

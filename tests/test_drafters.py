@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from spec_cli.decoding.costs import PER_TOKEN, LoopCosts
+from spec_cli.decoding.costs import HOST, LoopCosts
 from spec_cli.decoding.draft_length import FixedK
 from spec_cli.decoding.drafter import CatchUp, Draft
 from spec_cli.decoding.sampling import SamplingParams
@@ -129,8 +129,8 @@ def hybrid(model_accepts: int, ngram_accepts: int = 4, pending: int = 1, k: int 
     state = HybridState({"ngram": FixedK(k), **{name: FixedK(k) for name in books}}, in_use=in_use)
     model = FakeModel(pending)
     drafters = {name: model if name == "model" else FakeModel(pending) for name in books}
-    drafter = HybridDrafter(NgramDrafter(n_vocab=100), drafters, books, next(iter(books.values())), state,
-                            {name: PER_TOKEN for name in books})
+    lookups = LoopCosts.sharing(next(iter(books.values())).verify, 1.0, HOST)  # prices lookups and plain rounds
+    drafter = HybridDrafter(NgramDrafter(n_vocab=100), drafters, books, lookups, state)
     drafter.start(MATCH[:1])
     for name, accepted in (("ngram", ngram_accepts), *((name, model_accepts) for name in books)):
         for _ in range(8):
@@ -150,8 +150,8 @@ def test_hybrid_tries_what_is_not_priced_yet() -> None:
     nothing, then the model, then a plain step."""
     state = HybridState({"ngram": FixedK(4), "model": FixedK(4)})
     costs = LoopCosts()
-    drafter = HybridDrafter(NgramDrafter(n_vocab=100), {"model": FakeModel()}, {"model": costs}, costs, state,
-                            {"model": PER_TOKEN})
+    drafter = HybridDrafter(NgramDrafter(n_vocab=100), {"model": FakeModel()}, {"model": costs},
+                            LoopCosts.sharing(costs.verify, 1.0, HOST), state)
     drafter.prefill(MATCH[:1])
     assert choice(drafter, MATCH) == "ngram"
     assert choice(drafter, NO_MATCH) == "model"

@@ -137,7 +137,7 @@ def test_modes_that_need_a_draft_model_say_which_mode_the_file_drafts_in(pair: P
 
 def test_k_auto_prices_a_dflash_round_as_one_pass_and_k_stays_within_the_block(pair: Pair) -> None:
     auto = pair.drafting.build(kind(pair), 0.0, "auto")[1]
-    assert isinstance(auto, AdaptiveK) and auto.pricing == (PER_ROUND if kind(pair) == "dflash" else PER_TOKEN)
+    assert isinstance(auto, AdaptiveK) and auto.costs.shape == (PER_ROUND if kind(pair) == "dflash" else PER_TOKEN)
     fixed = greedy(pair, PROMPTS[1], draft_max=12, draft_mode=kind(pair))
     assert fixed.stats.draft_max == (BLOCK - 1 if kind(pair) == "dflash" else 12)
     assert 0 < len(fixed.stats.drafted_at) <= fixed.stats.draft_max  # drafts at positions 1..K

@@ -69,3 +69,20 @@ def test_unmeasured_sizes_are_tried_at_most_twice_the_largest_measured() -> None
     costs = pass_costs(cheap_rows, sizes=range(4, 5))  # only passes of 4 rows so far
     ks = choose_ks([Candidate(np.ones(16)) for _ in range(4)], costs)
     assert sum(ks) + 4 == 8
+
+
+def test_host_work_a_step_makes_more_drafts_worth_their_cost() -> None:
+    """A draft position worth g tokens for c seconds joins a step of E tokens and C seconds where g·C > E·c: a step
+    made dearer by its host work h (Python between passes, at every K) takes positions it turned down."""
+    candidates = [Candidate(np.full(8, 0.5), step_s=0.010)]
+    without, with_host = choose_ks(candidates, pass_costs(cheap_rows)), choose_ks(candidates, pass_costs(cheap_rows), 0.030)
+    assert without == [0] and with_host[0] >= 1
+
+
+def test_a_round_cost_paid_once_is_weighed_against_all_its_positions() -> None:
+    """A block drafter's pass (or a catch-up) is paid once however many positions it drafts: it drafts all its
+    positions that pay, or none, where step-priced positions of the same total cost would not."""
+    block = Candidate(np.full(8, 0.9), round_s=0.020)
+    stepped = Candidate(np.full(8, 0.9), step_s=0.020)
+    assert choose_ks([block], pass_costs(cheap_rows)) == [8]
+    assert choose_ks([stepped], pass_costs(cheap_rows))[0] < 8

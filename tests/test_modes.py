@@ -9,10 +9,12 @@ import numpy as np
 import pytest
 
 from spec_cli import Pair, SpecError
+from spec_cli.decoding.costs import HOST, PER_ROUND, PER_TOKEN
 from spec_cli.decoding.draft_length import AUTO_K_MAX, AdaptiveK, FixedK
 from spec_cli.decoding.drafter import Draft, Drafter
 from spec_cli.decoding.sampling import SamplingParams
 from spec_cli.drafting import modes
+from spec_cli.drafting.dflash import DFlashDrafter
 from spec_cli.drafting.hybrid import HybridDrafter
 from spec_cli.drafting.model import ModelDrafter
 from spec_cli.drafting.modes import MODES, Mode
@@ -53,6 +55,33 @@ def test_every_book_shares_the_targets_passes_and_keeps_its_own_steps(other: Pai
     books = [other.drafting.costs(name) for name in ("model", "ngram", "hybrid")]
     assert books[0].verify is books[1].verify is books[2].verify
     assert len({id(book) for book in books}) == 3 and len({id(book.draft) for book in books}) == 3
+
+
+def test_each_book_prices_its_drafter_as_the_drafter_declares(other: Pair) -> None:
+    """The cost shape is the drafter's own word (`Drafter.cost_shape`), not the registry's: a lookup costs host time,
+    a model a step a token, a block drafter a pass a round; the registry only reads it."""
+    assert (NgramDrafter.cost_shape, MemoryDrafter.cost_shape, ModelDrafter.cost_shape) == (HOST, HOST, PER_TOKEN)
+    assert DFlashDrafter.cost_shape == PER_ROUND
+    assert [other.drafting.costs(name).shape for name in ("model", "ngram", "hybrid")] == [PER_TOKEN, HOST, HOST]
+    assert all(mode.cost_shape == (mode.drafter.cost_shape if mode.drafter else HOST) for mode in MODES.values())
+
+
+def test_the_loop_never_names_a_drafting_mode() -> None:
+    """`decoding/` knows drafters by their interface only: no string in it is a mode's name, but for words that are
+    something else there (the target alone's "none", the statistics' label for no drafter)."""
+    import ast
+    from pathlib import Path
+
+    import spec_cli.decoding
+
+    other_meanings = {"sampling.py: model",  # the sampling preset the model's card recommends
+                      "stats.py: memory"}  # the models' memory use, in the statistics
+    named = set()
+    for module in Path(spec_cli.decoding.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(module.read_text())):
+            if isinstance(node, ast.Constant) and node.value in set(MODES) - {"none"}:
+                named.add(f"{module.name}: {node.value}")
+    assert named == other_meanings
 
 
 class RepeatLast(Drafter):

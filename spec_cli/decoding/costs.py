@@ -7,21 +7,28 @@ Three costs make up a round that drafts K tokens and emits E of them:
 - c_v(K), the target's pass over [last, d1..dK] with the verification work on its logits;
 - o, the loop's own work per emitted token (detokenising, the consumer of the events, rewinding).
 
-`round_seconds` puts them together as the K controller, the hybrid drafter and `spec bench`'s prediction
-all use them, so the bench's predicted column checks the very model the loop optimises.
+How c_d grows with K is the drafter's cost shape, which each drafter declares in its own module
+(`Drafter.cost_shape`): host time only (a lookup), a step per drafted token (a draft model, a head), or one pass
+per round (a block drafter). `round_seconds` puts them together; the K controller, the hybrid drafter, the
+scheduler's goodput choice, the cost book's reading and `spec bench`'s prediction all read it, so the bench's
+predicted column checks the very model the loop optimises. So does the one rule for when an idle drafter is
+tried again (`probe_price`, `probe_pays`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Iterable, Protocol
 
 import numpy as np
 
-# How a round's drafting cost grows with K (`LoopCosts.draft_seconds`): n-gram lookup costs nothing to draft;
+# How a round's drafting cost grows with K (`LoopCosts.draft_seconds`): a lookup costs host time only, no decode;
 # a draft model or a head takes a step per drafted token; a block drafter (DFlash) one pass per round.
-FREE, PER_TOKEN, PER_ROUND = "free", "per token", "per round"
+HOST, PER_TOKEN, PER_ROUND = "host", "per token", "per round"
+DECAY = 0.95  # a call of a size weighs 5% less at the next of that size: the costs follow the machine's load
 REFIT_EVERY = 16  # calls of sizes already seen between two fits of `BatchCosts`' line
+PROBE_SHARE = 0.015  # the most a probe of an idle drafter may cost, as a share of the idle rounds' time
+PROBE_ROUNDS = 32  # the fewest idle rounds before a probe; doubled after each probe that did not pay
 
 
 class Acceptance(Protocol):
@@ -125,11 +132,13 @@ class BatchCosts:
 
 @dataclass
 class LoopCosts:
-    """c_d(n) by batch size, c_v(K) by K, and o per emitted token, as measured so far.
+    """c_d(n) by batch size for a drafter of cost shape `shape`, c_v(K) by K, and o per emitted token, as measured
+    so far.
 
     c_v is the target's, whoever drafted: books that price different drafters share one (`sharing`)."""
 
     decay: float = 1.0
+    shape: str = PER_TOKEN
     draft: BatchCosts = field(init=False)
     verify: BatchCosts = field(init=False)
     other_s: float = 0.0
@@ -139,9 +148,10 @@ class LoopCosts:
         self.draft, self.verify = BatchCosts(self.decay), BatchCosts(self.decay)
 
     @classmethod
-    def sharing(cls, verify: BatchCosts, decay: float) -> LoopCosts:
-        """A book of its own drafter's steps and loop work over the target's passes `verify`."""
-        costs = cls(decay)
+    def sharing(cls, verify: BatchCosts, decay: float, shape: str) -> LoopCosts:
+        """A book of its own drafter's steps (of cost shape `shape`) and loop work over the target's passes
+        `verify`."""
+        costs = cls(decay, shape)
         costs.verify = verify
         return costs
 
@@ -169,30 +179,64 @@ class LoopCosts:
         """o: the loop's own seconds per emitted token."""
         return self.other_s / self.other_tokens if self.other_tokens else 0.0
 
-    def draft_seconds(self, k: int, acceptance: Acceptance, pricing: str = PER_TOKEN) -> float | None:
-        """Expected drafting seconds of a round drafting k, in the steady state. Per token: k steps of c_d(1),
-        and c_d(2) − c_d(1) more when the round before was fully accepted (the catch-up on [d_K, bonus]). Per
-        round: one pass over the block of k + 1, c_d(k + 1)."""
-        if pricing == PER_ROUND:
+    def draft_seconds(self, k: int, acceptance: Acceptance) -> float | None:
+        """Expected drafting seconds of a round drafting k, in the steady state. Host only: none. Per token: k steps
+        of c_d(1), and c_d(2) − c_d(1) more when the round before was fully accepted (the catch-up on [d_K, bonus]).
+        Per round: one pass over the block of k + 1, c_d(k + 1)."""
+        if self.shape == HOST or k == 0:
+            return 0.0
+        if self.shape == PER_ROUND:
             return self.draft.seconds(k + 1)
         step, catch_up = self.draft.seconds(1), self.draft.seconds(2)
         if step is None or catch_up is None:
             return None
         return k * step + acceptance.all_accepted(k) * (catch_up - step)
 
-    def round_seconds(self, k: int, acceptance: Acceptance, pricing: str) -> float | None:
-        """Expected seconds of a round drafting k: drafting (priced as `pricing` says), c_v(K), o per token."""
-        verify = self.verify.seconds(k)
-        draft = self.draft_seconds(k, acceptance, pricing) if pricing != FREE and k > 0 else 0.0
+    def round_seconds(self, k: int, acceptance: Acceptance) -> float | None:
+        """Expected seconds of a round drafting k: drafting (as the shape says), c_v(K), o per emitted token."""
+        verify, draft = self.verify.seconds(k), self.draft_seconds(k, acceptance)
         if verify is None or draft is None:
             return None
         return draft + verify + self.per_token * acceptance.expected_tokens(k)
 
-    def rate(self, k: int, acceptance: Acceptance, pricing: str) -> float | None:
+    def rate(self, k: int, acceptance: Acceptance) -> float | None:
         """Expected tokens per second of rounds drafting k; None while a cost it needs is unmeasured."""
-        seconds = self.round_seconds(k, acceptance, pricing)
+        seconds = self.round_seconds(k, acceptance)
         return acceptance.expected_tokens(k) / seconds if seconds else None
+
+    def best_k(self, acceptance: Acceptance, ks: Iterable[int]) -> int | None:
+        """The K among `ks` with the highest expected rate; None while a cost it needs is unmeasured."""
+        rates = {k: self.rate(k, acceptance) for k in ks}
+        if not rates or None in rates.values():
+            return None
+        return max(rates, key=lambda k: rates[k] or 0.0)
+
+    def step_costs(self, backlog: int) -> tuple[float, float] | None:
+        """(seconds a drafted token adds, seconds a round that drafts at all adds) for a drafter that lacks `backlog`
+        tokens: per token, c_d(1) a token and the catch-up c_d(backlog) once; per round, the block's pass once; host
+        only, nothing. None while a cost it needs is unmeasured."""
+        if self.shape == HOST:
+            return 0.0, 0.0
+        if self.shape == PER_ROUND:
+            block = self.draft.seconds(2)
+            return None if block is None else (0.0, block)
+        step = self.draft.seconds(1)
+        catch_up = self.draft.interpolated(backlog) if backlog > 1 else 0.0
+        return None if step is None or catch_up is None else (step, catch_up)
+
+    def probe_price(self, backlog: int, row_s: float) -> float | None:
+        """What trying an idle drafter with one token costs: its catch-up on the `backlog` tokens it missed and its
+        step (as its shape says), and one more verify row (`row_s`). None while a cost it needs is unmeasured."""
+        costs = self.step_costs(backlog)
+        return None if costs is None else costs[0] + costs[1] + row_s
 
     def as_dict(self) -> dict[str, object]:
         return {"draft_step_s": self.draft.as_dict(), "verify_s": self.verify.as_dict(),
                 "other_per_token_s": self.per_token}
+
+
+def probe_pays(price: float, idle_rounds: int, round_s: float) -> bool:
+    """The one rule for trying an option the loop has stopped choosing: a probe is made once its price is at most
+    `PROBE_SHARE` of the `idle_rounds` it sat out, each `round_s` seconds (a round alone, or a sequence's share of a
+    batch's pass), so that probes cost at most that share whatever the drafter."""
+    return price <= PROBE_SHARE * idle_rounds * round_s

@@ -10,9 +10,8 @@ heuristic (K + 2 after a fully accepted round, K − 1 otherwise), which also ex
 
 K = 0 is a choice: where drafting does not pay (a draft dearer than its target, one the target seldom
 agrees with) the loop runs as the target alone, so that speculation never costs. A drafter left idle is
-probed now and then with K = 1, for the text may turn to where it pays; a probe is made only when its price
-(the drafter's catch-up on what it missed, one step, one more verify row) is at most `PROBE_SHARE` of the
-time spent idle since the last, so that probes cost at most that share whatever the drafter.
+probed now and then with K = 1, for the text may turn to where it pays, by the cost model's one rule
+(`costs.probe_pays`).
 """
 
 from __future__ import annotations
@@ -21,12 +20,10 @@ from typing import Protocol, Sequence
 
 import numpy as np
 
-from spec_cli.decoding.costs import FREE, PER_ROUND, LoopCosts
+from spec_cli.decoding.costs import PROBE_ROUNDS, LoopCosts, probe_pays
 
 PRIOR_WEIGHT = 3.0  # pseudo-rounds at α̂ behind each position's rate
 AUTO_K_MAX = 16  # the largest K `-k auto` chooses
-PROBE_SHARE = 0.015  # the most a probe of an idle drafter may cost, as a share of the idle rounds' time
-PROBE_ROUNDS = 32  # the fewest idle rounds before a probe; doubled after each probe that did not pay
 
 
 def expected_tokens(alpha: float, k: int) -> float:
@@ -163,15 +160,13 @@ class FixedK:
 
 class AdaptiveK:
     """Chooses K (0 included) to maximise expected tokens per second from running estimates of a_i and of
-    `costs`, and probes an idle drafter (K = 0) with K = 1 when a probe is cheap enough.
-
-    `pricing`: how drafting's cost grows with K (`costs.FREE` for n-gram lookup, `PER_TOKEN`, `PER_ROUND`).
+    `costs` (its drafter's book, which knows the drafter's cost shape), and probes an idle drafter (K = 0) with
+    K = 1 when a probe is cheap enough.
     """
 
-    def __init__(self, costs: LoopCosts, pricing: str, k_max: int, k_start: int = 4,
-                 warmup_rounds: int = 3, decay: float = 0.98) -> None:
+    def __init__(self, costs: LoopCosts, k_max: int, k_start: int = 4, warmup_rounds: int = 3,
+                 decay: float = 0.98) -> None:
         self.costs = costs
-        self.pricing = pricing
         self.k_max = k_max
         self.k = min(k_start, k_max)
         self.warmup_rounds = warmup_rounds
@@ -183,19 +178,19 @@ class AdaptiveK:
     def seed(self, counts: dict[str, float | list[float]], rounds: float) -> None:
         """Start from acceptance learnt before (a cost book's) at the K the costs make best: no warm-up."""
         self.acceptance.seed(counts, rounds)
-        rates = {k: self.costs.rate(k, self.acceptance, self.pricing) for k in range(self.k_max + 1)}
-        if None not in rates.values():
-            self.k, self.rounds = max(rates, key=lambda k: rates[k] or 0.0), self.warmup_rounds
+        best = self.costs.best_k(self.acceptance, range(self.k_max + 1))
+        if best is not None:
+            self.k, self.rounds = best, self.warmup_rounds
 
     def next_k(self) -> int:
         return 1 if self.k == 0 and self.probe_due() else self.k
 
     def probe_due(self) -> bool:
         """Whether an idle drafter should draft one token this round: enough idle rounds have gone by, and the
-        probe's price is at most `PROBE_SHARE` of their time."""
+        probe's price (`LoopCosts.probe_price`) pays against their time (`probe_pays`)."""
         if self.idle < self.probe_after:
             return False
-        idle_round = self.costs.round_seconds(0, self.acceptance, self.pricing)
+        idle_round = self.costs.round_seconds(0, self.acceptance)
         price = self.probe_price()
         if idle_round is None or price is None or probe_pays(price, self.idle, idle_round):
             return True
@@ -203,19 +198,12 @@ class AdaptiveK:
         return False
 
     def probe_price(self) -> float | None:
-        """What drafting one token costs after `idle` rounds without drafting: the drafter's catch-up on them
-        and its step (for a drafter that pays per token), and one more verify row."""
+        """What drafting one token costs after `idle` rounds without drafting: the drafter's catch-up on them, its
+        step and one more verify row."""
         verify_1, verify_0 = self.costs.verify.seconds(1), self.costs.verify.seconds(0)
         if verify_1 is None or verify_0 is None:
             return None
-        if self.pricing == FREE:
-            return max(0.0, verify_1 - verify_0)
-        if self.pricing == PER_ROUND:
-            drafting = self.costs.draft.seconds(2)
-        else:
-            catch_up, step = self.costs.draft.interpolated(self.idle), self.costs.draft.seconds(1)
-            drafting = None if catch_up is None or step is None else catch_up + step
-        return None if drafting is None else drafting + max(0.0, verify_1 - verify_0)
+        return self.costs.probe_price(self.idle, max(0.0, verify_1 - verify_0))
 
     def update(self, drafted: int, accepted: int) -> None:
         if drafted == 0:
@@ -237,14 +225,5 @@ class AdaptiveK:
         Moving by at most 2 a round keeps one noisy cost fit (a busy machine, few K values seen yet) from
         throwing K to an extreme; each move also measures a new K, which improves the fit.
         """
-        candidates = range(max(0, self.k - 2), min(self.k_max, self.k + 2) + 1)
-        rates = {k: self.costs.rate(k, self.acceptance, self.pricing) for k in candidates}
-        if None in rates.values():
-            return self.k
-        return max(rates, key=lambda k: rates[k])
-
-
-def probe_pays(price: float, idle_rounds: int, round_s: float) -> bool:
-    """Whether a probe of an idle drafter costs at most `PROBE_SHARE` of the `idle_rounds` it sat out, each
-    `round_s` seconds (a round alone, or a sequence's share of a batch's pass)."""
-    return price <= PROBE_SHARE * idle_rounds * round_s
+        best = self.costs.best_k(self.acceptance, range(max(0, self.k - 2), min(self.k_max, self.k + 2) + 1))
+        return self.k if best is None else best

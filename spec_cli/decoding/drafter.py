@@ -18,6 +18,7 @@ from typing import Callable, Generator, Sequence
 
 import numpy as np
 
+from spec_cli.decoding.costs import HOST
 from spec_cli.decoding.sampling import Law, SamplingParams
 from spec_cli.llama.context import Context
 from spec_cli.llama.grammar import Grammar
@@ -68,6 +69,12 @@ class Drafter:
     suit a drafter without a memory of its own (nothing to take in, nothing to take back, no time in
     llama.cpp)."""
 
+    cost_shape: str = HOST
+    """How its drafting cost grows with K (`costs`): host time only by default; a step per drafted token or one
+    pass per round for a drafter that decodes. Declared here, by each drafter, for the cost model."""
+    chooses_ways: bool = False
+    """Whether it chooses among several ways each round and a K for each itself (the default drafting): a scheduler
+    then overrides its K with the batch's choice once other sequences share the pass."""
     busy_s: float = 0.0
     """Seconds spent inside llama.cpp so far (0 for drafters without a model); for honest time splits."""
     rollback_s: float = 0.0

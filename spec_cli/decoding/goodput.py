@@ -1,15 +1,21 @@
 """K for each sequence of one verify pass, chosen for the whole batch's goodput.
 
-A pass over R rows costs c(R) (measured as the scheduler runs: `costs.BatchCosts` by rows), and each drafted
-token d_i more, its drafter's step. Sequence s, drafting K_s, emits E_s(K_s) = 1 + Σ_{i≤K_s} a_{s,1}·…·a_{s,i}
-tokens on average (`draft_length.PositionAcceptance`). The pass's goodput is
-G = Σ_s E_s(K_s) / (c(N + Σ_s K_s) + Σ_s K_s·d_s) (TurboSpec/SmartSpec, arXiv 2406.14066, measured online).
+A pass over R rows costs c(R) (measured as the scheduler runs: `costs.BatchCosts` by rows), each drafted token
+d_i more, its drafter's step, and a round that drafts at all r_s once (its drafter's catch-up, or a block
+drafter's pass: the cost shape its drafter declares). Sequence s, drafting K_s, emits
+E_s(K_s) = 1 + Σ_{i≤K_s} a_{s,1}·…·a_{s,i} tokens on average (`draft_length.PositionAcceptance`). The step's host
+work h (the loop's own, between passes) is paid whatever K. The pass's goodput is
+G = Σ_s E_s(K_s) / (h + c(N + Σ_s K_s) + Σ_s (K_s·d_s + r_s)) (TurboSpec/SmartSpec, arXiv 2406.14066, measured
+online). Work that grows with the tokens emitted (o a token) never moves the choice: a position worth g tokens for
+c seconds joins a step of E tokens and C seconds where g·C > E·c, with or without o·(E + g) on both sides; h does,
+as a dearer step makes more tokens a step worth more.
 
 Starting from K = 0 everywhere (the batch without speculation), draft positions are added one at a time, the
 one with the most expected tokens per second of added cost first, while G grows: the next position of a
 sequence is worth a_{s,1}·…·a_{s,K+1} tokens, which only falls as K grows, so each sequence's best draft
-positions come first. A drafter that sat idle must first catch up on what it missed: its first position
-costs that too, so it drafts again only when that pays within this pass (else a probe, `scheduler`). A
+positions come first. What a round costs once (r_s: a catch-up on what an idle drafter missed, a block's pass)
+is weighed against as many positions as make it worth most, which one position alone seldom is; a drafter
+whose catch-up does not pay within this pass waits for a probe (`scheduler`). A
 sequence the target seldom agrees with, or one whose drafter is dear, keeps K = 0; a busy batch, whose rows
 cost more, gives fewer draft tokens to each.
 """
@@ -28,24 +34,22 @@ from spec_cli.decoding.costs import BatchCosts
 class Candidate:
     """One sequence of the coming pass: its position rates a_1..a_cap (`rates`, cap = the most it may draft),
     `fixed` K when its request set one (None: the batch chooses), `step_s`, a draft token's seconds, and
-    `catch_up_s`, what its drafter must decode before it drafts again (the tokens it did not see while idle)."""
+    `round_s`, what a round that drafts at all costs once (`LoopCosts.step_costs`: the catch-up on the tokens its
+    drafter did not see while idle, or a block drafter's pass)."""
 
     rates: np.ndarray
     fixed: int | None = None
     step_s: float = 0.0
-    catch_up_s: float = 0.0
+    round_s: float = 0.0
 
     def drafting_s(self, k: int) -> float:
-        """The drafting seconds of k draft positions: k steps, and the catch-up before the first."""
-        return k * self.step_s + (self.catch_up_s if k else 0.0)
-
-    def cost(self, k: int) -> float:
-        """The drafting seconds the (k + 1)-th draft position adds."""
-        return self.drafting_s(k + 1) - self.drafting_s(k)
+        """The drafting seconds of k draft positions: k steps, and what the round costs once."""
+        return k * self.step_s + (self.round_s if k else 0.0)
 
 
-def choose_ks(candidates: Sequence[Candidate], pass_costs: BatchCosts) -> list[int]:
-    """K for each candidate: the fixed ones as asked, the others by goodput.
+def choose_ks(candidates: Sequence[Candidate], pass_costs: BatchCosts, host_s: float = 0.0) -> list[int]:
+    """K for each candidate: the fixed ones as asked, the others by goodput, a step costing `host_s` (h) besides its
+    passes.
 
     Passes of sizes not measured yet are priced by `BatchCosts.seconds`'s optimistic guess, which gets them
     tried; to keep one guess from drafting everything at once, a pass grows to at most twice the largest
@@ -57,26 +61,40 @@ def choose_ks(candidates: Sequence[Candidate], pass_costs: BatchCosts) -> list[i
     gains = [np.cumprod(c.rates) for c in candidates]
     expected = sum(1.0 + float(g[:k].sum()) for g, k in zip(gains, ks))
     rows = len(candidates) + sum(ks)
-    seconds = _pass(pass_costs, rows) + sum(c.drafting_s(k) for k, c in zip(ks, candidates))
+    seconds = host_s + _pass(pass_costs, rows) + sum(c.drafting_s(k) for k, c in zip(ks, candidates))
     most_rows = 2 * max(pass_costs.weight)
     while rows < most_rows:
-        added = _pass(pass_costs, rows + 1) - _pass(pass_costs, rows)
-        best, best_value = None, 0.0
-        for i, (c, g) in enumerate(zip(candidates, gains)):
-            if c.fixed is None and ks[i] < len(g):
-                value = g[ks[i]] / max(added + c.cost(ks[i]), 1e-9)
-                if value > best_value:
-                    best, best_value = i, value
+        best = _best_move(candidates, gains, ks, pass_costs, rows, most_rows)
         if best is None:
             return ks
-        gain, cost = float(gains[best][ks[best]]), added + candidates[best].cost(ks[best])
+        i, j, gain, cost = best
         if (expected + gain) / (seconds + cost) <= expected / seconds:
             return ks
-        ks[best] += 1
-        rows, expected, seconds = rows + 1, expected + gain, seconds + cost
-
-
+        ks[i] += j
+        rows, expected, seconds = rows + j, expected + gain, seconds + cost
     return ks
+
+
+def _best_move(candidates: Sequence[Candidate], gains: list[np.ndarray], ks: list[int], pass_costs: BatchCosts,
+               rows: int, most_rows: int) -> tuple[int, int, float, float] | None:
+    """The next draft positions to add, (sequence, how many, E[tokens] they add, seconds they add): the most tokens
+    per second of added cost. A move is one position; for a sequence not drafting yet whose round costs something
+    once (`round_s`), as many as make that cost worth the most, which one position alone may not."""
+    passes = {rows: _pass(pass_costs, rows)}
+    best, best_value = None, 0.0
+    for i, (c, g) in enumerate(zip(candidates, gains)):
+        if c.fixed is not None or ks[i] >= len(g):
+            continue
+        reach = min(len(g) - ks[i], most_rows - rows) if ks[i] == 0 and c.round_s else 1
+        gain = 0.0
+        for j in range(1, reach + 1):
+            gain += float(g[ks[i] + j - 1])
+            if rows + j not in passes:
+                passes[rows + j] = _pass(pass_costs, rows + j)
+            cost = passes[rows + j] - passes[rows] + c.drafting_s(ks[i] + j) - c.drafting_s(ks[i])
+            if gain / max(cost, 1e-9) > best_value:
+                best, best_value = (i, j, gain, cost), gain / max(cost, 1e-9)
+    return best
 
 
 def _pass(costs: BatchCosts, rows: int) -> float:

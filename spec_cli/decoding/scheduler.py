@@ -23,8 +23,8 @@ from typing import Callable, TypeVar
 
 import numpy as np
 
-from spec_cli.decoding.costs import BatchCosts
-from spec_cli.decoding.draft_length import PROBE_ROUNDS, AdaptiveK, PositionAcceptance, probe_pays
+from spec_cli.decoding.costs import DECAY, PROBE_ROUNDS, BatchCosts, probe_pays
+from spec_cli.decoding.draft_length import AdaptiveK, PositionAcceptance
 from spec_cli.decoding.drafter import Draft, DraftSteps
 from spec_cli.decoding.engine import Generation, TokenEvent
 from spec_cli.decoding.goodput import Candidate, choose_ks
@@ -33,12 +33,10 @@ from spec_cli.llama.vision import has_images, whole_images
 
 PREFILL_CHUNK = 64  # prompt tokens a newcomer feeds a step while others generate (alone: a whole batch), and the
 # most a drafter catches up on in a step (`Generation.begin_round`): a long catch-up never holds the others up
-COSTS_DECAY = 0.95  # a pass of a size weighs 5% less at the next of that size: costs follow the machine's load
 PROBE_MAX = 1024  # the most rounds an idle sequence's drafter waits for its next probe
 QUIET_STEPS = 4  # steps a choice of no drafts at all stands for
 T = TypeVar("T")
 MAX_SEQUENCES = 64  # the most sequences at once we offer (llama.cpp takes up to 256 in one context)
-HYBRID = "hybrid"
 
 
 @dataclass
@@ -59,17 +57,18 @@ class Scheduler:
     """Runs the generations that `join` it, one step (`step`) at a time, until each finishes or `leave`s.
 
     `pass_costs`: c(R), a verify pass's seconds by its rows, measured on passes without prompt chunks;
-    `draft_costs`: by drafting mode, the drafter's decodes by tokens fed (one-token steps, catch-ups);
+    `host`: the seconds of steps outside their passes (the loop's own work) and how many steps, decayed;
     `acceptance`: by drafting mode, every sequence's rounds pooled: what a sequence whose own controller has
     seen no round yet is expected to keep (a slot's first request would otherwise explore on its own).
+    A drafter's steps are priced from its own book (`Generation.draft_length.costs`), which knows its cost shape.
 
     A drafter takes its prompt in at its first round (`Drafter.start`): a sequence that never drafts costs
     what the target alone does, and the first catch-up, priced as it is measured, is the drafter's to earn.
     """
 
     def __init__(self) -> None:
-        self.pass_costs = BatchCosts(COSTS_DECAY)
-        self.draft_costs: dict[str, BatchCosts] = {}
+        self.pass_costs = BatchCosts(DECAY)
+        self.host = [0.0, 0.0]  # decayed: seconds of steps outside their passes, steps
         self.acceptance: dict[str, PositionAcceptance] = {}
         self.drafting: dict[str, list[float]] = {}  # by mode, decayed: drafting seconds, drafted tokens
         self._running: list[_Running] = []
@@ -112,6 +111,7 @@ class Scheduler:
     def step(self) -> list[tuple[Generation, list[TokenEvent]]]:
         """One pass: every generating sequence's round and the next chunk of prompts. Returns what each
         generation emitted (those that finished included, with what they emitted last: they have left)."""
+        step_started = time.perf_counter()
         generating = [r for r in self._running if not r.prompt]
         planned, emitted = [], []
         for running, k in zip(generating, self._ks(generating)):
@@ -119,7 +119,7 @@ class Scheduler:
                 planned.append(running)
             else:
                 emitted.append((running.generation, []))
-        drafts = self._draft_together(planned)
+        drafts, passes_s = self._draft_together(planned)
         parts, verified = [], []
         for running in planned:
             part = None if running.generation.error else self._own(running, running.generation.plan,
@@ -129,13 +129,13 @@ class Scheduler:
                 continue
             parts.append(part)
             verified.append(running)
-            if id(running) not in drafts:
-                self._book_draft(running, running.generation.last_draft.steps)
+            self._drafted(running)
         fed = self._prompt_chunks(parts, bool(verified))
         if parts:
             started = time.perf_counter()
             rows, passes = _decode(parts)
             seconds = time.perf_counter() - started
+            passes_s += seconds
             if not fed and passes == 1:
                 self.pass_costs.record(sum(len(part[1]) for part in parts), seconds)
             for running, part_rows in zip(verified, rows):
@@ -148,6 +148,9 @@ class Scheduler:
         for generation, _ in emitted:
             if generation.check_limits() is not None:
                 self.leave(generation)
+        if not fed and not any(r.generation.catching_up for r in planned):
+            seconds = max(0.0, time.perf_counter() - step_started - passes_s)
+            self.host[:] = [DECAY * self.host[0] + seconds, DECAY * self.host[1] + 1.0]
         return emitted
 
     def _own(self, running: _Running, work: Callable[..., T], *args: object) -> T | None:
@@ -163,10 +166,12 @@ class Scheduler:
         running.generation.finish_reason = "error"
         self.leave(running.generation)
 
-    def _draft_together(self, planned: list[_Running]) -> dict[int, Draft]:
+    def _draft_together(self, planned: list[_Running]) -> tuple[dict[int, Draft], float]:
         """The drafts of the sequences whose drafters draft step by step (`Generation.draft_steps`), by id of
-        their `_Running`: their steps in lockstep, each step of all of them one pass of the draft context."""
+        their `_Running` (their steps in lockstep, each step of all of them one pass of the draft context), and
+        the seconds of those passes."""
         drafts: dict[int, Draft] = {}
+        passes_s = 0.0
         stepping: list[tuple[_Running, Context, DraftSteps, list[int], int]] = []
         shares: dict[int, list[tuple[int, float]]] = {}
         for running in planned:
@@ -177,15 +182,15 @@ class Scheduler:
             parts: list[Part] = [(context, fed, 1, len(fed) if i == 0 else 0) for _, context, _, fed, i in stepping]
             started = time.perf_counter()
             rows, _ = _decode(parts)
-            share = (time.perf_counter() - started) / len(parts)
+            seconds = time.perf_counter() - started
+            passes_s, share = passes_s + seconds, seconds / len(parts)
             this_step, stepping = stepping, []
             for (running, context, steps, fed, i), row in zip(this_step, rows):
-                self._book_draft(running, [(len(fed), share)])
                 shares.setdefault(id(running), []).append((len(fed), share))
                 self._advance(drafts, stepping, running, context, steps, row[0], i + 1)
         for key, draft in drafts.items():  # each step costs its share of the pass, not the whole pass it waited on
             draft.steps = shares.get(key, [])
-        return drafts
+        return drafts, passes_s
 
     def _advance(self, drafts: dict[int, Draft], stepping: list[tuple[_Running, Context, DraftSteps, list[int], int]],
                  running: _Running, context: Context, steps: DraftSteps, logits: np.ndarray | None, i: int) -> None:
@@ -204,11 +209,10 @@ class Scheduler:
         events = generation.settle(rows, seconds, sequences)
         draft = generation.last_draft
         if draft.tokens:
-            pooled = self.acceptance.setdefault(generation.stats.draft_mode, PositionAcceptance(COSTS_DECAY))
+            pooled = self.acceptance.setdefault(generation.stats.draft_mode, PositionAcceptance(DECAY))
             pooled.update(len(draft.tokens), generation.stats.accepted - accepted)
             spent = self.drafting.setdefault(generation.stats.draft_mode, [0.0, 0.0])
-            spent[:] = [COSTS_DECAY * spent[0] + sum(s for _, s in draft.steps),
-                        COSTS_DECAY * spent[1] + len(draft.tokens)]
+            spent[:] = [DECAY * spent[0] + sum(s for _, s in draft.steps), DECAY * spent[1] + len(draft.tokens)]
         return events
 
     def _prompt_chunks(self, parts: list[Part], others: bool) -> list[tuple[_Running, int]]:
@@ -244,7 +248,8 @@ class Scheduler:
             ks = [0 if adaptive else None for adaptive in chosen]
             self._quiet = (self._quiet[0] - 1, members) if self._quiet[0] > 1 else None
         else:
-            ks = list(choose_ks([self._candidate(r, len(generating)) for r in generating], self.pass_costs))
+            ks = list(choose_ks([self._candidate(r, len(generating)) for r in generating], self.pass_costs,
+                                self.host_s))
             ks = [k if adaptive else None for k, adaptive in zip(ks, chosen)]
             quiet = not any(ks)
             self._quiet = (QUIET_STEPS - 1, members) if quiet else None
@@ -262,29 +267,31 @@ class Scheduler:
 
     @staticmethod
     def _chooses_k(running: _Running, sequences: int) -> bool:
-        """Whether the batch chooses this sequence's K: under `-k auto`, a drafter's own controller of K; the
-        hybrid's, which alone chooses K for each of its drafters as if its sequence ran alone, once others share
-        the pass (a K fit for one sequence overfills a pass of several: on 2 cores, the demo pair, 4 sequences
-        drafting K = 11 ran at 0.6x the target alone)."""
+        """Whether the batch chooses this sequence's K: under `-k auto`, a drafter's own controller of K; that of a
+        drafter that chooses among several ways (`Drafter.chooses_ways`), which alone chooses K for each of its ways
+        as if its sequence ran alone, once others share the pass (a K fit for one sequence overfills a pass of
+        several: on 2 cores, the demo pair, 4 sequences drafting K = 11 ran at 0.6x the target alone)."""
         generation = running.generation
         if generation.drafter is None:
             return False
         return isinstance(generation.draft_length, AdaptiveK) or (
-            sequences > 1 and generation.stats.adaptive and generation.stats.draft_mode == HYBRID)
+            sequences > 1 and generation.stats.adaptive and generation.drafter.chooses_ways)
 
     def _probe_due(self, running: _Running, candidate: Candidate, sequences: int) -> bool:
         """Whether an idle drafter that has sat out enough rounds should draft one token now: the probe (its
-        catch-up, a step, a row) pays (`probe_pays`) against its share of the passes it sat out."""
+        catch-up, a step, a row) pays against its share of the passes it sat out (the cost model's rule,
+        `probe_pays`)."""
         rows = sequences + 1
         pass_s = self.pass_costs.seconds(sequences)
         if pass_s is None:
             return True
         row_s = max(0.0, (self.pass_costs.seconds(rows) or pass_s) - pass_s)
-        return probe_pays(candidate.cost(0) + row_s, running.idle, pass_s / sequences)
+        return probe_pays(candidate.drafting_s(1) + row_s, running.idle, pass_s / sequences)
 
     def _candidate(self, running: _Running, sequences: int) -> Candidate:
-        """What the goodput choice needs of a sequence: its acceptance by position, its drafter's step and its
-        catch-up on what it has not seen, as measured (unmeasured: free, so that it gets tried)."""
+        """What the goodput choice needs of a sequence: its acceptance by position, and what its drafter's steps and
+        a round of them cost (`LoopCosts.step_costs`: its cost shape, its catch-up on what it has not seen), as
+        measured (unmeasured: free, so that it gets tried)."""
         generation = running.generation
         length, mode = generation.draft_length, generation.stats.draft_mode
         cap = max(0, min(length.k_max, generation.room() - 1))
@@ -292,25 +299,25 @@ class Scheduler:
             return Candidate(np.zeros(0), fixed=min(length.next_k(), cap) if generation.drafter else 0)
         if not isinstance(length, AdaptiveK):  # the hybrid: a drafted token costs what its mix of ways has cost
             seconds, tokens = self.drafting.get(mode, (0.0, 0.0))
-            return Candidate(self.acceptance.setdefault(mode, PositionAcceptance(COSTS_DECAY)).rates(cap),
+            return Candidate(self.acceptance.setdefault(mode, PositionAcceptance(DECAY)).rates(cap),
                              step_s=seconds / tokens if tokens else 0.0)
-        costs = self.draft_costs.get(mode)
-        step_s = costs.seconds(1) if costs is not None else None
-        backlog = generation.drafter_backlog()
-        catch_up_s = costs.interpolated(backlog) if costs is not None and backlog > 1 else None
+        step_s, round_s = length.costs.step_costs(generation.drafter_backlog()) or (0.0, 0.0)
         acceptance = length.acceptance if length.rounds else self.acceptance.get(mode, length.acceptance)
-        return Candidate(acceptance.rates(cap), step_s=step_s or 0.0, catch_up_s=catch_up_s or 0.0)
+        return Candidate(acceptance.rates(cap), step_s=step_s, round_s=round_s)
 
-    def _book_draft(self, running: _Running, steps: list[tuple[int, float]]) -> None:
-        """Drafter decodes of a sequence, (tokens fed, its seconds: its share of a pass decoded with others'),
-        into its mode's cost book; a probe that the batch would not have chosen waits twice as long for the
-        next."""
+    @property
+    def host_s(self) -> float:
+        """h: a step's seconds outside its passes (every sequence's host work), measured on steps that fed no prompt
+        and caught no drafter up (their decodes are not the loop's work)."""
+        return self.host[0] / self.host[1] if self.host[1] else 0.0
+
+    @staticmethod
+    def _drafted(running: _Running) -> None:
+        """A sequence drafted (its decodes were booked, as their share of the passes, by its round): a probe that the
+        batch would not have chosen waits twice as long for the next."""
         if running.probing:
             running.probe_after = min(PROBE_MAX, running.probe_after * 2)
             running.probing = False
-        mode = running.generation.stats.draft_mode
-        for n, seconds in steps:
-            self.draft_costs.setdefault(mode, BatchCosts(COSTS_DECAY)).record(n, seconds)
 
 
 def _decode(parts: list[Part]) -> tuple[list[np.ndarray], int]:

@@ -9,6 +9,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from spec_cli.decoding.constrained import constrained_greedy, constrained_probabilities
+from spec_cli.decoding.costs import PER_TOKEN
 from spec_cli.decoding.drafter import CatchUp, Draft, Drafter, DraftSteps, run_steps
 from spec_cli.decoding.sampling import Law, SamplingParams, penalized, probabilities, sample
 from spec_cli.drafting.window import DraftMemory
@@ -19,7 +20,9 @@ from spec_cli.llama.grammar import Grammar
 class CatchUpDrafter(Drafter):
     """A drafter with a memory of its own that catches up on the tokens it did not draft (a draft model, an
     MTP head): the hybrid weighs that backlog (`pending`), and a long one is taken in chunk by chunk between
-    rounds (`catch_up`, over each drafter's `_feed`)."""
+    rounds (`catch_up`, over each drafter's `_feed`). Each drafted token is a step of its model."""
+
+    cost_shape = PER_TOKEN
 
     def pending(self, tokens: Sequence[int]) -> int:
         raise NotImplementedError

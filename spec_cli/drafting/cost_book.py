@@ -88,15 +88,14 @@ def reading(entry: Entry) -> list[str]:
         counts = entry.get("acceptance", {}).get(name)
         if not step or not target or not counts or name not in MODES:
             continue
-        costs = LoopCosts()
+        costs = LoopCosts(shape=MODES[name].cost_shape)
         costs.verify.seed(verify, 1.0)
         costs.draft.seed(book["draft"], 1.0)
         acceptance = PositionAcceptance(prior_weight=0.0)
         acceptance.seed(counts, float("inf"))
-        pricing = MODES[name].pricing
-        alone = costs.rate(0, acceptance, pricing) or 0.0
-        best_k = max(range(1, AUTO_K_MAX + 1), key=lambda k: costs.rate(k, acceptance, pricing) or 0.0)
-        speedup = (costs.rate(best_k, acceptance, pricing) or 0.0) / alone if alone else 0.0
+        alone = costs.rate(0, acceptance) or 0.0
+        best_k = costs.best_k(acceptance, range(1, AUTO_K_MAX + 1)) or 1
+        speedup = (costs.rate(best_k, acceptance) or 0.0) / alone if alone else 0.0
         line = (f"{name}: a draft step costs {step / target:.2f} of a target step here; at acceptance "
                 f"{acceptance.alpha:.0%} the cost model predicts {speedup:.2f}× at K = {best_k}")
         if speedup < 1.1:

@@ -23,6 +23,7 @@ from typing import Sequence
 
 import numpy as np
 
+from spec_cli.decoding.costs import PER_ROUND
 from spec_cli.decoding.drafter import Draft
 from spec_cli.decoding.sampling import SamplingParams
 from spec_cli.drafting.base import CatchUpDrafter, drafted_token
@@ -34,7 +35,9 @@ from spec_cli.llama.heads import BlockContext
 
 class DFlashDrafter(CatchUpDrafter):
     """Drafts with the DFlash drafter whose memory is `block` for the target whose context is `target` (which
-    keeps the features the drafter was trained on)."""
+    keeps the features the drafter was trained on). A round's drafts are one pass over the block."""
+
+    cost_shape = PER_ROUND
 
     def __init__(self, target: Context, block: BlockContext, p_min: float = 0.0) -> None:
         if not target.keeps_features:

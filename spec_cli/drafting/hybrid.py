@@ -11,7 +11,7 @@ from typing import Sequence
 
 import numpy as np
 
-from spec_cli.decoding.costs import FREE, LoopCosts
+from spec_cli.decoding.costs import LoopCosts
 from spec_cli.decoding.draft_length import DraftLength
 from spec_cli.decoding.drafter import CatchUp, Draft, Drafter, DraftSteps
 from spec_cli.decoding.sampling import SamplingParams
@@ -102,19 +102,20 @@ class HybridDrafter(Drafter):
     twice the best choice in hindsight). Which drafter proposed a token never touches exactness.
     """
 
+    chooses_ways = True
+
     def __init__(self, lookup: Drafter, own: dict[str, CatchUpDrafter], books: dict[str, LoopCosts],
-                 costs: LoopCosts, state: HybridState, pricing: dict[str, str]) -> None:
+                 costs: LoopCosts, state: HybridState) -> None:
         """`lookup`: the drafter that costs no decode (n-gram lookup, or the memory's: `state.lookup` names it);
-        `own`: the pair's own drafters by mode name, each priced with its book in `books` and drafting as
-        `pricing` says (`costs.PER_TOKEN`, a block drafter's `PER_ROUND`); `costs`: the hybrid's own book
-        (the target's passes, the loop's work), which prices n-gram and plain rounds."""
+        `own`: the pair's own drafters by mode name, each priced with its book in `books` (which knows its cost
+        shape); `costs`: the hybrid's own book (the target's passes, the loop's work), which prices n-gram and plain
+        rounds."""
         self.lookup = lookup
         self.lookup_name = state.lookup
         self.own = own
         self.books = books
         self.costs = costs
         self.state = state
-        self.pricing = pricing
         for regime in (OUT, *own):
             state.regimes.setdefault(regime, Yield())
         if state.in_use not in state.regimes:
@@ -228,10 +229,10 @@ class HybridDrafter(Drafter):
         each own drafter at its controller's K (where it is above 0)."""
         lengths, costs = self.state.lengths, self.costs
         none = lengths[self.lookup_name].acceptance
-        options = {NONE: Option(1.0, costs.round_seconds(0, none, FREE))}
+        options = {NONE: Option(1.0, costs.round_seconds(0, none))}
         if n_ngram:
             acceptance = lengths[self.lookup_name].acceptance
-            seconds = costs.round_seconds(n_ngram, acceptance, FREE)
+            seconds = costs.round_seconds(n_ngram, acceptance)
             lookup_s = self._lookups.seconds / self._lookups.tokens
             options[self.lookup_name] = Option(acceptance.expected_tokens(n_ngram),
                                                None if seconds is None else seconds + lookup_s)
@@ -239,7 +240,7 @@ class HybridDrafter(Drafter):
             if k:
                 acceptance = lengths[name].acceptance
                 options[name] = Option(acceptance.expected_tokens(k),
-                                       self.books[name].round_seconds(k, acceptance, self.pricing[name]))
+                                       self.books[name].round_seconds(k, acceptance))
         return options
 
     def _choose(self, options: dict[str, Option], pending: dict[str, int]) -> str:

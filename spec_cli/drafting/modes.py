@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from spec_cli.decoding.costs import FREE, PER_ROUND, PER_TOKEN, BatchCosts, LoopCosts
+from spec_cli.decoding.costs import DECAY, HOST, BatchCosts, LoopCosts
 from spec_cli.decoding.draft_length import AUTO_K_MAX, AdaptiveK, DraftLength, FixedK
 from spec_cli.decoding.drafter import Drafter
 from spec_cli.drafting.base import CatchUpDrafter
@@ -32,7 +32,6 @@ from spec_cli.errors import SpecError
 from spec_cli.llama.context import Context
 from spec_cli.llama.heads import BlockContext, HeadContext
 
-COSTS_DECAY = 0.95  # each call of a size weighs 5% less at the next: the costs follow the machine's load
 BOOK_CALLS = 4.0  # calls each mean in the cost book counts as when a pair starts from it
 BOOK_ROUNDS = 8.0  # rounds' worth of an own drafter's acceptance that a pair starts from
 
@@ -65,8 +64,8 @@ class Mode:
     own (`Drafting.costs`: the MTP head's steps apart from the draft model's), over the target's passes,
     which every book shares. `build(drafting, p_min, K)`: its drafter and the controller of its K.
     `own_drafter(drafting, p_min)`: for a mode that drafts with a model of the pair's own (`own_model`), that
-    drafter alone, over the pair's `drafting`. `pricing`: how its drafting cost grows with K (`costs`). `k_limit`: the most it can draft in
-    a round.
+    drafter alone, over the pair's `drafting`. `drafter`: the class that drafts so, whose `cost_shape` says how its
+    drafting cost grows with K. `k_limit`: the most it can draft in a round.
     """
 
     name: str
@@ -77,7 +76,7 @@ class Mode:
     missing: Callable[[Sources], str]
     build: Build
     own_drafter: Callable[[Drafting, float], CatchUpDrafter] | None = None
-    pricing: str = PER_TOKEN
+    drafter: type[Drafter] | None = None
     k_limit: Callable[[Sources], int] = lambda _sources: AUTO_K_MAX
 
     @property
@@ -87,13 +86,18 @@ class Mode:
         prices them and the benchmark predicts their fixed-K rows."""
         return self.own_drafter is not None
 
+    @property
+    def cost_shape(self) -> str:
+        """How its drafting cost grows with K, as its drafter declares (the target alone: host time only)."""
+        return self.drafter.cost_shape if self.drafter is not None else HOST
+
 
 def _ngram(drafting: Drafting, _p_min: float, k: int | str) -> tuple[Drafter | None, DraftLength]:
-    return NgramDrafter(drafting.sources.target.model.n_vocab), drafting.length(("ngram", "ngram", k), "ngram", FREE)
+    return NgramDrafter(drafting.sources.target.model.n_vocab), drafting.length(("ngram", "ngram", k), "ngram")
 
 
 def _memory(drafting: Drafting, _p_min: float, k: int | str) -> tuple[Drafter | None, DraftLength]:
-    return _lookup(drafting.sources), drafting.length(("memory", "memory", k), "memory", FREE)
+    return _lookup(drafting.sources), drafting.length(("memory", "memory", k), "memory")
 
 
 def _lookup(sources: Sources) -> NgramDrafter | MemoryDrafter:
@@ -141,7 +145,7 @@ def _alone(name: str) -> Build:
     def build(drafting: Drafting, p_min: float, k: int | str) -> tuple[Drafter | None, DraftLength]:
         own = MODES[name]
         assert own.own_drafter is not None
-        length = drafting.length((name, name, k), name, own.pricing, own.k_limit(drafting.sources))
+        length = drafting.length((name, name, k), name, own.k_limit(drafting.sources))
         return own.own_drafter(drafting, p_min), length
     return build
 
@@ -158,9 +162,8 @@ def _hybrid(drafting: Drafting, p_min: float, k: int | str) -> tuple[Drafter | N
         make = MODES[name].own_drafter
         assert make is not None
         drafters[name] = make(drafting, p_min)
-    hybrid = HybridDrafter(_lookup(drafting.sources), drafters,
-                           {name: drafting.costs(name) for name in own}, drafting.costs("hybrid"),
-                           drafting.hybrid_state(k), {name: MODES[name].pricing for name in own})
+    hybrid = HybridDrafter(_lookup(drafting.sources), drafters, {name: drafting.costs(name) for name in own},
+                           drafting.costs("hybrid"), drafting.hybrid_state(k))
     return hybrid, FixedK(0 if k == 0 else AUTO_K_MAX)
 
 
@@ -186,31 +189,31 @@ def _no_drafter_file(mode: str, what: str) -> Callable[[Sources], str]:
 
 MODES: dict[str, Mode] = {mode.name: mode for mode in (
     Mode("model", "draft model", "the draft model", loads_draft=True, available=lambda s: s.draft is not None,
-         missing=_no_draft_model("model"), build=_alone("model"), own_drafter=_model_drafter),
+         missing=_no_draft_model("model"), build=_alone("model"), own_drafter=_model_drafter, drafter=ModelDrafter),
     Mode("eagle3", "EAGLE-3 head", "an EAGLE-3 head given as --draft", loads_draft=True,
          available=lambda s: s.eagle3 is not None, missing=_no_drafter_file("eagle3", "an EAGLE-3 head"),
-         build=_alone("eagle3"), own_drafter=_eagle3_drafter),
+         build=_alone("eagle3"), own_drafter=_eagle3_drafter, drafter=Eagle3Drafter),
     Mode("dflash", "DFlash block", "a DFlash drafter given as --draft: a block in one pass", loads_draft=True,
          available=lambda s: s.dflash is not None, missing=_no_drafter_file("dflash", "a DFlash drafter"),
-         build=_alone("dflash"), own_drafter=_dflash_drafter, pricing=PER_ROUND,
+         build=_alone("dflash"), own_drafter=_dflash_drafter, drafter=DFlashDrafter,
          k_limit=_block_limit),
     Mode("mtp", "MTP head", "the target's own MTP head, no draft file", loads_draft=False,
          available=lambda s: s.head is not None,
          missing=lambda s: f"{s.target.model.path.name} has no MTP layers to draft with (nextn_predict_layers is "
                            "0, or a conversion stripped them); give a draft model, or use --draft-mode ngram",
-         build=_alone("mtp"), own_drafter=_mtp_drafter),
+         build=_alone("mtp"), own_drafter=_mtp_drafter, drafter=MtpDrafter),
     Mode("ngram", "n-gram lookup", "prompt lookup, no draft model needed", loads_draft=False,
-         available=lambda _s: True, missing=lambda _s: "", build=_ngram, pricing=FREE),
+         available=lambda _s: True, missing=lambda _s: "", build=_ngram, drafter=NgramDrafter),
     Mode("memory", "memory", "suffix matching over this prompt, earlier outputs and --lookup-corpus, no draft "
          "model needed", loads_draft=False, available=lambda s: s.memory is not None,
          missing=lambda _s: "draft mode 'memory' needs the pair's memory, which this pair was loaded without",
-         build=_memory, pricing=FREE),
+         build=_memory, drafter=MemoryDrafter),
     Mode("hybrid", "hybrid", "the default: each round the memory (or n-gram lookup), the pair's own drafters or "
          "no draft, "
          "whichever the costs measured here say serves best", loads_draft=True, available=lambda _s: True,
-         missing=lambda _s: "", build=_hybrid),
+         missing=lambda _s: "", build=_hybrid, drafter=HybridDrafter),
     Mode("none", "no draft", "the target alone", loads_draft=False, available=lambda _s: True,
-         missing=lambda _s: "", build=_none, pricing=FREE),
+         missing=lambda _s: "", build=_none),
 )}
 NONE = MODES["none"]
 FED_MODES = ("eagle3", "dflash", "mtp")  # the modes whose drafters read the target's hidden states or features
@@ -235,7 +238,7 @@ class Drafting:
         self.sources = sources
         # What the draft's context holds of the sequence (all of it, or a window), across generations.
         self.draft_memory = DraftMemory(sources.draft, sources.target) if sources.draft is not None else None
-        self._verify = BatchCosts(COSTS_DECAY)  # the target's passes, whoever drafted: one for every book
+        self._verify = BatchCosts(DECAY)  # the target's passes, whoever drafted: one for every book
         self._costs: dict[str, LoopCosts] = {}
         self._lengths: dict[tuple[str, str, int | str], DraftLength] = {}
         self._hybrids: dict[int | str, HybridState] = {}
@@ -265,18 +268,17 @@ class Drafting:
         """The running costs mode `name`'s rounds are priced with and recorded in: its drafter's decodes and the
         loop's work its own, the target's passes shared."""
         if name not in self._costs:
-            self._costs[name] = LoopCosts.sharing(self._verify, COSTS_DECAY)
+            self._costs[name] = LoopCosts.sharing(self._verify, DECAY, MODES[name].cost_shape)
         return self._costs[name]
 
-    def length(self, key: tuple[str, str, int | str], drafter: str, pricing: str,
-               limit: int = AUTO_K_MAX) -> DraftLength:
+    def length(self, key: tuple[str, str, int | str], drafter: str, limit: int = AUTO_K_MAX) -> DraftLength:
         """The controller of K under `key` (mode, drafter, K asked) for `drafter` (a mode's name), priced with
-        that drafter's costs as `pricing` says, at most `limit` a round; kept across generations. An own
-        drafter's starts from the acceptance in the cost book."""
+        that drafter's costs, at most `limit` a round; kept across generations. An own drafter's starts from the
+        acceptance in the cost book."""
         if key not in self._lengths:
             k = key[2]
             length: DraftLength = FixedK(min(k, limit)) if k != "auto" else AdaptiveK(
-                self.costs(drafter), pricing, k_max=min(AUTO_K_MAX, limit))
+                self.costs(drafter), k_max=min(AUTO_K_MAX, limit))
             if drafter in self._acceptance:
                 length.seed(self._acceptance[drafter], BOOK_ROUNDS)
             self._lengths[key] = length
@@ -286,10 +288,10 @@ class Drafting:
         """What the hybrid drafting with K = `k` has learnt: a K controller for each of its drafters."""
         if k not in self._hybrids:
             lookup = "memory" if self.sources.memory is not None else "ngram"
-            lengths = {lookup: self.length(("hybrid", lookup, "auto"), lookup, FREE)}
+            lengths = {lookup: self.length(("hybrid", lookup, "auto"), lookup)}
             for name in self.own_models():
                 own = MODES[name]
-                lengths[name] = self.length(("hybrid", name, k), name, own.pricing, own.k_limit(self.sources))
+                lengths[name] = self.length(("hybrid", name, k), name, own.k_limit(self.sources))
             self._hybrids[k] = HybridState(lengths, lookup)
         return self._hybrids[k]
 
