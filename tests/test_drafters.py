@@ -294,3 +294,34 @@ def test_each_round_says_which_way_drafted_it() -> None:
         drafter, _ = hybrid(model_accepts=4, ngram_accepts=4)
         drafter.rewind(1)
         assert drafter.propose(tokens, 4, GREEDY, np.random.default_rng(0)).way == way
+
+
+def test_an_offer_decides_the_way_and_the_round_drafts_it_at_the_batchs_k() -> None:
+    """Under a scheduler the hybrid chooses its way first (`offer`), priced by that way's book, and the round that
+    follows drafts that way at the K the batch gave, without choosing again."""
+    drafter, model = hybrid(model_accepts=1, ngram_accepts=4)
+    drafter.rewind(1)
+    offer = drafter.offer(MATCH, 8, GREEDY, np.random.default_rng(0))
+    assert drafter.chosen is not None and drafter.chosen[0] == "ngram"
+    assert offer.costs is drafter.costs and offer.costs.shape == HOST and offer.cap == 4  # [4, 5, 6, 7] follow [1, 2, 3]
+    regret, lookups = drafter.state.regret_s, drafter._lookups.tokens
+    draft = drafter.propose(MATCH, 2, GREEDY, np.random.default_rng(0))
+    assert draft.tokens == [4, 5] and draft.way == "ngram" and model.proposed == 0
+    assert (drafter.state.regret_s, drafter._lookups.tokens) == (regret, lookups)  # no second choice
+
+    drafter, model = hybrid(model_accepts=4, ngram_accepts=0, pending=7, in_use="model")
+    drafter.rewind(1)
+    offer = drafter.offer(NO_MATCH, 8, GREEDY, np.random.default_rng(0))
+    assert offer.costs is drafter.books["model"] and offer.backlog == 7 and offer.cap == 4
+    assert drafter.propose(NO_MATCH, 3, GREEDY, np.random.default_rng(0)).tokens == [9, 9, 9]
+
+
+def test_a_round_without_a_choice_teaches_nothing() -> None:
+    """A round a scheduler gave K = 0 without asking the hybrid (a quiet step) does not count the last round's decodes
+    or acceptance again."""
+    drafter, _ = hybrid(model_accepts=4, ngram_accepts=0)
+    choice(drafter, NO_MATCH)
+    drafter.update(4, 4)
+    reached = drafter.state.lengths["model"].acceptance.measured
+    drafter.update(0, 0)
+    assert drafter.chosen is None and drafter.state.lengths["model"].acceptance.measured == reached

@@ -18,7 +18,8 @@ from typing import Callable, Generator, Sequence
 
 import numpy as np
 
-from spec_cli.decoding.costs import HOST
+from spec_cli.decoding.costs import HOST, LoopCosts
+from spec_cli.decoding.draft_length import PositionAcceptance
 from spec_cli.decoding.sampling import Law, SamplingParams
 from spec_cli.llama.context import Context
 from spec_cli.llama.grammar import Grammar
@@ -45,6 +46,19 @@ class CatchUp:
 
     steps: list[tuple[int, float]]
     left: int
+
+
+@dataclass(frozen=True)
+class Offer:
+    """The way a drafter that chooses among several (`Drafter.chooses_ways`) will draft next round, decided before its
+    K so that a scheduler prices K by that way: its acceptance by position, its book (`costs`, which knows its cost
+    shape), the most it can draft (`cap`: a lookup's proposal may be short; 0 where it chose no draft) and the tokens
+    its drafter lacks (`backlog`, the catch-up a round pays first)."""
+
+    acceptance: PositionAcceptance
+    costs: LoopCosts
+    cap: int
+    backlog: int = 0
 
 
 DraftSteps = Generator[list[int], np.ndarray, Draft]
@@ -104,6 +118,12 @@ class Drafter:
                 grammar: Grammar | None = None) -> Draft:
         """Propose up to `k` tokens to follow `tokens`, under `grammar` (its state after `tokens`) if any."""
         raise NotImplementedError
+
+    def offer(self, tokens: Sequence[int], k: int, sampling: SamplingParams,
+              rng: np.random.Generator) -> Offer | None:
+        """For a drafter that `chooses_ways`: choose next round's way now, for at most `k` tokens (the proposal that
+        follows drafts that way); None (the default): one way, priced by its K controller's book."""
+        return None
 
     def pending(self, tokens: Sequence[int]) -> int:
         """How many tokens the next proposal must feed before its first draft step (its catch-up): 0 for a

@@ -29,7 +29,7 @@ import numpy as np
 from spec_cli.decoding.constrained import constrained_greedy, constrained_probabilities
 from spec_cli.decoding.costs import LoopCosts
 from spec_cli.decoding.draft_length import DraftLength, FixedK
-from spec_cli.decoding.drafter import Draft, Drafter, DraftSteps
+from spec_cli.decoding.drafter import Draft, Drafter, DraftSteps, Offer
 from spec_cli.decoding.sampling import (Law, SamplingParams, greedy_token, probabilities, row_laws, sample,
                                         shares_candidates)
 from spec_cli.decoding.stats import Stats
@@ -247,6 +247,10 @@ class Generation:
         """K for this round: the controller's choice, shrunk to leave room for K + 1 new tokens within
         max_tokens and the context."""
         return min(self.draft_length.next_k(), self.room() - 1)
+
+    def offer(self, k: int) -> Offer | None:
+        """The way the drafter will draft next round, decided now for at most `k` tokens (`Drafter.offer`)."""
+        return self.drafter.offer(self._seq, k, self.sampling, self._draws()) if self.drafter is not None else None
 
     def drafter_backlog(self) -> int:
         """How many tokens the drafter must take in before it drafts again (0 for one without a memory)."""

@@ -70,7 +70,6 @@ class Scheduler:
         self.pass_costs = BatchCosts(DECAY)
         self.host = [0.0, 0.0]  # decayed: seconds of steps outside their passes, steps
         self.acceptance: dict[str, PositionAcceptance] = {}
-        self.drafting: dict[str, list[float]] = {}  # by mode, decayed: drafting seconds, drafted tokens
         self._running: list[_Running] = []
         self._quiet: tuple[int, list[int]] | None = None  # steps left of a choice of no drafts, and for whom
 
@@ -211,8 +210,6 @@ class Scheduler:
         if draft.tokens:
             pooled = self.acceptance.setdefault(generation.stats.draft_mode, PositionAcceptance(DECAY))
             pooled.update(len(draft.tokens), generation.stats.accepted - accepted)
-            spent = self.drafting.setdefault(generation.stats.draft_mode, [0.0, 0.0])
-            spent[:] = [DECAY * spent[0] + sum(s for _, s in draft.steps), DECAY * spent[1] + len(draft.tokens)]
         return events
 
     def _prompt_chunks(self, parts: list[Part], others: bool) -> list[tuple[_Running, int]]:
@@ -243,21 +240,26 @@ class Scheduler:
         included (llama.cpp's threads go to sleep while the host works)."""
         chosen = [self._chooses_k(r, len(generating)) for r in generating]
         members = [id(r) for r in generating]
+        candidates: dict[int, Candidate] = {}  # each sequence's, made once a step (a drafter's offer decides its way)
+
+        def candidate(i: int) -> Candidate:
+            if i not in candidates:
+                candidates[i] = self._candidate(generating[i], len(generating))
+            return candidates[i]
+
         ks: list[int | None]
         if self._quiet and self._quiet[1] == members:
             ks = [0 if adaptive else None for adaptive in chosen]
             self._quiet = (self._quiet[0] - 1, members) if self._quiet[0] > 1 else None
         else:
-            ks = list(choose_ks([self._candidate(r, len(generating)) for r in generating], self.pass_costs,
-                                self.host_s))
+            ks = list(choose_ks([candidate(i) for i in range(len(generating))], self.pass_costs, self.host_s))
             ks = [k if adaptive else None for k, adaptive in zip(ks, chosen)]
-            quiet = not any(ks)
-            self._quiet = (QUIET_STEPS - 1, members) if quiet else None
+            self._quiet = (QUIET_STEPS - 1, members) if not any(ks) else None
         for i, running in enumerate(generating):
             if not chosen[i]:
                 continue
             running.probing = ks[i] == 0 and running.idle >= running.probe_after and \
-                self._probe_due(running, self._candidate(running, len(generating)), len(generating))
+                self._probe_due(running, candidate(i), len(generating))
             if running.probing:
                 ks[i] = 1
             elif ks[i]:
@@ -297,10 +299,12 @@ class Scheduler:
         cap = max(0, min(length.k_max, generation.room() - 1))
         if not self._chooses_k(running, sequences):
             return Candidate(np.zeros(0), fixed=min(length.next_k(), cap) if generation.drafter else 0)
-        if not isinstance(length, AdaptiveK):  # the hybrid: a drafted token costs what its mix of ways has cost
-            seconds, tokens = self.drafting.get(mode, (0.0, 0.0))
-            return Candidate(self.acceptance.setdefault(mode, PositionAcceptance(DECAY)).rates(cap),
-                             step_s=seconds / tokens if tokens else 0.0)
+        if not isinstance(length, AdaptiveK):  # a drafter of several ways: K is priced by the way it chose
+            offer = generation.offer(cap)
+            if offer is None:
+                return Candidate(np.zeros(0), fixed=0)
+            step_s, round_s = offer.costs.step_costs(offer.backlog) or (0.0, 0.0)
+            return Candidate(offer.acceptance.rates(min(cap, offer.cap)), step_s=step_s, round_s=round_s)
         step_s, round_s = length.costs.step_costs(generation.drafter_backlog()) or (0.0, 0.0)
         acceptance = length.acceptance if length.rounds else self.acceptance.get(mode, length.acceptance)
         return Candidate(acceptance.rates(cap), step_s=step_s, round_s=round_s)

@@ -13,7 +13,7 @@ import numpy as np
 
 from spec_cli.decoding.costs import LoopCosts
 from spec_cli.decoding.draft_length import DraftLength
-from spec_cli.decoding.drafter import CatchUp, Draft, Drafter, DraftSteps
+from spec_cli.decoding.drafter import CatchUp, Draft, Drafter, DraftSteps, Offer
 from spec_cli.decoding.sampling import SamplingParams
 from spec_cli.drafting.base import CatchUpDrafter
 from spec_cli.llama.context import Context
@@ -123,6 +123,7 @@ class HybridDrafter(Drafter):
         self.chosen: tuple[str, float] | None = None  # the option of the round in flight, and its E[seconds]
         self._draft = Draft()  # the proposal of the round in flight
         self._decided: Draft | None = None  # a round `stepped` chose, for the `propose` that follows it
+        self._offered: tuple[int, str, Draft] | None = None  # (where, the option, the lookup's proposal) `offer` chose
         self._unused: tuple[int, list[int]] | None = None  # (where, what): the n-gram proposal a round passed over
         self._lookups = Yield()  # n-gram lookups: calls and their host seconds
         self._chunk = 1 << 30  # the most an own drafter may lack and draft: the loop's catch-up chunk
@@ -204,9 +205,26 @@ class HybridDrafter(Drafter):
         self._draft = draft
         return draft
 
+    def offer(self, tokens: Sequence[int], k: int, sampling: SamplingParams, rng: np.random.Generator) -> Offer:
+        """This round's option, chosen now (as `propose` would) so that a scheduler sets K by its acceptance and costs:
+        the round then drafts that way, at most the K the batch gives it."""
+        name, looked_up, k_own = self._choice(tokens, k, sampling, rng)
+        self._offered = (len(tokens), name, looked_up)
+        if name in self.own:
+            return Offer(self.state.lengths[name].acceptance, self.books[name], k_own, self.own[name].pending(tokens))
+        acceptance = self.state.lengths[self.lookup_name].acceptance
+        return Offer(acceptance, self.costs, len(looked_up.tokens) if name == self.lookup_name else 0)
+
     def _choice(self, tokens: Sequence[int], k: int, sampling: SamplingParams,
                 rng: np.random.Generator) -> tuple[str, Draft, int]:
-        """This round's option (see the class notes), the lookup's proposal, and K for an own drafter chosen."""
+        """This round's option (see the class notes), the lookup's proposal, and K for an own drafter chosen: the
+        ones `offer` chose for this place, cut to `k`, else chosen now."""
+        self._draft = Draft()
+        offered, self._offered = self._offered, None
+        if offered is not None and offered[0] == len(tokens):
+            _, name, looked_up = offered
+            looked_up = Draft(looked_up.tokens[:k], looked_up.q[:k])
+            return name, looked_up, min(k, self.state.lengths[name].next_k()) if name in self.own else 0
         lengths = self.state.lengths
         self._learn_in_hindsight(tokens)
         started = time.perf_counter()
@@ -324,9 +342,11 @@ class HybridDrafter(Drafter):
             self.state.lengths[self.lookup_name].acceptance.update(min(matched + 1, len(emitted)), matched)
 
     def update(self, drafted: int, accepted: int) -> None:
+        """The round's option learns what the target kept, its own drafter's book what its decodes cost; a round that
+        made no choice (a catch-up's, or one a scheduler gave K = 0 without asking) teaches nothing."""
         if self.chosen is None:
             return
-        name = self.chosen[0]
+        name, self.chosen = self.chosen[0], None
         if name in self.state.lengths:
             self.state.lengths[name].update(drafted, accepted)
         if name in self.own:
