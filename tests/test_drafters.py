@@ -259,15 +259,17 @@ def test_a_new_prompt_starts_afresh() -> None:
 
 def test_a_new_long_prompt_leaves_the_regime_of_the_drafter_that_lacks_it() -> None:
     """In the model's regime, a new prompt the model lacks more than a chunk of is not paid for because the last
-    one drafted with the model: the regime is left, and that backlog is priced as any entry is. A regime entered
-    within a prompt pays its backlog first, a chunk a round; a short backlog is caught up in the round's draft."""
+    one drafted with the model: the regime is left, and that backlog is priced as any entry is. Once a round of
+    its regime chooses the model, it pays its backlog first, a chunk between rounds, and drafts nothing meanwhile;
+    a short backlog is caught up in the round's draft."""
     drafter, model = hybrid(model_accepts=4, pending=300, in_use="model")
     drafter.start(MATCH[:1])
     assert drafter.catch_up(NO_MATCH, 64) is None and drafter.state.in_use == OUT and model.backlog == 300
     drafter.state.in_use = "model"  # entered later: the regret reached the backlog's price
+    assert drafter.catch_up(NO_MATCH, 64) is None  # nothing is fed before a round chooses the model
+    assert choice(drafter, NO_MATCH) == "none" and model.proposed == 0  # not offered while it lacks so much
     done = drafter.catch_up(NO_MATCH, 64)
     assert done is not None and done.left == 236 and drafter.state.in_use == "model"
-    assert choice(drafter, NO_MATCH) == "none" and model.proposed == 0  # not offered while it catches up
     drafter, model = hybrid(model_accepts=4, pending=10, in_use="model")
     drafter.start(MATCH[:1])
     assert drafter.catch_up(NO_MATCH, 64) is None and drafter.state.in_use == "model"

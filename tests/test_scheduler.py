@@ -3,6 +3,7 @@ alone, greedy token for token and sampled in law, whatever joins and leaves the 
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
@@ -266,3 +267,17 @@ def test_the_draft_models_steps_of_several_sequences_are_one_pass(other: Pair, s
     emitted = run(Scheduler(), {0: generations})
     assert [emitted[id(g)] for g in generations] == [alone(other, p, request) for p in PROMPTS]
     assert max(passes) == len(slots) and sum(passes) >= 3 * len(slots)  # each step of all four at once
+
+
+def test_planning_is_timed_alone_and_under_the_scheduler(other: Pair, slots: list) -> None:
+    """`plan_s`: what choosing each round's way and K took, part of the decode time, alone and in a batch (where each
+    sequence counts its share of the batch's choice), and in the JSON statistics per round."""
+    request = GenerationRequest(sampling=GREEDY, draft_max="auto", max_tokens=24)  # the default drafting
+    lone = finish(other.generate(other.prompt_tokens(PROMPTS[0], raw=True), request))
+    assert 0 < lone.stats.plan_s < lone.stats.decode_s
+    assert lone.stats.as_dict()["plan_per_round_s"] == pytest.approx(lone.stats.plan_s / lone.stats.rounds)
+    generations = [slot.generate(other.prompt_tokens(p, raw=True), request) for slot, p in zip(slots[:2], PROMPTS)]
+    started = time.perf_counter()
+    run(Scheduler(), {0: generations})
+    wall = time.perf_counter() - started
+    assert all(g.stats.plan_s > 0 for g in generations) and sum(g.stats.plan_s for g in generations) < wall

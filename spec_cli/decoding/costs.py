@@ -48,7 +48,8 @@ class BatchCosts:
     call every round and reads an unseen size every round (`-k auto` at K = 0, the scheduler) would otherwise
     fit a line a round, ~0.3 ms of Python. With one size n0 seen, the guess errs cheap on both sides, so that
     whatever depends on it gets tried and measured: proportional to n + 1 below n0, the same as n0 above (as
-    if batching were free).
+    if batching were free). What `seconds` read is kept until the next call is recorded: a round's planning reads
+    the same few sizes many times.
     """
 
     def __init__(self, decay: float = 1.0) -> None:
@@ -57,6 +58,7 @@ class BatchCosts:
         self.total: dict[int, float] = {}
         self._line: tuple[float, float] | None = None  # (slope, intercept), fitted when first needed
         self._since_fit = 0  # calls recorded since the line was fitted
+        self._read: dict[int, float | None] = {}  # what `seconds` read since the last call recorded
 
     def record(self, n: int, seconds: float) -> None:
         if n not in self.weight or self._since_fit >= REFIT_EVERY:
@@ -64,40 +66,47 @@ class BatchCosts:
         self.weight[n] = self.weight.get(n, 0.0) * self.decay + 1.0
         self.total[n] = self.total.get(n, 0.0) * self.decay + seconds
         self._since_fit += 1
+        self._read = {}
 
     def merge(self, other: BatchCosts) -> None:
         for n, weight in other.weight.items():
             self.weight[n] = self.weight.get(n, 0.0) + weight
             self.total[n] = self.total.get(n, 0.0) + other.total[n]
-        self._line = None
+        self._line, self._read = None, {}
 
     def mean(self, n: int) -> float | None:
         return self.total[n] / self.weight[n] if n in self.weight else None
 
     def seconds(self, n: int) -> float | None:
         """c(n): the measured mean where n was seen, the fitted line elsewhere (None before any call)."""
+        if n not in self._read:
+            self._read[n] = self._seconds(n)
+        return self._read[n]
+
+    def _seconds(self, n: int) -> float | None:
         known = self.mean(n)
         if known is not None or not self.weight:
             return known
-        sizes = np.array(list(self.weight), dtype=float)
-        means = np.array([self.total[m] / self.weight[m] for m in self.weight])
-        if len(sizes) == 1:
-            return float(means[0] * min(1.0, (n + 1) / (sizes[0] + 1)))
+        means = {m: self.total[m] / self.weight[m] for m in self.weight}
+        if len(means) == 1:
+            [(size, mean)] = means.items()
+            return mean * min(1.0, (n + 1) / (size + 1))
         if self._line is None:
-            slope, intercept = np.polyfit(sizes, means, 1, w=np.sqrt(list(self.weight.values())))
+            slope, intercept = np.polyfit(list(means), list(means.values()), 1, w=np.sqrt(list(self.weight.values())))
             self._line, self._since_fit = (max(float(slope), 0.0), float(intercept)), 0
         slope, intercept = self._line
-        return max(intercept + slope * n, self._floor(n, sizes, means))
+        return max(intercept + slope * n, self._floor(n, means))
 
     @staticmethod
-    def _floor(n: int, sizes: np.ndarray, means: np.ndarray) -> float:
+    def _floor(n: int, means: dict[int, float]) -> float:
         """A line through noisy points can dip: never below what a smaller size measured, nor, below the
-        sizes seen, below the smallest one's cost in proportion to n + 1."""
-        below = means[sizes <= n]
-        if len(below):
-            return float(below.max())
-        smallest = sizes.argmin()
-        return float(means[smallest] * (n + 1) / (sizes[smallest] + 1))
+        sizes seen, below the smallest one's cost in proportion to n + 1. (Plain Python: a few sizes, read every
+        round.)"""
+        below = [mean for size, mean in means.items() if size <= n]
+        if below:
+            return max(below)
+        smallest = min(means)
+        return means[smallest] * (n + 1) / (smallest + 1)
 
     def interpolated(self, n: int) -> float | None:
         """c(n) read between the sizes seen, for a size far from the many small calls that dominate the line
@@ -127,7 +136,7 @@ class BatchCosts:
         for n, seconds in means.items():
             self.weight[int(n)] = weight
             self.total[int(n)] = weight * float(seconds)
-        self._line = None
+        self._line, self._read = None, {}
 
 
 @dataclass

@@ -41,7 +41,9 @@ class PositionAcceptance:
     rejection)). Before any round α̂ is 1: optimism that gets a drafter tried (and measured) before a
     hybrid drafter weighs it against the others; one round corrects it. Counts decay by `decay` a round, so
     the estimates follow the text (code and prose differ); 1 keeps plain counts. The counts are plain lists:
-    `update` runs every round right after a decode, when each NumPy call costs microseconds.
+    `update` runs every round right after a decode, when each NumPy call costs microseconds. So are the rates and
+    what they imply for K up to `AUTO_K_MAX`, computed once after the counts change (`_table`): the planner reads
+    them many times a round.
     """
 
     def __init__(self, decay: float = 1.0, prior_weight: float = PRIOR_WEIGHT) -> None:
@@ -51,6 +53,7 @@ class PositionAcceptance:
         self.rejections = 0.0
         self.reached: list[float] = []
         self.accepted_at: list[float] = []
+        self._cached: tuple[list[float], list[float], list[float]] | None = None  # `_table`'s
 
     @classmethod
     def from_counts(cls, reached: Sequence[int], accepted_at: Sequence[int], rejections: int) -> PositionAcceptance:
@@ -60,6 +63,7 @@ class PositionAcceptance:
         acceptance.reached[:] = map(float, reached)
         acceptance.accepted_at[:len(accepted_at)] = map(float, accepted_at)
         acceptance.accepted, acceptance.rejections = float(sum(accepted_at)), float(rejections)
+        acceptance._cached = None
         return acceptance
 
     @property
@@ -75,6 +79,7 @@ class PositionAcceptance:
         self.rejections = self.rejections * decay + (accepted < drafted)
         self.reached = [count * decay + (i < reached_to) for i, count in enumerate(self.reached)]
         self.accepted_at = [count * decay + (i < accepted) for i, count in enumerate(self.accepted_at)]
+        self._cached = None
 
     def as_counts(self) -> dict[str, float | list[float]]:
         """The counts, as a cost book keeps them."""
@@ -90,6 +95,7 @@ class PositionAcceptance:
         self.accepted_at[:len(accepted_at)] = map(float, accepted_at)
         self.accepted = float(counts["accepted"])  # type: ignore[arg-type]
         self.rejections = float(counts["rejections"])  # type: ignore[arg-type]
+        self._cached = None
         if self.reached and self.reached[0] > rounds:
             self.forget(rounds / self.reached[0])
 
@@ -103,27 +109,46 @@ class PositionAcceptance:
         self.accepted, self.rejections = self.accepted * keep, self.rejections * keep
         self.reached = [count * keep for count in self.reached]
         self.accepted_at = [count * keep for count in self.accepted_at]
+        self._cached = None
 
     def _grow(self, k: int) -> None:
         if k > len(self.reached):
             self.reached += [0.0] * (k - len(self.reached))
             self.accepted_at += [0.0] * (k - len(self.accepted_at))
+        self._cached = None
 
-    def rates(self, k: int) -> np.ndarray:
+    def _rates(self, k: int) -> list[float]:
         """a_1..a_k, each position's counts shrunk towards α̂ by `prior_weight` pseudo-rounds: a position
         reached three times is mostly α̂, one reached fifty times is its own (a single early rejection at
         position 3 used to pull K down for a whole generation)."""
-        reached, accepted = np.zeros(k), np.zeros(k)
-        seen = min(k, len(self.reached))
-        reached[:seen], accepted[:seen] = self.reached[:seen], self.accepted_at[:seen]
         w, alpha = self.prior_weight, self.alpha
-        return np.where(reached + w > 0, (accepted + w * alpha) / np.maximum(reached + w, 1e-9), alpha)
+        rates = []
+        for i in range(k):
+            reached = self.reached[i] if i < len(self.reached) else 0.0
+            accepted = self.accepted_at[i] if i < len(self.accepted_at) else 0.0
+            rates.append((accepted + w * alpha) / max(reached + w, 1e-9) if reached + w > 0 else alpha)
+        return rates
+
+    def _table(self, k: int) -> tuple[list[float], list[float], list[float]]:
+        """(a_1..a_n, E[tokens](0..n), P(all accepted)(0..n)) for n ≥ k, from the cache while the counts stand."""
+        if self._cached is None or len(self._cached[0]) < k:
+            rates = self._rates(max(k, AUTO_K_MAX))
+            expected, all_accepted = [1.0], [1.0]
+            for rate in rates:
+                all_accepted.append(all_accepted[-1] * rate)
+                expected.append(expected[-1] + all_accepted[-1])
+            self._cached = (rates, expected, all_accepted)
+        return self._cached
+
+    def rates(self, k: int) -> np.ndarray:
+        """a_1..a_k (`_rates`)."""
+        return np.array(self._table(k)[0][:k])
 
     def expected_tokens(self, k: int) -> float:
-        return 1.0 + float(np.cumprod(self.rates(k)).sum())
+        return self._table(k)[1][k]
 
     def all_accepted(self, k: int) -> float:
-        return float(np.prod(self.rates(k)))
+        return self._table(k)[2][k]
 
 
 class DraftLength(Protocol):

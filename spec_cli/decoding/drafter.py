@@ -89,6 +89,8 @@ class Drafter:
     chooses_ways: bool = False
     """Whether it chooses among several ways each round and a K for each itself (the default drafting): a scheduler
     then overrides its K with the batch's choice once other sequences share the pass."""
+    plan_s: float = 0.0
+    """Seconds spent choosing how to draft (a drafter of several ways: pricing them), for the planning figure."""
     busy_s: float = 0.0
     """Seconds spent inside llama.cpp so far (0 for drafters without a model); for honest time splits."""
     rollback_s: float = 0.0

@@ -21,6 +21,7 @@ last token included, and asks for logits from the last token on.
 from __future__ import annotations
 
 import codecs
+import time
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
@@ -100,6 +101,7 @@ class Generation:
         self._draft = Draft()  # the round `plan` began
         self._k = 0  # the K of the round `begin_round` began
         self.catching_up = 0  # tokens the drafter still lacks, while it catches up between rounds
+        self._drafter_plan_s = 0.0  # the drafter's planning seconds already in `stats.plan_s`
 
     def __iter__(self) -> Iterator[TokenEvent]:
         if self._started:
@@ -246,7 +248,10 @@ class Generation:
     def _next_k(self) -> int:
         """K for this round: the controller's choice, shrunk to leave room for K + 1 new tokens within
         max_tokens and the context."""
-        return min(self.draft_length.next_k(), self.room() - 1)
+        started = time.perf_counter()
+        k = min(self.draft_length.next_k(), self.room() - 1)
+        self.stats.plan_s += time.perf_counter() - started
+        return k
 
     def offer(self, k: int) -> Offer | None:
         """The way the drafter will draft next round, decided now for at most `k` tokens (`Drafter.offer`)."""
@@ -360,10 +365,15 @@ class Generation:
                 self.drafter.rewind(n if self.finish_reason == "stop" else n - 1)
 
     def _learn(self, draft: Draft, n: int, emitted: int) -> None:
-        """Tell the K controller and the drafter what was kept, and the cost books what the round cost."""
+        """Tell the K controller and the drafter what was kept, and the cost books what the round cost; the planning
+        figure gains the controller's update and what the drafter spent choosing its way."""
+        started = time.perf_counter()
         self.draft_length.update(len(draft.tokens), n)
+        self.stats.plan_s += time.perf_counter() - started
         if self.drafter is not None:
             self.drafter.update(len(draft.tokens), n)
+            self.stats.plan_s += self.drafter.plan_s - self._drafter_plan_s
+            self._drafter_plan_s = self.drafter.plan_s
         self._timer.end_round(draft.steps, len(draft.tokens), emitted)
 
 

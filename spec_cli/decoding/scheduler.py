@@ -113,7 +113,7 @@ class Scheduler:
         step_started = time.perf_counter()
         generating = [r for r in self._running if not r.prompt]
         planned, emitted = [], []
-        for running, k in zip(generating, self._ks(generating)):
+        for running, k in zip(generating, self._planned_ks(generating)):
             if self._own(running, running.generation.begin_round, k, PREFILL_CHUNK) is True:
                 planned.append(running)
             else:
@@ -230,6 +230,18 @@ class Scheduler:
             fed.append((running, n))
             room -= n
         return fed
+
+    def _planned_ks(self, generating: list[_Running]) -> list[int | None]:
+        """`_ks`, its seconds shared among the sequences' planning figures (`Stats.plan_s`), less what their drafters
+        spent choosing their ways, which each drafter counts itself."""
+        started = time.perf_counter()
+        drafters = sum(r.generation.drafter.plan_s for r in generating if r.generation.drafter is not None)
+        ks = self._ks(generating)
+        drafters = sum(r.generation.drafter.plan_s for r in generating if r.generation.drafter is not None) - drafters
+        share = (time.perf_counter() - started - drafters) / max(1, len(generating))
+        for running in generating:
+            running.generation.stats.plan_s += share
+        return ks
 
     def _ks(self, generating: list[_Running]) -> list[int | None]:
         """K for each generating sequence: a fixed K as its request asked (None: its own), and for `-k auto`

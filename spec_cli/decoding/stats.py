@@ -39,6 +39,7 @@ class Stats:
     verify_s: float = 0.0
     llama_s: float = 0.0
     rollback_s: float = 0.0  # taking back rejected tokens: snapshots, restores, replays (within the above)
+    plan_s: float = 0.0  # choosing each round's way and K: the K controller, a drafter's choice of way, the batch's
     batched: int = 0  # Σ over rounds of the sequences verified in that round's pass (1 for a generation alone)
     memory: dict[str, dict[str, str]] = field(default_factory=dict)  # per model: kind, rollback method
     placement: dict[str, str] = field(default_factory=dict)  # per model: "CPU", or the devices it runs on
@@ -49,7 +50,7 @@ class Stats:
         for name in ("prompt_tokens", "prompt_cached", "generated_tokens", "rounds", "rejected_rounds", "caught_up",
                      "drafted",
                      "accepted", "batched",
-                     "prompt_s", "decode_s", "draft_s", "convert_s", "verify_s", "llama_s", "rollback_s"):
+                     "prompt_s", "decode_s", "draft_s", "convert_s", "verify_s", "llama_s", "rollback_s", "plan_s"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for mine, theirs in ((self.drafted_at, other.drafted_at), (self.accepted_at, other.accepted_at),
                              (self.reached_at, other.reached_at)):
@@ -154,6 +155,8 @@ class Stats:
             "verify_s": self.verify_s,
             "llama_s": self.llama_s,
             "rollback_s": self.rollback_s,
+            "plan_s": self.plan_s,
+            "plan_per_round_s": self.plan_s / self.rounds if self.rounds else 0.0,
             "overhead_s": self.overhead_s,
             "draft_max": self.draft_max,
             "draft_mode": self.draft_mode,

@@ -128,6 +128,7 @@ class HybridDrafter(Drafter):
         self._lookups = Yield()  # n-gram lookups: calls and their host seconds
         self._chunk = 1 << 30  # the most an own drafter may lack and draft: the loop's catch-up chunk
         self._new = False  # a new prompt's first round is next
+        self._wanted: str | None = None  # the own drafter the last choice picked while it lacked more than a chunk
 
     @property
     def busy_s(self) -> float:
@@ -145,18 +146,24 @@ class HybridDrafter(Drafter):
             drafter.start(tokens)
 
     def catch_up(self, tokens: Sequence[int], chunk: int) -> CatchUp | None:
-        """The next chunk of the catch-up of the own drafter whose regime the loop runs in, where it lacks more
-        than a chunk: the regime was entered, its backlog is paid first. A new prompt it lacks more than a chunk of
-        leaves the regime instead: that backlog is a price the next entry weighs, not a given (an agent's next
-        7k-token request is not paid for because the last one drafted with the model). An own drafter that lacks
-        more than a chunk is not offered this round (`_ready`)."""
+        """The next chunk of the catch-up of the own drafter the rounds chose while it lacked more than a chunk
+        (`_ready`), as long as the loop runs in its regime: its backlog is paid when it is chosen, not while the
+        lookup drafts in its regime (a backlog fed every few rounds cost the demo pair 0.8x memory drafting at
+        `--parallel 4`). A new prompt the regime's drafter lacks more than a chunk of leaves the regime: that
+        backlog is a price the next entry weighs, not a given (an agent's next 7k-token request is not paid for
+        because the last one drafted with the model)."""
         self._chunk = chunk
-        drafter = self.own.get(self.state.in_use)
-        if drafter is not None and self._new and drafter.pending(tokens) > chunk:
-            self.state.in_use, self.state.regret_s, drafter = OUT, 0.0, None
+        in_use = self.own.get(self.state.in_use)
+        if in_use is not None and self._new and in_use.pending(tokens) > chunk:
+            self.state.in_use, self.state.regret_s = OUT, 0.0
         self._new = False
+        if self._wanted != self.state.in_use:
+            self._wanted = None
+        drafter = self.own.get(self._wanted) if self._wanted is not None else None
         done = drafter.catch_up(tokens, chunk) if drafter is not None else None
-        if done is not None:
+        if done is None:
+            self._wanted = None  # caught up: the next choice may draft with it
+        else:
             self.books[self.state.in_use].record_draft(done.steps)
             self.chosen = None
         return done
@@ -225,11 +232,13 @@ class HybridDrafter(Drafter):
             _, name, looked_up = offered
             looked_up = Draft(looked_up.tokens[:k], looked_up.q[:k])
             return name, looked_up, min(k, self.state.lengths[name].next_k()) if name in self.own else 0
+        planning = time.perf_counter()
         lengths = self.state.lengths
         self._learn_in_hindsight(tokens)
         started = time.perf_counter()
         looked_up = self.lookup.propose(tokens, min(k, lengths[self.lookup_name].next_k()), sampling, rng)
-        self._lookups.add(1.0, time.perf_counter() - started, self.state.decay)
+        lookup_s = time.perf_counter() - started
+        self._lookups.add(1.0, lookup_s, self.state.decay)
         ks = {name: min(k, lengths[name].next_k()) for name in self.own}
         options = self._price(len(looked_up.tokens), ks)
         pending = {name: self.own[name].pending(tokens) for name in self.own}
@@ -240,6 +249,7 @@ class HybridDrafter(Drafter):
         name = self._choose(options, pending)
         self.chosen = (name, options[name].seconds or 0.0)
         self._unused = (len(tokens), looked_up.tokens) if looked_up.tokens and name != self.lookup_name else None
+        self.plan_s += time.perf_counter() - planning - lookup_s
         return name, looked_up, ks.get(name, 0)
 
     def _price(self, n_ngram: int, ks: dict[str, int]) -> dict[str, Option]:
@@ -290,9 +300,11 @@ class HybridDrafter(Drafter):
         return self._ready(picks[state.in_use][0], options, pending)
 
     def _ready(self, name: str, options: dict[str, Option], pending: dict[str, int]) -> str:
-        """`name`, unless it is an own drafter still catching up: then the lookup's proposal, or no draft."""
+        """`name`, unless it is an own drafter that lacks more than a chunk: that one catches up between the next
+        rounds (`catch_up`), and this round the lookup's proposal drafts, or none."""
         if name not in self.own or pending[name] <= self._chunk:
             return name
+        self._wanted = name
         return self.lookup_name if self.lookup_name in options else NONE
 
     def _regime_choice(self, regime: str, options: dict[str, Option]) -> tuple[str, float, float]:
@@ -348,7 +360,9 @@ class HybridDrafter(Drafter):
             return
         name, self.chosen = self.chosen[0], None
         if name in self.state.lengths:
+            started = time.perf_counter()
             self.state.lengths[name].update(drafted, accepted)
+            self.plan_s += time.perf_counter() - started
         if name in self.own:
             self.books[name].record_draft(self._draft.steps)
 
