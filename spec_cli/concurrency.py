@@ -1,11 +1,13 @@
-"""`spec bench --concurrency`: N requests at once through the scheduler, with speculation and without, side by
-side in one run: aggregate tokens per second, each request's time to first token and time per token after it
-(p50 and p95), mean K and acceptance. A server sees this when N clients send at once.
+"""`spec bench --concurrency`: N requests at once through the scheduler, each way of drafting side by side in one
+run (the default beside every mode it chooses among, and the target alone): aggregate tokens per second, its ratio
+to the target alone and to the best side, each request's time to first token and time per token after it (p50 and
+p95), mean K and acceptance. A server sees this when N clients send at once.
 
-At each concurrency the two sides alternate `repeat` times over the same prompts (the prompt set taken in turn,
-so N may exceed it), on the same slots and one scheduler, so that both run on a machine in the same state. A
-batch of each side on every slot first warms the weights, the prompt caches and the scheduler's cost books,
-uncounted, as a server's first requests would; so each measured request finds its prompt cached.
+At each concurrency the sides alternate `repeat` times over the same prompts (the prompt set taken in turn, so N
+may exceed it), on the same slots and one scheduler, so that all run on a machine in the same state. A batch of
+each side on every slot first warms the weights, the prompt caches and the scheduler's cost books, uncounted, as a
+server's first requests would; so each measured request finds its prompt cached. Each batch starts from an empty
+memory of earlier outputs: every request is a first encounter.
 """
 
 from __future__ import annotations
@@ -23,10 +25,11 @@ from spec_cli.request import GenerationRequest
 
 @dataclass
 class Batch:
-    """The runs of one side at one concurrency: wall seconds of each batch, and each request's figures."""
+    """The runs of one side (a drafting mode, "none" for the target alone) at one concurrency: wall seconds of each
+    batch, and each request's figures."""
 
     concurrency: int
-    speculative: bool
+    mode: str
     wall_s: list[float] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)
     first_token_s: list[float] = field(default_factory=list)
@@ -40,7 +43,7 @@ class Batch:
 
     def as_dict(self) -> dict[str, object]:
         t = self.totals
-        return {"concurrency": self.concurrency, "speculative": self.speculative,
+        return {"concurrency": self.concurrency, "draft_mode": self.mode,
                 "tokens_per_second": self.tokens_per_second,
                 "first_token_s": _percentiles(self.first_token_s), "per_token_s": _percentiles(self.per_token_s),
                 "mean_k": t.drafted / t.rounds if t.rounds else 0.0, "acceptance": t.acceptance_rate,
@@ -83,35 +86,40 @@ def run_batch(scheduler: Scheduler, slots: Sequence[Slot], prompts: Sequence[lis
 
 
 def compare_concurrency(pair: Pair, prompts: Sequence[list[int]], levels: Sequence[int],
-                        speculative: GenerationRequest, repeat: int = 1,
+                        sides: Sequence[GenerationRequest], repeat: int = 1,
                         progress: Callable[[str], None] = lambda _label: None) -> list[Batch]:
-    """For each concurrency in `levels`, `repeat` batches of that many requests with `speculative`'s drafting and
-    as many without (the target alone, the same batch), alternating. Request i of a batch takes prompt
-    i mod len(prompts) and seed i."""
+    """For each concurrency in `levels`, `repeat` batches of that many requests for each of `sides` (requests that
+    differ in their drafting), alternating. Request i of a batch takes prompt i mod len(prompts) and seed i."""
     slots = pair.slots(max(levels))
     scheduler = Scheduler()
-    plain = GenerationRequest(sampling=speculative.sampling, draft_mode="none", max_tokens=speculative.max_tokens)
     chosen = [prompts[i % len(prompts)] for i in range(len(slots))]  # slot i always takes prompt i mod n
-    for warm_up in (speculative, plain):  # weights into memory, every slot's prompt cached, costs booked
+    for warm_up in sides:  # weights into memory, every slot's prompt cached, costs booked
         progress("warming up")
-        run_batch(scheduler, slots, chosen, [warm_up] * len(slots), Batch(len(slots), warm_up is speculative))
+        run_batch(scheduler, slots, chosen, [warm_up] * len(slots), Batch(len(slots), _mode(pair, warm_up)))
     batches = []
     for level in levels:
-        sides = [Batch(level, True), Batch(level, False)]
-        for _round, side in ((r, s) for r in range(repeat) for s in sides):
-            progress(f"{level} at once, {'speculative' if side.speculative else 'target alone'}")
-            base = speculative if side.speculative else plain
-            requests = [replace(base, seed=i) for i in range(level)]
-            run_batch(scheduler, slots[:level], chosen[:level], requests, side)
-        batches += sides
+        level_batches = [Batch(level, _mode(pair, side)) for side in sides]
+        for _round in range(repeat):
+            for side, batch in zip(sides, level_batches):
+                progress(f"{level} at once, {batch.mode}")
+                run_batch(scheduler, slots[:level], chosen[:level], [replace(side, seed=i) for i in range(level)], batch)
+        batches += level_batches
     return batches
 
 
+def _mode(pair: Pair, request: GenerationRequest) -> str:
+    return request.draft_mode or pair.default_draft_mode
+
+
 def report(batches: Sequence[Batch]) -> dict[str, object]:
-    """Each concurrency's two sides and speculation's speed-up over the target alone at that concurrency."""
+    """At each concurrency every side, with its tokens per second over the target alone's (`speedup`) and over the
+    best side's (`of_best`)."""
     levels = []
-    for speculative, plain in zip(batches[::2], batches[1::2]):
-        levels.append({"concurrency": speculative.concurrency, "speculative": speculative.as_dict(),
-                       "target_alone": plain.as_dict(),
-                       "speedup": speculative.tokens_per_second / plain.tokens_per_second})
+    for level in dict.fromkeys(batch.concurrency for batch in batches):
+        sides = [batch for batch in batches if batch.concurrency == level]
+        best = max(batch.tokens_per_second for batch in sides)
+        alone = next((batch.tokens_per_second for batch in sides if batch.mode == "none"), None)
+        levels.append({"concurrency": level, "sides": [
+            {**batch.as_dict(), "speedup": batch.tokens_per_second / alone if alone else None,
+             "of_best": batch.tokens_per_second / best} for batch in sides]})
     return {"concurrency": levels}

@@ -159,19 +159,26 @@ def test_four_clients_of_a_pair_with_a_fed_drafter_each_get_their_lone_greedy_te
     assert 0 < sum(accepted for _, accepted in kept) < sum(drafted for drafted, _ in kept)
 
 
-def test_bench_concurrency_prints_both_sides_at_each_level(chat_target_path: Path, other_draft_path: Path,
-                                                            tmp_path: Path) -> None:
+def test_bench_concurrency_puts_the_default_beside_every_pinned_mode_at_each_level(
+        chat_target_path: Path, other_draft_path: Path, tmp_path: Path) -> None:
     out = tmp_path / "concurrency.json"
     result = CliRunner().invoke(app, ["bench", "--target", str(chat_target_path), "--draft", str(other_draft_path),
                                       "--concurrency", "1,3", "-n", "12", "--json", str(out)])
     assert result.exit_code == 0, result.output
-    assert "at once" in result.stdout and "target alone" in result.stdout and "first token" in result.stdout
+    assert "at once" in result.stdout and "of best" in result.stdout and "first ms" in result.stdout
     levels = json.loads(out.read_text())["concurrency"]
     assert [level["concurrency"] for level in levels] == [1, 3]
     for level in levels:
-        assert level["target_alone"]["mean_k"] == 0 and level["speedup"] > 0
-        assert level["speculative"]["requests"] == level["concurrency"]
-    assert levels[1]["target_alone"]["batch_size"] > 1.5
+        sides = {side["draft_mode"]: side for side in level["sides"]}
+        assert list(sides) == ["hybrid", "model", "ngram", "memory", "none"]
+        assert sides["none"]["mean_k"] == 0 and sides["none"]["speedup"] == pytest.approx(1.0)
+        assert max(side["of_best"] for side in sides.values()) == 1.0
+        assert all(side["requests"] == level["concurrency"] for side in sides.values())
+    assert levels[1]["sides"][-1]["batch_size"] > 1.5
+    pinned = CliRunner().invoke(app, ["bench", "--target", str(chat_target_path), "--draft", str(other_draft_path),
+                                      "--concurrency", "2", "--modes", "ngram", "-n", "8", "--json", str(out)])
+    assert pinned.exit_code == 0, pinned.output
+    assert [side["draft_mode"] for side in json.loads(out.read_text())["concurrency"][0]["sides"]] == ["ngram", "none"]
     bad = CliRunner().invoke(app, ["bench", "--target", str(chat_target_path), "--concurrency", "0"])
     assert bad.exit_code == 1 and "--concurrency takes whole numbers from 1 to 64" in bad.output
 

@@ -40,7 +40,7 @@ Examples:
 
   spec bench --rpc 192.168.1.7:50052,192.168.1.8:50052 -k 4,8   # local and over RPC, side by side
 
-  spec bench --concurrency 1,2,4,8 -n 64      # several requests at once, with and without speculation
+  spec bench --concurrency 1,2,4 -n 64        # several requests at once: the default beside every pinned mode
 """
 
 
@@ -57,7 +57,7 @@ def bench(
     verify: Annotated[str, typer.Option("--verify", help="Verification rules to compare at temperatures above 0, comma-separated: block, token, gumbel.")] = DEFAULT_VERIFY,
     json_file: Annotated[Optional[Path], typer.Option("--json", help="Also write every figure (and each run's statistics) to this JSON file.", show_default=False)] = None,
     plot_file: Annotated[Optional[Path], typer.Option("--plot", help="Write a PNG of tokens/s and acceptance against K (needs matplotlib: pip install 'spec-cli[plot]').", show_default=False)] = None,
-    concurrency: Annotated[Optional[str], typer.Option("--concurrency", "-c", metavar="N[,N]", help="Instead, requests at once, comma-separated (e.g. 1,2,4,8): each level runs that many requests through one verify pass a step, with speculation (the first -k, default auto: K by the batch's goodput) and the target alone side by side; aggregate tok/s, time to first token and per token (p50/p95), mean K, acceptance.", show_default=False)] = None,
+    concurrency: Annotated[Optional[str], typer.Option("--concurrency", "-c", metavar="N[,N]", help="Instead, requests at once, comma-separated (e.g. 1,2,4,8): each level runs that many requests through one verify pass a step, for the --modes given (default: the default drafting and every mode it chooses among) and the target alone side by side, at the first -k (default auto: K by the batch's goodput); aggregate tok/s, its ratio to the target alone and to the best side, time to first token and per token (p50/p95), mean K, acceptance.", show_default=False)] = None,
 ) -> None:
     """Measure speculative configurations against the target alone on the same pair, interleaved.
 
@@ -65,7 +65,7 @@ def bench(
 
     With --rpc every configuration runs twice, the target on this machine and split over the workers (the draft stays here), each against the target alone in the same place, with the time of one target pass.
 
-    With --concurrency, N requests run at once as `spec serve --parallel N` runs them, with speculation and without.
+    With --concurrency, N requests run at once as `spec serve --parallel N` runs them, for each drafting mode and the target alone.
     """
     with user_errors():
         if concurrency is not None:
@@ -109,22 +109,24 @@ def bench(
 
 def _concurrency(load: LoadOptions, levels: list[int], prompts_file: Path | None, task: str, ks: str | None,
                  modes: str | None, max_tokens: int, repeat: int, json_file: Path | None) -> None:
-    """`--concurrency`: each level's batches with speculation and without, side by side."""
+    """`--concurrency`: each level's batches for every drafting mode compared and the target alone, side by side."""
     mode_list = csv_list(modes, parse=_drafting_mode) if modes else []
     k = csv_list(ks, parse=lambda text: GenerationRequest(draft_max=draft_max_from_text(text)).draft_max)[0] if ks \
         else AUTO
-    needs_draft = not mode_list or MODES[mode_list[0]].loads_draft
+    needs_draft = not mode_list or any(MODES[name].loads_draft for name in mode_list)
     with open_pair(replace(load, needs_draft=needs_draft, max_draft=largest_k([k]))) as loaded:
         pair = loaded.pair
-        mode_name = mode_list[0] if mode_list else pair.default_draft_mode
+        compared = [name for name in mode_list if name != "none"] or [
+            pair.default_draft_mode, *(name for name in pair.drafting_modes if name != pair.default_draft_mode)]
         texts = benchmark.load_prompts(prompts_file, notify=note) if prompts_file else benchmark.builtin_prompts(task)
         prompts = [pair.prompt_tokens(text, raw=not pair.has_chat_template) for text in texts]
-        speculative = GenerationRequest(draft_max=k, draft_mode=mode_name, max_tokens=max_tokens)
-        with progress(2 * repeat * len(levels) + 2) as advance:
-            batches = compare_concurrency(pair, prompts, levels, speculative, repeat, progress=advance)
+        sides = [*(GenerationRequest(draft_max=k, draft_mode=name, max_tokens=max_tokens) for name in compared),
+                 GenerationRequest(draft_max=0, draft_mode="none", max_tokens=max_tokens)]
+        with progress(len(sides) * (repeat * len(levels) + 1)) as advance:
+            batches = compare_concurrency(pair, prompts, levels, sides, repeat, progress=advance)
         result = {**concurrency_report(batches),
                   "settings": {"target": str(pair.target.path), "draft": str(pair.draft.path) if pair.draft else None,
-                               "draft_mode": mode_name, "draft_max": k, "max_tokens": max_tokens, "repeat": repeat,
+                               "draft_modes": compared, "draft_max": k, "max_tokens": max_tokens, "repeat": repeat,
                                "prompts": len(prompts), "threads": load.threads or os.cpu_count()}}
         show_concurrency(result)
         if json_file is not None:

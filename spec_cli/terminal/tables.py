@@ -185,28 +185,26 @@ def show_facts(title: str, facts: list[tuple[str, str]]) -> None:
 
 
 def show_concurrency(result: dict) -> None:
-    """`spec bench --concurrency`: at each concurrency, speculation and the target alone side by side: their
-    throughput, then each request's latency."""
+    """`spec bench --concurrency`: at each concurrency, every drafting mode and the target alone side by side: their
+    throughput, its ratio to the target alone and to the best side, and each request's latency."""
     console = Console(highlight=False)
-    speed = _table("Several requests at once: tokens/s of all requests",
-                   ("speculative", "target alone", "speed-up", "mean K", "accepted"))
-    latency = _table("Each request's latency, ms p50/p95",
-                     ("first token", "target alone", "per token", "target alone"))
-    for table in (speed, latency):
-        table.columns[0].header = "at once"
+    table = _table("Several requests at once", ("mode", "tok/s", "× alone", "of best", "mean K", "acc.",
+                                                "first ms", "per tok ms"))
+    table.columns[0].header = "at once"
     for level in result["concurrency"]:
-        spec, alone = level["speculative"], level["target_alone"]
-        speed.add_row(str(level["concurrency"]), f"{spec['tokens_per_second']:.1f}", f"{alone['tokens_per_second']:.1f}",
-                      f"{level['speedup']:.2f}×", f"{spec['mean_k']:.2f}",
-                      percent(spec["acceptance"]) if spec["mean_k"] else "–")
-        latency.add_row(str(level["concurrency"]), _latency(spec["first_token_s"]), _latency(alone["first_token_s"]),
-                        _latency(spec["per_token_s"]), _latency(alone["per_token_s"]))
-    console.print(speed)
-    console.print(latency)
-    console.print("tokens/s = every request's tokens over the batch's wall time (median of the runs); speed-up = "
-                  "speculation over the target alone at the same concurrency; mean K = drafted tokens per round (0 "
-                  "where the batch's goodput chose not to draft); first token from the batch's start, per token "
-                  "after the first", style="dim", markup=False)
+        for i, side in enumerate(level["sides"]):
+            table.add_row(str(level["concurrency"]) if i == 0 else "", side["draft_mode"],
+                          f"{side['tokens_per_second']:.1f}", f"{side['speedup']:.2f}×" if side["speedup"] else "–",
+                          f"{side['of_best']:.2f}", f"{side['mean_k']:.2f}",
+                          percent(side["acceptance"]) if side["mean_k"] else "–",
+                          _latency(side["first_token_s"]), _latency(side["per_token_s"]))
+        table.add_section()
+    console.print(table)
+    console.print("tokens/s = every request's tokens over the batch's wall time (median of the runs); × alone = over "
+                  "the target alone at the same concurrency; of best = over the fastest side there; mean K = drafted "
+                  "tokens per round (0 where the batch's goodput chose not to draft), acc. the share kept; latency "
+                  "p50/p95, the first token from the batch's start, per token after the first", style="dim",
+                  markup=False)
 
 
 def _latency(percentiles: dict) -> str:
