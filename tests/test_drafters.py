@@ -303,8 +303,8 @@ def test_an_offer_decides_the_way_and_the_round_drafts_it_at_the_batchs_k() -> N
     follows drafts that way at the K the batch gave, without choosing again."""
     drafter, model = hybrid(model_accepts=1, ngram_accepts=4)
     drafter.rewind(1)
-    offer = drafter.offer(MATCH, 8, GREEDY, np.random.default_rng(0))
-    assert drafter.chosen is not None and drafter.chosen[0] == "ngram"
+    [offer] = drafter.offer(MATCH, 8, GREEDY, np.random.default_rng(0))
+    assert drafter.chosen is not None and drafter.chosen[0] == "ngram" == offer.way
     assert offer.costs is drafter.costs and offer.costs.shape == HOST and offer.cap == 4  # [4, 5, 6, 7] follow [1, 2, 3]
     regret, lookups = drafter.state.regret_s, drafter._lookups.tokens
     draft = drafter.propose(MATCH, 2, GREEDY, np.random.default_rng(0))
@@ -313,9 +313,24 @@ def test_an_offer_decides_the_way_and_the_round_drafts_it_at_the_batchs_k() -> N
 
     drafter, model = hybrid(model_accepts=4, ngram_accepts=0, pending=7, in_use="model")
     drafter.rewind(1)
-    offer = drafter.offer(NO_MATCH, 8, GREEDY, np.random.default_rng(0))
-    assert offer.costs is drafter.books["model"] and offer.backlog == 7 and offer.cap == 4
+    [offer] = drafter.offer(NO_MATCH, 8, GREEDY, np.random.default_rng(0))  # no n-gram match: the model alone
+    assert offer.way == "model" and offer.costs is drafter.books["model"] and offer.backlog == 7 and offer.cap == 4
     assert drafter.propose(NO_MATCH, 3, GREEDY, np.random.default_rng(0)).tokens == [9, 9, 9]
+
+
+def test_the_batch_may_take_the_lookup_the_hybrid_offers_beside_its_choice() -> None:
+    """Where the hybrid prefers its model, it offers the lookup's proposal too: a batch that finds the model's steps
+    and catch-up too dear in a full pass takes the lookup (`take`), and the round drafts it; its acceptance learns."""
+    drafter, model = hybrid(model_accepts=4, ngram_accepts=0, in_use="model")
+    drafter.rewind(1)
+    offers = drafter.offer(MATCH, 8, GREEDY, np.random.default_rng(0))
+    assert [offer.way for offer in offers] == ["model", "ngram"] and offers[1].costs.shape == HOST
+    drafter.take("ngram")
+    draft = drafter.propose(MATCH, 3, GREEDY, np.random.default_rng(0))
+    assert draft.tokens == [4, 5, 6] and draft.way == "ngram" and model.proposed == 0
+    reached = drafter.state.lengths["ngram"].acceptance.measured
+    drafter.update(3, 3)
+    assert drafter.state.lengths["ngram"].acceptance.measured > reached
 
 
 def test_a_round_without_a_choice_teaches_nothing() -> None:

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 from typing import Callable
 
 import numpy as np
 
 from spec_cli.decoding.costs import BatchCosts
-from spec_cli.decoding.goodput import Candidate, choose_ks
+from spec_cli.decoding.goodput import Candidate, choose, choose_ks
 
 
 def pass_costs(seconds: Callable[[int], float], sizes: range = range(1, 65)) -> BatchCosts:
@@ -86,3 +87,15 @@ def test_a_round_cost_paid_once_is_weighed_against_all_its_positions() -> None:
     stepped = Candidate(np.full(8, 0.9), step_s=0.020)
     assert choose_ks([block], pass_costs(cheap_rows)) == [8]
     assert choose_ks([stepped], pass_costs(cheap_rows))[0] < 8
+
+
+def test_a_sequence_takes_the_way_that_pays_best_in_the_pass() -> None:
+    """A sequence offered two ways (a draft model whose catch-up is due, and a lookup that costs host time only)
+    drafts the one whose positions pay best in this pass; one with a single way keeps it."""
+    model = Candidate(np.full(8, 0.9), step_s=0.004, round_s=0.060)
+    lookup = Candidate(np.full(3, 0.8))
+    [(k, way)] = choose([replace(model, others=(lookup,))], pass_costs(cheap_rows))
+    assert way == 1 and k == 3
+    cheap_model = Candidate(np.full(8, 0.9), step_s=0.001)
+    [(k, way)] = choose([replace(cheap_model, others=(Candidate(np.full(2, 0.3)),))], pass_costs(cheap_rows))
+    assert way == 0 and k > 2

@@ -50,11 +50,12 @@ class CatchUp:
 
 @dataclass(frozen=True)
 class Offer:
-    """The way a drafter that chooses among several (`Drafter.chooses_ways`) will draft next round, decided before its
-    K so that a scheduler prices K by that way: its acceptance by position, its book (`costs`, which knows its cost
-    shape), the most it can draft (`cap`: a lookup's proposal may be short; 0 where it chose no draft) and the tokens
-    its drafter lacks (`backlog`, the catch-up a round pays first)."""
+    """A way a drafter that chooses among several (`Drafter.chooses_ways`) may draft next round, offered before its
+    K so that a scheduler prices K by that way: its name (`way`), its acceptance by position, its book (`costs`,
+    which knows its cost shape), the most it can draft (`cap`: a lookup's proposal may be short; 0 where it chose no
+    draft) and the tokens its drafter lacks (`backlog`, the catch-up a round pays first)."""
 
+    way: str
     acceptance: PositionAcceptance
     costs: LoopCosts
     cap: int
@@ -122,10 +123,14 @@ class Drafter:
         raise NotImplementedError
 
     def offer(self, tokens: Sequence[int], k: int, sampling: SamplingParams,
-              rng: np.random.Generator) -> Offer | None:
-        """For a drafter that `chooses_ways`: choose next round's way now, for at most `k` tokens (the proposal that
-        follows drafts that way); None (the default): one way, priced by its K controller's book."""
-        return None
+              rng: np.random.Generator) -> list[Offer]:
+        """For a drafter that `chooses_ways`: the ways it may draft next round, for at most `k` tokens, the one it
+        prefers first; the round drafts that one unless told another (`take`). None (the default): one way, priced by
+        its K controller's book."""
+        return []
+
+    def take(self, way: str) -> None:
+        """Draft next round the way `way`, one of those just offered (a scheduler weighed them in the batch)."""
 
     def pending(self, tokens: Sequence[int]) -> int:
         """How many tokens the next proposal must feed before its first draft step (its catch-up): 0 for a

@@ -253,9 +253,14 @@ class Generation:
         self.stats.plan_s += time.perf_counter() - started
         return k
 
-    def offer(self, k: int) -> Offer | None:
-        """The way the drafter will draft next round, decided now for at most `k` tokens (`Drafter.offer`)."""
-        return self.drafter.offer(self._seq, k, self.sampling, self._draws()) if self.drafter is not None else None
+    def offer(self, k: int) -> list[Offer]:
+        """The ways the drafter may draft next round, for at most `k` tokens, its preferred first (`Drafter.offer`)."""
+        return self.drafter.offer(self._seq, k, self.sampling, self._draws()) if self.drafter is not None else []
+
+    def take(self, way: str) -> None:
+        """Draft next round the way `way`, one of those offered (`Drafter.take`)."""
+        if self.drafter is not None:
+            self.drafter.take(way)
 
     def drafter_backlog(self) -> int:
         """How many tokens the drafter must take in before it drafts again (0 for one without a memory)."""

@@ -32,68 +32,86 @@ from spec_cli.decoding.costs import BatchCosts
 
 @dataclass(frozen=True)
 class Candidate:
-    """One sequence of the coming pass: its position rates a_1..a_cap (`rates`, cap = the most it may draft),
-    `fixed` K when its request set one (None: the batch chooses), `step_s`, a draft token's seconds, and
+    """One sequence of the coming pass, drafting one way: its position rates a_1..a_cap (`rates`, cap = the most it
+    may draft), `fixed` K when its request set one (None: the batch chooses), `step_s`, a draft token's seconds, and
     `round_s`, what a round that drafts at all costs once (`LoopCosts.step_costs`: the catch-up on the tokens its
-    drafter did not see while idle, or a block drafter's pass)."""
+    drafter did not see while idle, or a block drafter's pass). `others`: the other ways it may draft instead (a
+    drafter of several ways offers its preferred one and the others), each priced alike; the batch takes one."""
 
     rates: np.ndarray
     fixed: int | None = None
     step_s: float = 0.0
     round_s: float = 0.0
+    others: tuple[Candidate, ...] = ()
 
     def drafting_s(self, k: int) -> float:
         """The drafting seconds of k draft positions: k steps, and what the round costs once."""
         return k * self.step_s + (self.round_s if k else 0.0)
 
+    @property
+    def ways(self) -> tuple[Candidate, ...]:
+        return (self, *self.others)
+
 
 def choose_ks(candidates: Sequence[Candidate], pass_costs: BatchCosts, host_s: float = 0.0) -> list[int]:
-    """K for each candidate: the fixed ones as asked, the others by goodput, a step costing `host_s` (h) besides its
-    passes.
+    """K for each candidate (`choose`, its way aside)."""
+    return [k for k, _way in choose(candidates, pass_costs, host_s)]
+
+
+def choose(candidates: Sequence[Candidate], pass_costs: BatchCosts, host_s: float = 0.0) -> list[tuple[int, int]]:
+    """(K, which of its ways) for each candidate: the fixed ones as asked (their first way), the others by goodput, a
+    step costing `host_s` (h) besides its passes. A sequence's way is the one whose first positions pay best; its
+    further positions are that way's.
 
     Passes of sizes not measured yet are priced by `BatchCosts.seconds`'s optimistic guess, which gets them
     tried; to keep one guess from drafting everything at once, a pass grows to at most twice the largest
     measured (before any, no sequence the batch chooses for drafts: that pass measures the batch alone).
     """
     ks = [c.fixed if c.fixed is not None else 0 for c in candidates]
+    chosen = [0] * len(candidates)
     if not pass_costs.weight or all(c.fixed is not None for c in candidates):
-        return ks
-    gains = [np.cumprod(c.rates) for c in candidates]
-    expected = sum(1.0 + float(g[:k].sum()) for g, k in zip(gains, ks))
+        return list(zip(ks, chosen))
+    gains = [[np.cumprod(way.rates) for way in c.ways] for c in candidates]
+    expected = sum(1.0 + float(g[0][:k].sum()) for g, k in zip(gains, ks))
     rows = len(candidates) + sum(ks)
     seconds = host_s + _pass(pass_costs, rows) + sum(c.drafting_s(k) for k, c in zip(ks, candidates))
     most_rows = 2 * max(pass_costs.weight)
     while rows < most_rows:
-        best = _best_move(candidates, gains, ks, pass_costs, rows, most_rows)
+        best = _best_move(candidates, gains, ks, chosen, pass_costs, rows, most_rows)
         if best is None:
-            return ks
-        i, j, gain, cost = best
+            break
+        i, w, j, gain, cost = best
         if (expected + gain) / (seconds + cost) <= expected / seconds:
-            return ks
-        ks[i] += j
+            break
+        ks[i], chosen[i] = ks[i] + j, w
         rows, expected, seconds = rows + j, expected + gain, seconds + cost
-    return ks
+    return list(zip(ks, chosen))
 
 
-def _best_move(candidates: Sequence[Candidate], gains: list[np.ndarray], ks: list[int], pass_costs: BatchCosts,
-               rows: int, most_rows: int) -> tuple[int, int, float, float] | None:
-    """The next draft positions to add, (sequence, how many, E[tokens] they add, seconds they add): the most tokens
-    per second of added cost. A move is one position; for a sequence not drafting yet whose round costs something
-    once (`round_s`), as many as make that cost worth the most, which one position alone may not."""
+def _best_move(candidates: Sequence[Candidate], gains: list[list[np.ndarray]], ks: list[int], chosen: list[int],
+               pass_costs: BatchCosts, rows: int, most_rows: int) -> tuple[int, int, int, float, float] | None:
+    """The next draft positions to add, (sequence, its way, how many, E[tokens] they add, seconds they add): the most
+    tokens per second of added cost. A sequence not drafting yet may take any of its ways; one drafting goes on
+    with its own. A move is one position; for a way whose round costs something once (`round_s`), the first move
+    takes as many as make that cost worth the most, which one position alone may not."""
     passes = {rows: _pass(pass_costs, rows)}
     best, best_value = None, 0.0
-    for i, (c, g) in enumerate(zip(candidates, gains)):
-        if c.fixed is not None or ks[i] >= len(g):
+    for i, c in enumerate(candidates):
+        if c.fixed is not None:
             continue
-        reach = min(len(g) - ks[i], most_rows - rows) if ks[i] == 0 and c.round_s else 1
-        gain = 0.0
-        for j in range(1, reach + 1):
-            gain += float(g[ks[i] + j - 1])
-            if rows + j not in passes:
-                passes[rows + j] = _pass(pass_costs, rows + j)
-            cost = passes[rows + j] - passes[rows] + c.drafting_s(ks[i] + j) - c.drafting_s(ks[i])
-            if gain / max(cost, 1e-9) > best_value:
-                best, best_value = (i, j, gain, cost), gain / max(cost, 1e-9)
+        for w in range(len(c.ways)) if ks[i] == 0 else (chosen[i],):
+            way, g = c.ways[w], gains[i][w]
+            if ks[i] >= len(g):
+                continue
+            reach = min(len(g) - ks[i], most_rows - rows) if ks[i] == 0 and way.round_s else 1
+            gain = 0.0
+            for j in range(1, reach + 1):
+                gain += float(g[ks[i] + j - 1])
+                if rows + j not in passes:
+                    passes[rows + j] = _pass(pass_costs, rows + j)
+                cost = passes[rows + j] - passes[rows] + way.drafting_s(ks[i] + j) - way.drafting_s(ks[i])
+                if gain / max(cost, 1e-9) > best_value:
+                    best, best_value = (i, w, j, gain, cost), gain / max(cost, 1e-9)
     return best
 
 

@@ -18,16 +18,16 @@ rows, laws and random generator, and every row of a pass is computed as it would
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Callable, TypeVar
 
 import numpy as np
 
 from spec_cli.decoding.costs import DECAY, PROBE_ROUNDS, BatchCosts, probe_pays
 from spec_cli.decoding.draft_length import AdaptiveK, PositionAcceptance
-from spec_cli.decoding.drafter import Draft, DraftSteps
+from spec_cli.decoding.drafter import Draft, DraftSteps, Offer
 from spec_cli.decoding.engine import Generation, TokenEvent
-from spec_cli.decoding.goodput import Candidate, choose_ks
+from spec_cli.decoding.goodput import Candidate, choose
 from spec_cli.llama.context import Context, Part, decode_together
 from spec_cli.llama.vision import has_images, whole_images
 
@@ -51,6 +51,7 @@ class _Running:
     idle: int = 0
     probe_after: int = PROBE_ROUNDS
     probing: bool = False
+    offers: list[str] = field(default_factory=list)  # the ways its drafter offered this step, its preferred first
 
 
 class Scheduler:
@@ -264,8 +265,11 @@ class Scheduler:
             ks = [0 if adaptive else None for adaptive in chosen]
             self._quiet = (self._quiet[0] - 1, members) if self._quiet[0] > 1 else None
         else:
-            ks = list(choose_ks([candidate(i) for i in range(len(generating))], self.pass_costs, self.host_s))
-            ks = [k if adaptive else None for k, adaptive in zip(ks, chosen)]
+            choices = choose([candidate(i) for i in range(len(generating))], self.pass_costs, self.host_s)
+            for running, (k, way) in zip(generating, choices):
+                if k and way:  # another way than its drafter's preferred one pays best in this pass
+                    running.generation.take(running.offers[way])
+            ks = [k if adaptive else None for (k, _way), adaptive in zip(choices, chosen)]
             self._quiet = (QUIET_STEPS - 1, members) if not any(ks) else None
         for i, running in enumerate(generating):
             if not chosen[i]:
@@ -311,15 +315,22 @@ class Scheduler:
         cap = max(0, min(length.k_max, generation.room() - 1))
         if not self._chooses_k(running, sequences):
             return Candidate(np.zeros(0), fixed=min(length.next_k(), cap) if generation.drafter else 0)
-        if not isinstance(length, AdaptiveK):  # a drafter of several ways: K is priced by the way it chose
-            offer = generation.offer(cap)
-            if offer is None:
+        if not isinstance(length, AdaptiveK):  # a drafter of several ways: each way it offers, priced as it drafts
+            offers = generation.offer(cap)
+            running.offers = [offer.way for offer in offers]
+            if not offers:
                 return Candidate(np.zeros(0), fixed=0)
-            step_s, round_s = offer.costs.step_costs(offer.backlog) or (0.0, 0.0)
-            return Candidate(offer.acceptance.rates(min(cap, offer.cap)), step_s=step_s, round_s=round_s)
+            ways = [self._way(offer, cap) for offer in offers]
+            return replace(ways[0], others=tuple(ways[1:]))
         step_s, round_s = length.costs.step_costs(generation.drafter_backlog()) or (0.0, 0.0)
         acceptance = length.acceptance if length.rounds else self.acceptance.get(mode, length.acceptance)
         return Candidate(acceptance.rates(cap), step_s=step_s, round_s=round_s)
+
+    @staticmethod
+    def _way(offer: Offer, cap: int) -> Candidate:
+        """A way a drafter offers, as the goodput choice prices it: its acceptance, its steps and what a round costs once."""
+        step_s, round_s = offer.costs.step_costs(offer.backlog) or (0.0, 0.0)
+        return Candidate(offer.acceptance.rates(min(cap, offer.cap)), step_s=step_s, round_s=round_s)
 
     @property
     def host_s(self) -> float:

@@ -212,15 +212,29 @@ class HybridDrafter(Drafter):
         self._draft = draft
         return draft
 
-    def offer(self, tokens: Sequence[int], k: int, sampling: SamplingParams, rng: np.random.Generator) -> Offer:
-        """This round's option, chosen now (as `propose` would) so that a scheduler sets K by its acceptance and costs:
-        the round then drafts that way, at most the K the batch gives it."""
+    def offer(self, tokens: Sequence[int], k: int, sampling: SamplingParams, rng: np.random.Generator) -> list[Offer]:
+        """This round's option, chosen now (as `propose` would), and the lookup's proposal where it made one and the
+        option is another: a scheduler weighs them by their acceptance and costs in the batch (a way fit for a
+        sequence alone may not be in a full pass) and sets K; the round drafts the way it takes (`take`)."""
         name, looked_up, k_own = self._choice(tokens, k, sampling, rng)
         self._offered = (len(tokens), name, looked_up)
-        if name in self.own:
-            return Offer(self.state.lengths[name].acceptance, self.books[name], k_own, self.own[name].pending(tokens))
-        acceptance = self.state.lengths[self.lookup_name].acceptance
-        return Offer(acceptance, self.costs, len(looked_up.tokens) if name == self.lookup_name else 0)
+        lookup = Offer(self.lookup_name, self.state.lengths[self.lookup_name].acceptance, self.costs,
+                       len(looked_up.tokens))
+        if name == self.lookup_name:
+            return [lookup]
+        if name not in self.own:
+            return [Offer(NONE, lookup.acceptance, self.costs, 0), *([lookup] if lookup.cap else [])]
+        own = Offer(name, self.state.lengths[name].acceptance, self.books[name], k_own, self.own[name].pending(tokens))
+        return [own, *([lookup] if lookup.cap else [])]
+
+    def take(self, way: str) -> None:
+        """Draft the offered way `way` instead of the one this round chose."""
+        if self._offered is None or self._offered[1] == way:
+            return
+        where, _name, looked_up = self._offered
+        self._offered = (where, way, looked_up)
+        self.chosen = (way, 0.0)
+        self._unused = None if way == self.lookup_name else self._unused
 
     def _choice(self, tokens: Sequence[int], k: int, sampling: SamplingParams,
                 rng: np.random.Generator) -> tuple[str, Draft, int]:
