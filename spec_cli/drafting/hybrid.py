@@ -215,8 +215,10 @@ class HybridDrafter(Drafter):
     def offer(self, tokens: Sequence[int], k: int, sampling: SamplingParams, rng: np.random.Generator) -> list[Offer]:
         """This round's option, chosen now (as `propose` would), and the lookup's proposal where it made one and the
         option is another: a scheduler weighs them by their acceptance and costs in the batch (a way fit for a
-        sequence alone may not be in a full pass) and sets K; the round drafts the way it takes (`take`)."""
-        name, looked_up, k_own = self._choice(tokens, k, sampling, rng)
+        sequence alone may not be in a full pass) and sets K; the round drafts the way it takes (`take`). An own
+        drafter is offered with all it lacks (`backlog`): in a batch its catch-up holds every sequence up, so it is
+        the batch's to weigh, and is paid only where the batch takes that way (its first draft step takes it in)."""
+        name, looked_up, k_own = self._choice(tokens, k, sampling, rng, batched=True)
         self._offered = (len(tokens), name, looked_up)
         lookup = Offer(self.lookup_name, self.state.lengths[self.lookup_name].acceptance, self.costs,
                        len(looked_up.tokens))
@@ -236,10 +238,11 @@ class HybridDrafter(Drafter):
         self.chosen = (way, 0.0)
         self._unused = None if way == self.lookup_name else self._unused
 
-    def _choice(self, tokens: Sequence[int], k: int, sampling: SamplingParams,
-                rng: np.random.Generator) -> tuple[str, Draft, int]:
+    def _choice(self, tokens: Sequence[int], k: int, sampling: SamplingParams, rng: np.random.Generator,
+                batched: bool = False) -> tuple[str, Draft, int]:
         """This round's option (see the class notes), the lookup's proposal, and K for an own drafter chosen: the
-        ones `offer` chose for this place, cut to `k`, else chosen now."""
+        ones `offer` chose for this place, cut to `k`, else chosen now. Alone, an own drafter that lacks more than a
+        chunk catches up first (`_ready`); `batched`, it is offered as it is."""
         self._draft = Draft()
         offered, self._offered = self._offered, None
         if offered is not None and offered[0] == len(tokens):
@@ -261,6 +264,8 @@ class HybridDrafter(Drafter):
                 drafter.narrow(tokens)  # a trial: the cheapest catch-up, the latest tokens only
                 pending[name] = drafter.pending(tokens)
         name = self._choose(options, pending)
+        if not batched:
+            name = self._ready(name, options, pending)
         self.chosen = (name, options[name].seconds or 0.0)
         self._unused = (len(tokens), looked_up.tokens) if looked_up.tokens and name != self.lookup_name else None
         self.plan_s += time.perf_counter() - planning - lookup_s
@@ -288,13 +293,12 @@ class HybridDrafter(Drafter):
     def _choose(self, options: dict[str, Option], pending: dict[str, int]) -> str:
         """Try what is not priced yet (the n-gram first: it costs no decode; an own drafter in its regime, so
         that it catches up first); else the choice of the regime the loop runs in, after weighing a move to the
-        regime with the best rate (see the class notes). An own drafter that lacks more than a chunk is not
-        offered: the lookup drafts (or nothing) while it catches up."""
+        regime with the best rate (see the class notes)."""
         for name in (self.lookup_name, *self.own, NONE):
             if name in options and options[name].seconds is None:
                 if name in self.own:
                     self.state.in_use = name
-                return self._ready(name, options, pending)
+                return name
         state = self.state
         picks = {regime: self._regime_choice(regime, options) for regime in state.regimes}
         for regime, (name, tokens, seconds) in picks.items():
@@ -311,7 +315,7 @@ class HybridDrafter(Drafter):
                 state.in_use, state.regret_s = best, 0.0
         else:
             state.regret_s = 0.0
-        return self._ready(picks[state.in_use][0], options, pending)
+        return picks[state.in_use][0]
 
     def _ready(self, name: str, options: dict[str, Option], pending: dict[str, int]) -> str:
         """`name`, unless it is an own drafter that lacks more than a chunk: that one catches up between the next
