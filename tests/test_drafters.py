@@ -101,6 +101,9 @@ class FakeModel:
     def rewind(self, _n_keep: int) -> None:
         pass
 
+    def narrow(self, _tokens: list[int]) -> None:
+        pass  # as a head's: no window
+
     def catch_up(self, _tokens: list[int], chunk: int) -> CatchUp | None:
         if self.backlog <= chunk:
             return None
@@ -303,7 +306,7 @@ def test_an_offer_decides_the_way_and_the_round_drafts_it_at_the_batchs_k() -> N
     follows drafts that way at the K the batch gave, without choosing again."""
     drafter, model = hybrid(model_accepts=1, ngram_accepts=4)
     drafter.rewind(1)
-    [offer] = drafter.offer(MATCH, 8, GREEDY, np.random.default_rng(0))
+    [offer] = drafter.offer(MATCH, 8, 64, GREEDY, np.random.default_rng(0))
     assert drafter.chosen is not None and drafter.chosen[0] == "ngram" == offer.way
     assert offer.costs is drafter.costs and offer.costs.shape == HOST and offer.cap == 4  # [4, 5, 6, 7] follow [1, 2, 3]
     regret, lookups = drafter.state.regret_s, drafter._lookups.tokens
@@ -313,7 +316,7 @@ def test_an_offer_decides_the_way_and_the_round_drafts_it_at_the_batchs_k() -> N
 
     drafter, model = hybrid(model_accepts=4, ngram_accepts=0, pending=7, in_use="model")
     drafter.rewind(1)
-    [offer] = drafter.offer(NO_MATCH, 8, GREEDY, np.random.default_rng(0))  # no n-gram match: the model alone
+    [offer] = drafter.offer(NO_MATCH, 8, 64, GREEDY, np.random.default_rng(0))  # no n-gram match: the model alone
     assert offer.way == "model" and offer.costs is drafter.books["model"] and offer.backlog == 7 and offer.cap == 4
     assert drafter.propose(NO_MATCH, 3, GREEDY, np.random.default_rng(0)).tokens == [9, 9, 9]
 
@@ -323,7 +326,7 @@ def test_the_batch_may_take_the_lookup_the_hybrid_offers_beside_its_choice() -> 
     and catch-up too dear in a full pass takes the lookup (`take`), and the round drafts it; its acceptance learns."""
     drafter, model = hybrid(model_accepts=4, ngram_accepts=0, in_use="model")
     drafter.rewind(1)
-    offers = drafter.offer(MATCH, 8, GREEDY, np.random.default_rng(0))
+    offers = drafter.offer(MATCH, 8, 64, GREEDY, np.random.default_rng(0))
     assert [offer.way for offer in offers] == ["model", "ngram"] and offers[1].costs.shape == HOST
     drafter.take("ngram")
     draft = drafter.propose(MATCH, 3, GREEDY, np.random.default_rng(0))
@@ -342,3 +345,22 @@ def test_a_round_without_a_choice_teaches_nothing() -> None:
     reached = drafter.state.lengths["model"].acceptance.measured
     drafter.update(0, 0)
     assert drafter.chosen is None and drafter.state.lengths["model"].acceptance.measured == reached
+
+
+def test_an_unpriced_catch_up_is_not_offered_whole_to_a_batch() -> None:
+    """A drafter whose decodes its book has not measured, lacking more than a chunk, is not offered with its whole
+    backlog (a batch would take an unpriced catch-up as free and hold every sequence up on it): it catches up a chunk
+    a step first, as alone. Once its decodes are priced, the batch gets the whole backlog to weigh."""
+    drafter, model = hybrid(model_accepts=4, ngram_accepts=0, pending=300, in_use="model")
+    drafter.books["model"] = LoopCosts.sharing(drafter.books["model"].verify, 1.0, "per token")  # nothing measured
+    drafter.rewind(1)
+    assert drafter.catch_up(NO_MATCH, 64) is None  # the new prompt's first round: the regime is left
+    drafter.state.in_use = "model"  # entered later
+    offers = drafter.offer(NO_MATCH, 8, 64, GREEDY, np.random.default_rng(0))
+    assert [offer.way for offer in offers] == ["none"] and drafter.catch_up(NO_MATCH, 64) is not None
+    drafter, model = hybrid(model_accepts=4, ngram_accepts=0, pending=300, in_use="model")
+    drafter.rewind(1)
+    assert drafter.catch_up(NO_MATCH, 64) is None
+    drafter.state.in_use = "model"
+    [offer] = drafter.offer(NO_MATCH, 8, 64, GREEDY, np.random.default_rng(0))
+    assert offer.way == "model" and offer.backlog == 300 and drafter.catch_up(NO_MATCH, 64) is None

@@ -122,11 +122,11 @@ class Drafter:
         """Propose up to `k` tokens to follow `tokens`, under `grammar` (its state after `tokens`) if any."""
         raise NotImplementedError
 
-    def offer(self, tokens: Sequence[int], k: int, sampling: SamplingParams,
+    def offer(self, tokens: Sequence[int], k: int, chunk: int, sampling: SamplingParams,
               rng: np.random.Generator) -> list[Offer]:
         """For a drafter that `chooses_ways`: the ways it may draft next round, for at most `k` tokens, the one it
-        prefers first; the round drafts that one unless told another (`take`). None (the default): one way, priced by
-        its K controller's book."""
+        prefers first; the round drafts that one unless told another (`take`). `chunk`: the most a catch-up may take
+        in a step where its price is not known. None (the default): one way, priced by its K controller's book."""
         return []
 
     def take(self, way: str) -> None:

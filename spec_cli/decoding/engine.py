@@ -253,9 +253,12 @@ class Generation:
         self.stats.plan_s += time.perf_counter() - started
         return k
 
-    def offer(self, k: int) -> list[Offer]:
-        """The ways the drafter may draft next round, for at most `k` tokens, its preferred first (`Drafter.offer`)."""
-        return self.drafter.offer(self._seq, k, self.sampling, self._draws()) if self.drafter is not None else []
+    def offer(self, k: int, chunk: int) -> list[Offer]:
+        """The ways the drafter may draft next round, for at most `k` tokens, its preferred first, a catch-up whose
+        price is not known yet taking `chunk` tokens a step (`Drafter.offer`)."""
+        if self.drafter is None:
+            return []
+        return self.drafter.offer(self._seq, k, chunk, self.sampling, self._draws())
 
     def take(self, way: str) -> None:
         """Draft next round the way `way`, one of those offered (`Drafter.take`)."""

@@ -316,7 +316,7 @@ class Scheduler:
         if not self._chooses_k(running, sequences):
             return Candidate(np.zeros(0), fixed=min(length.next_k(), cap) if generation.drafter else 0)
         if not isinstance(length, AdaptiveK):  # a drafter of several ways: each way it offers, priced as it drafts
-            offers = generation.offer(cap)
+            offers = generation.offer(cap, PREFILL_CHUNK)
             running.offers = [offer.way for offer in offers]
             if not offers:
                 return Candidate(np.zeros(0), fixed=0)

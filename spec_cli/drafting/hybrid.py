@@ -212,12 +212,15 @@ class HybridDrafter(Drafter):
         self._draft = draft
         return draft
 
-    def offer(self, tokens: Sequence[int], k: int, sampling: SamplingParams, rng: np.random.Generator) -> list[Offer]:
+    def offer(self, tokens: Sequence[int], k: int, chunk: int, sampling: SamplingParams,
+              rng: np.random.Generator) -> list[Offer]:
         """This round's option, chosen now (as `propose` would), and the lookup's proposal where it made one and the
         option is another: a scheduler weighs them by their acceptance and costs in the batch (a way fit for a
         sequence alone may not be in a full pass) and sets K; the round drafts the way it takes (`take`). An own
         drafter is offered with all it lacks (`backlog`): in a batch its catch-up holds every sequence up, so it is
-        the batch's to weigh, and is paid only where the batch takes that way (its first draft step takes it in)."""
+        the batch's to weigh, and is paid only where the batch takes that way (its first draft step takes it in).
+        One whose catch-up is not priced yet and lacks more than `chunk` catches up a chunk a step first, as alone."""
+        self._chunk = chunk
         name, looked_up, k_own = self._choice(tokens, k, sampling, rng, batched=True)
         self._offered = (len(tokens), name, looked_up)
         lookup = Offer(self.lookup_name, self.state.lengths[self.lookup_name].acceptance, self.costs,
@@ -242,7 +245,8 @@ class HybridDrafter(Drafter):
                 batched: bool = False) -> tuple[str, Draft, int]:
         """This round's option (see the class notes), the lookup's proposal, and K for an own drafter chosen: the
         ones `offer` chose for this place, cut to `k`, else chosen now. Alone, an own drafter that lacks more than a
-        chunk catches up first (`_ready`); `batched`, it is offered as it is."""
+        chunk catches up first (`_ready`); `batched`, it is offered as it is where its catch-up is priced (its book
+        has measured its decodes)."""
         self._draft = Draft()
         offered, self._offered = self._offered, None
         if offered is not None and offered[0] == len(tokens):
@@ -264,7 +268,7 @@ class HybridDrafter(Drafter):
                 drafter.narrow(tokens)  # a trial: the cheapest catch-up, the latest tokens only
                 pending[name] = drafter.pending(tokens)
         name = self._choose(options, pending)
-        if not batched:
+        if not batched or name not in self.books or not self.books[name].draft.weight:
             name = self._ready(name, options, pending)
         self.chosen = (name, options[name].seconds or 0.0)
         self._unused = (len(tokens), looked_up.tokens) if looked_up.tokens and name != self.lookup_name else None
