@@ -23,7 +23,8 @@ from spec_cli.decoding.stats import Stats
 from spec_cli.llama import kernels
 from spec_cli.request import GenerationRequest
 
-PROMPTS = ["Rewrite this function with type hints: def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b",
+PROMPTS = ["Rewrite this function with type hints: def add(a, b):\n    return a + b\n\ndef sub(a, b):\n"
+           "    return a - b",
            "Write a short story about a lighthouse keeper.",
            "List the planets of the solar system, one per line, each with one fact.",
            "Explain what a hash map is to a new programmer."]

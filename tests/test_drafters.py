@@ -308,7 +308,8 @@ def test_an_offer_decides_the_way_and_the_round_drafts_it_at_the_batchs_k() -> N
     drafter.rewind(1)
     [offer] = drafter.offer(MATCH, 8, 64, GREEDY, np.random.default_rng(0))
     assert drafter.chosen is not None and drafter.chosen[0] == "ngram" == offer.way
-    assert offer.costs is drafter.costs and offer.costs.shape == HOST and offer.cap == 4  # [4, 5, 6, 7] follow [1, 2, 3]
+    assert offer.costs is drafter.costs and offer.costs.shape == HOST
+    assert offer.cap == 4  # [4, 5, 6, 7] follow [1, 2, 3]
     regret, lookups = drafter.state.regret_s, drafter._lookups.tokens
     draft = drafter.propose(MATCH, 2, GREEDY, np.random.default_rng(0))
     assert draft.tokens == [4, 5] and draft.way == "ngram" and model.proposed == 0

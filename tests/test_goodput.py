@@ -76,7 +76,8 @@ def test_host_work_a_step_makes_more_drafts_worth_their_cost() -> None:
     """A draft position worth g tokens for c seconds joins a step of E tokens and C seconds where g·C > E·c: a step
     made dearer by its host work h (Python between passes, at every K) takes positions it turned down."""
     candidates = [Candidate(np.full(8, 0.5), step_s=0.010)]
-    without, with_host = choose_ks(candidates, pass_costs(cheap_rows)), choose_ks(candidates, pass_costs(cheap_rows), 0.030)
+    without = choose_ks(candidates, pass_costs(cheap_rows))
+    with_host = choose_ks(candidates, pass_costs(cheap_rows), 0.030)
     assert without == [0] and with_host[0] >= 1
 
 

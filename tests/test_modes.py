@@ -62,7 +62,8 @@ def test_each_book_prices_its_drafter_as_the_drafter_declares(other: Pair) -> No
     a model a step a token, a block drafter a pass a round; the registry only reads it."""
     assert (NgramDrafter.cost_shape, MemoryDrafter.cost_shape, ModelDrafter.cost_shape) == (HOST, HOST, PER_TOKEN)
     assert DFlashDrafter.cost_shape == PER_ROUND
-    assert [other.drafting.costs(name).shape for name in ("model", "ngram", "hybrid")] == [PER_TOKEN, HOST, HOST]
+    shapes = [other.drafting.costs(name).shape for name in ("model", "ngram", "hybrid")]
+    assert shapes == [PER_TOKEN, HOST, HOST]
     assert all(mode.cost_shape == (mode.drafter.cost_shape if mode.drafter else HOST) for mode in MODES.values())
 
 

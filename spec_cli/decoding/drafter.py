@@ -126,7 +126,8 @@ class Drafter:
               rng: np.random.Generator) -> list[Offer]:
         """For a drafter that `chooses_ways`: the ways it may draft next round, for at most `k` tokens, the one it
         prefers first; the round drafts that one unless told another (`take`). `chunk`: the most a catch-up may take
-        in a step where its price is not known. None offered (the default): one way, priced by its K controller's book."""
+        in a step where its price is not known. None offered (the default): one way, priced by its K controller's
+        book."""
         return []
 
     def take(self, way: str) -> None:

@@ -328,7 +328,8 @@ class Scheduler:
 
     @staticmethod
     def _way(offer: Offer, cap: int) -> Candidate:
-        """A way a drafter offers, as the goodput choice prices it: its acceptance, its steps and what a round costs once."""
+        """A way a drafter offers, as the goodput choice prices it: its acceptance, its steps, what a round costs
+        once."""
         step_s, round_s = offer.costs.step_costs(offer.backlog) or (0.0, 0.0)
         return Candidate(offer.acceptance.rates(min(cap, offer.cap)), step_s=step_s, round_s=round_s)
 
