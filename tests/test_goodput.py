@@ -9,7 +9,12 @@ from typing import Callable
 import numpy as np
 
 from spec_cli.decoding.costs import BatchCosts
-from spec_cli.decoding.goodput import Candidate, choose, choose_ks
+from spec_cli.decoding.goodput import Candidate, choose
+
+
+def choose_ks(candidates: list[Candidate], costs: BatchCosts, host_s: float = 0.0) -> list[int]:
+    """K for each candidate, its way aside."""
+    return [k for k, _way in choose(candidates, costs, host_s)]
 
 
 def pass_costs(seconds: Callable[[int], float], sizes: range = range(1, 65)) -> BatchCosts:

@@ -53,11 +53,6 @@ class Candidate:
         return (self, *self.others)
 
 
-def choose_ks(candidates: Sequence[Candidate], pass_costs: BatchCosts, host_s: float = 0.0) -> list[int]:
-    """K for each candidate (`choose`, its way aside)."""
-    return [k for k, _way in choose(candidates, pass_costs, host_s)]
-
-
 def choose(candidates: Sequence[Candidate], pass_costs: BatchCosts, host_s: float = 0.0) -> list[tuple[int, int]]:
     """(K, which of its ways) for each candidate: the fixed ones as asked (their first way), the others by goodput, a
     step costing `host_s` (h) besides its passes. A sequence's way is the one whose first positions pay best; its
