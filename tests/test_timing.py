@@ -26,9 +26,10 @@ def test_steps_land_in_their_shares_and_rollback_counts_from_this_generation() -
     target, drafter = Part(busy_s=7.0, rollback_s=3.0), Part()  # a context used by earlier generations
     books = [stats.costs, LoopCosts()]
     timer = RoundTimer(stats, [target, drafter], books)
-    with timer.prompt():
-        target.spend(0.5, rollback_s=0.25)  # the prompt's snapshot: not a round's rollback
-        time.sleep(0.01)
+    timer.prompt_started()
+    target.spend(0.5, rollback_s=0.25)  # the prompt's snapshot: not a round's rollback
+    time.sleep(0.01)
+    timer.prompt_done()
     assert stats.prompt_s >= 0.01 and stats.llama_s == 0.0
     timer.start_round()
     with timer.step("draft_s"):

@@ -11,7 +11,7 @@ import pytest
 from exactness import finish
 
 from spec_cli import Pair, load_pair
-from spec_cli.decoding.engine import ALONE_CHUNK
+from spec_cli.decoding.scheduler import ALONE_CHUNK
 from spec_cli.decoding.sampling import SamplingParams
 from spec_cli.drafting.window import MIN_WINDOW, SINKS, Window, window_length
 

@@ -33,17 +33,13 @@ from spec_cli.decoding.draft_length import DraftLength, FixedK
 from spec_cli.decoding.drafter import Draft, Drafter, DraftSteps, Offer
 from spec_cli.decoding.sampling import (Law, SamplingParams, greedy_token, probabilities, row_laws, sample,
                                         shares_candidates)
+from spec_cli.decoding.scheduler import Scheduler
 from spec_cli.decoding.stats import Stats
 from spec_cli.decoding.timing import RoundTimer
 from spec_cli.decoding.noise import GumbelNoise, NoiseCursor
 from spec_cli.decoding.verification import DEFAULT_VERIFY, GUMBEL, RULES, Distributions, gumbel_verification
 from spec_cli.llama.context import Context, Part, common_prefix
 from spec_cli.llama.grammar import Grammar
-
-
-ALONE_CHUNK = 512
-"""The most a drafter of a generation run alone catches up on within a round (its first decode): nobody waits on
-it. More is taken in that many at a time between rounds, each round a plain target step."""
 
 
 @dataclass(frozen=True)
@@ -96,6 +92,7 @@ class Generation:
         self._noise = GumbelNoise(seed) if verify == GUMBEL else None
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._control_text = control_text
+        self._costs = costs
         self._timer = RoundTimer(self.stats, [target, *filter(None, [drafter])],
                                  [self.stats.costs, *filter(None, [costs])])
         self._draft = Draft()  # the round `plan` began
@@ -106,30 +103,27 @@ class Generation:
     def __iter__(self) -> Iterator[TokenEvent]:
         if self._started:
             raise RuntimeError("a Generation runs once; call Pair.generate again for another")
-        self._started = True
         return self._run()
 
     def _run(self) -> Iterator[TokenEvent]:
+        """Run alone: a schedule of one (`Scheduler`), so that one planner chooses every round's way and K and the
+        loop has one driver. Its prompt goes in a whole batch a step, its drafter catches up `ALONE_CHUNK` tokens
+        a step, and an error of its own is raised here, as the scheduler hands it back."""
+        scheduler = Scheduler(self._costs.verify if self._costs is not None else None)
         try:
-            self._prefill()
-            while self.check_limits() is None:
-                yield from self._round()
+            scheduler.join(self)
+            while len(scheduler):
+                for _generation, events in scheduler.step():
+                    yield from events
+                if self.error is not None:
+                    raise self.error
         finally:
             self.close()
 
-    def _prefill(self) -> None:
-        """The target takes in the prompt but its last token, which the first round feeds; the drafter keeps what
-        it holds of it and catches up on the rest when it drafts (`Drafter.start`), in chunks between rounds
-        where that is long (`_catch_up`): the first token waits for the target's prefill alone."""
-        with self._timer.prompt():
-            self.stats.prompt_cached = self.target.prefill(self._seq[:-1])
-            if self.drafter is not None:
-                self.drafter.start(self._seq[:-1])
-
-    # A scheduler runs several generations over sequences of one target context (`scheduler`): it feeds each
-    # one's prompt in chunks (`start`, `prompt_fed`), then each step begins every one's round (`begin_round`),
-    # decodes their drafters' steps together where they draft step by step (`draft_steps`), asks each for its
-    # share of one verify pass (`plan`) and hands back its rows (`settle`). Alone, `_run` does the same.
+    # A scheduler runs generations over sequences of one target context (`scheduler`): it feeds each one's prompt
+    # in chunks (`start`, `prompt_fed`), then each step begins every one's round (`begin_round`), decodes their
+    # drafters' steps together where they draft step by step (`draft_steps`), asks each for its share of one
+    # verify pass (`plan`) and hands back its rows (`settle`).
 
     def start(self) -> list[int]:
         """Begin under a scheduler: keep what the target's memory holds of the prompt; return what it lacks."""
@@ -152,7 +146,7 @@ class Generation:
             self.drafter.start(self._seq[:-1])
         self._timer.prompt_done()
 
-    def begin_round(self, k: int | None = None, chunk: int = ALONE_CHUNK) -> bool:
+    def begin_round(self, k: int | None, chunk: int) -> bool:
         """Start a round drafting K = `k` (None: its own controller's choice), or none while the drafter catches up
         `chunk` tokens at a time; False once it has finished."""
         if self.check_limits() is not None:
@@ -223,16 +217,6 @@ class Generation:
         if self.finish_reason is None and len(self._seq) >= self.target.n_ctx:
             self.finish_reason = "context"
         return self.finish_reason
-
-    def _round(self) -> Iterator[TokenEvent]:
-        """Propose d1..dK, verify them in one target pass, emit the kept prefix and the target's token, rewind
-        what was not kept, and learn from the round."""
-        self._timer.start_round()
-        draft = self._propose(0 if self._catch_up(ALONE_CHUNK) else self._next_k())
-        with self._timer.step("verify_s"):
-            known = self._seq[self.target.n_past:]
-            rows = self.target.decode([*known, *draft.tokens], len(draft.tokens) + 1, n_final=len(known))
-        yield from self._settle(draft, rows, 1)
 
     def _settle(self, draft: Draft, rows: np.ndarray, sequences: int) -> Iterator[TokenEvent]:
         self.stats.batched += sequences

@@ -19,20 +19,23 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
-from typing import Callable, TypeVar
+from typing import TYPE_CHECKING, Callable, TypeVar
 
 import numpy as np
 
 from spec_cli.decoding.costs import DECAY, PROBE_ROUNDS, BatchCosts, probe_pays
 from spec_cli.decoding.draft_length import AdaptiveK, PositionAcceptance
 from spec_cli.decoding.drafter import Draft, DraftSteps, Offer
-from spec_cli.decoding.engine import Generation, TokenEvent
 from spec_cli.decoding.goodput import Candidate, choose
 from spec_cli.llama.context import Context, Part, decode_together
 from spec_cli.llama.vision import has_images, whole_images
 
+if TYPE_CHECKING:  # the engine runs a generation alone as a schedule of one: it imports this module
+    from spec_cli.decoding.engine import Generation, TokenEvent
+
 PREFILL_CHUNK = 64  # prompt tokens a newcomer feeds a step while others generate (alone: a whole batch), and the
 # most a drafter catches up on in a step (`Generation.begin_round`): a long catch-up never holds the others up
+ALONE_CHUNK = 512  # the most a drafter catches up on in a step where its sequence runs alone: nobody waits on it
 PROBE_MAX = 1024  # the most rounds an idle sequence's drafter waits for its next probe
 QUIET_STEPS = 4  # steps a choice of no drafts at all stands for
 T = TypeVar("T")
@@ -65,10 +68,16 @@ class Scheduler:
 
     A drafter takes its prompt in at its first round (`Drafter.start`): a sequence that never drafts costs
     what the target alone does, and the first catch-up, priced as it is measured, is the drafter's to earn.
+
+    A generation run alone is a schedule of one (`Generation.__iter__`): the same planner chooses its way and K.
+    `verify`: the target's passes by K as a pair's cost book has measured them (one sequence's K + 1 rows), the
+    first prices of c(R) for a planner that has measured none yet.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, verify: BatchCosts | None = None) -> None:
         self.pass_costs = BatchCosts(DECAY)
+        if verify is not None and verify.weight:
+            self.pass_costs.seed({str(int(k) + 1): seconds for k, seconds in verify.as_dict().items()}, 1.0)
         self.host = [0.0, 0.0]  # decayed: seconds of steps outside their passes, steps
         self.acceptance: dict[str, PositionAcceptance] = {}
         self._running: list[_Running] = []
@@ -76,6 +85,11 @@ class Scheduler:
 
     def __len__(self) -> int:
         return len(self._running)
+
+    @property
+    def _chunk(self) -> int:
+        """The most a drafter catches up on in a step: `ALONE_CHUNK` where its sequence runs alone."""
+        return ALONE_CHUNK if len(self._running) == 1 else PREFILL_CHUNK
 
     def join(self, generation: Generation) -> None:
         """Start `generation` (made by a `Slot` no other running generation uses); its prompt is fed from the
@@ -115,7 +129,7 @@ class Scheduler:
         generating = [r for r in self._running if not r.prompt]
         planned, emitted = [], []
         for running, k in zip(generating, self._planned_ks(generating)):
-            if self._own(running, running.generation.begin_round, k, PREFILL_CHUNK) is True:
+            if self._own(running, running.generation.begin_round, k, self._chunk) is True:
                 planned.append(running)
             else:
                 emitted.append((running.generation, []))
@@ -217,7 +231,9 @@ class Scheduler:
         """Add the next chunk of each prompt still being fed to `parts`, within one batch; return how many tokens
         of which prompt were added. The prompts that lack least go first: a short request beside a long prompt
         starts generating at the next step instead of after it."""
-        n_batch = self._running[0].generation.target.n_batch if self._running else 0
+        if not any(running.prompt for running in self._running):
+            return []
+        n_batch = self._running[0].generation.target.n_batch
         # What the rounds leave of a batch; at least a chunk (a pass of its own), so that a prompt always moves.
         room = max(n_batch - sum(len(p[1]) for p in parts), min(PREFILL_CHUNK, n_batch))
         fed = []
@@ -234,11 +250,14 @@ class Scheduler:
 
     def _planned_ks(self, generating: list[_Running]) -> list[int | None]:
         """`_ks`, its seconds shared among the sequences' planning figures (`Stats.plan_s`), less what their drafters
-        spent choosing their ways, which each drafter counts itself."""
+        spent choosing their ways, which each drafter counts itself. Without a drafter there is nothing to choose."""
+        drafting = [r.generation.drafter for r in generating if r.generation.drafter is not None]
+        if not drafting:
+            return [None] * len(generating)
         started = time.perf_counter()
-        drafters = sum(r.generation.drafter.plan_s for r in generating if r.generation.drafter is not None)
+        drafters = sum(drafter.plan_s for drafter in drafting)
         ks = self._ks(generating)
-        drafters = sum(r.generation.drafter.plan_s for r in generating if r.generation.drafter is not None) - drafters
+        drafters = sum(drafter.plan_s for drafter in drafting) - drafters
         share = (time.perf_counter() - started - drafters) / max(1, len(generating))
         for running in generating:
             running.generation.stats.plan_s += share
@@ -251,13 +270,13 @@ class Scheduler:
         A choice of no drafts at all stands for `QUIET_STEPS` steps of the same sequences: the choice's Python
         (~0.3 ms a step) between two passes slowed the batch by 2-3% where nothing drafts, the passes
         included (llama.cpp's threads go to sleep while the host works)."""
-        chosen = [self._chooses_k(r, len(generating)) for r in generating]
+        chosen = [self._chooses_k(r) for r in generating]
         members = [id(r) for r in generating]
         candidates: dict[int, Candidate] = {}  # each sequence's, made once a step (a drafter's offer decides its way)
 
         def candidate(i: int) -> Candidate:
             if i not in candidates:
-                candidates[i] = self._candidate(generating[i], len(generating))
+                candidates[i] = self._candidate(generating[i])
             return candidates[i]
 
         ks: list[int | None]
@@ -284,16 +303,15 @@ class Scheduler:
         return ks
 
     @staticmethod
-    def _chooses_k(running: _Running, sequences: int) -> bool:
-        """Whether the batch chooses this sequence's K: under `-k auto`, a drafter's own controller of K; that of a
-        drafter that chooses among several ways (`Drafter.chooses_ways`), which alone chooses K for each of its ways
-        as if its sequence ran alone, once others share the pass (a K fit for one sequence overfills a pass of
-        several: on 2 cores, the demo pair, 4 sequences drafting K = 11 ran at 0.6x the target alone)."""
+    def _chooses_k(running: _Running) -> bool:
+        """Whether the planner chooses this sequence's K: under `-k auto`, for a drafter of one way (its controller
+        of K only keeps its acceptance) or of several (`Drafter.chooses_ways`: each way it offers is priced here);
+        a fixed K is the request's."""
         generation = running.generation
         if generation.drafter is None:
             return False
         return isinstance(generation.draft_length, AdaptiveK) or (
-            sequences > 1 and generation.stats.adaptive and generation.drafter.chooses_ways)
+            generation.stats.adaptive and generation.drafter.chooses_ways)
 
     def _probe_due(self, running: _Running, candidate: Candidate, sequences: int) -> bool:
         """Whether an idle drafter that has sat out enough rounds should draft one token now: the probe (its
@@ -306,24 +324,27 @@ class Scheduler:
         row_s = max(0.0, (self.pass_costs.seconds(rows) or pass_s) - pass_s)
         return probe_pays(candidate.drafting_s(1) + row_s, running.idle, pass_s / sequences)
 
-    def _candidate(self, running: _Running, sequences: int) -> Candidate:
+    def _candidate(self, running: _Running) -> Candidate:
         """What the goodput choice needs of a sequence: its acceptance by position, and what its drafter's steps and
         a round of them cost (`LoopCosts.step_costs`: its cost shape, its catch-up on what it has not seen), as
         measured (unmeasured: free, so that it gets tried)."""
         generation = running.generation
         length, mode = generation.draft_length, generation.stats.draft_mode
         cap = max(0, min(length.k_max, generation.room() - 1))
-        if not self._chooses_k(running, sequences):
+        if not self._chooses_k(running):
             return Candidate(np.zeros(0), fixed=min(length.next_k(), cap) if generation.drafter else 0)
         if not isinstance(length, AdaptiveK):  # a drafter of several ways: each way it offers, priced as it drafts
-            offers = generation.offer(cap, PREFILL_CHUNK)
+            offers = generation.offer(cap, self._chunk)
             running.offers = [offer.way for offer in offers]
             if not offers:
                 return Candidate(np.zeros(0), fixed=0)
             ways = [self._way(offer, cap) for offer in offers]
             return replace(ways[0], others=tuple(ways[1:]))
+        pooled = self.acceptance.get(mode)
+        if length.rounds < length.warmup_rounds and (pooled is None or pooled.measured < length.warmup_rounds):
+            return Candidate(np.zeros(0), fixed=min(length.next_k(), cap))  # not priced yet: tried at its warm-up K
         step_s, round_s = length.costs.step_costs(generation.drafter_backlog()) or (0.0, 0.0)
-        acceptance = length.acceptance if length.rounds else self.acceptance.get(mode, length.acceptance)
+        acceptance = length.acceptance if length.rounds else pooled or length.acceptance
         return Candidate(acceptance.rates(cap), step_s=step_s, round_s=round_s)
 
     @staticmethod

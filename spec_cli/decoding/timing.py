@@ -35,14 +35,8 @@ class RoundTimer:
         """(all seconds in llama.cpp, the part spent on rollback) so far."""
         return sum(part.busy_s for part in self.parts), sum(part.rollback_s for part in self.parts)
 
-    @contextmanager
-    def prompt(self) -> Iterator[None]:
-        """Taking in the prompt: `prompt_s`; decoding time starts after it."""
-        self.prompt_started()
-        yield
-        self.prompt_done()
-
     def prompt_started(self) -> None:
+        """Taking in the prompt begins; it lasts until `prompt_done` (`prompt_s`), and decoding time starts after it."""
         self._prompt_start = time.perf_counter()
         self._rollback_base = self._in_llama()[1]  # the contexts count across generations
 
