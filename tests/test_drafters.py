@@ -306,7 +306,7 @@ def test_an_offer_decides_the_way_and_the_round_drafts_it_at_the_batchs_k() -> N
     follows drafts that way at the K the batch gave, without choosing again."""
     drafter, model = hybrid(model_accepts=1, ngram_accepts=4)
     drafter.rewind(1)
-    [offer] = drafter.offer(MATCH, 8, 64, GREEDY, np.random.default_rng(0))
+    [offer] = drafter.offer(MATCH, 8, 64, GREEDY, np.random.default_rng(0), shared=True)
     assert drafter.chosen is not None and drafter.chosen[0] == "ngram" == offer.way
     assert offer.costs is drafter.costs and offer.costs.shape == HOST
     assert offer.cap == 4  # [4, 5, 6, 7] follow [1, 2, 3]
@@ -317,9 +317,24 @@ def test_an_offer_decides_the_way_and_the_round_drafts_it_at_the_batchs_k() -> N
 
     drafter, model = hybrid(model_accepts=4, ngram_accepts=0, pending=7, in_use="model")
     drafter.rewind(1)
-    [offer] = drafter.offer(NO_MATCH, 8, 64, GREEDY, np.random.default_rng(0))  # no n-gram match: the model alone
+    [offer] = drafter.offer(NO_MATCH, 8, 64, GREEDY, np.random.default_rng(0), shared=True)  # no n-gram match: the model alone
     assert offer.way == "model" and offer.costs is drafter.books["model"] and offer.backlog == 7 and offer.cap == 4
     assert drafter.propose(NO_MATCH, 3, GREEDY, np.random.default_rng(0)).tokens == [9, 9, 9]
+
+
+def test_alone_an_own_drafter_is_offered_at_its_steady_price_and_catches_up_in_chunks() -> None:
+    """Alone, entering the model's regime was priced against the rounds after it: the offer carries no backlog (the
+    planner would weigh a catch-up against one round), and a backlog over a chunk is taken a chunk a step first."""
+    drafter, _model = hybrid(model_accepts=4, ngram_accepts=0, pending=7, in_use="model")
+    drafter.rewind(1)
+    [offer] = drafter.offer(NO_MATCH, 8, 64, GREEDY, np.random.default_rng(0), shared=False)
+    assert offer.way == "model" and offer.backlog == 0
+    drafter, _model = hybrid(model_accepts=4, ngram_accepts=0, pending=300, in_use="model")
+    drafter.rewind(1)
+    assert drafter.catch_up(NO_MATCH, 64) is None  # the new prompt's first round: the regime is left
+    drafter.state.in_use = "model"
+    offers = drafter.offer(NO_MATCH, 8, 64, GREEDY, np.random.default_rng(0), shared=False)
+    assert [offer.way for offer in offers] == ["none"] and drafter.catch_up(NO_MATCH, 64) is not None
 
 
 def test_the_batch_may_take_the_lookup_the_hybrid_offers_beside_its_choice() -> None:
@@ -327,7 +342,7 @@ def test_the_batch_may_take_the_lookup_the_hybrid_offers_beside_its_choice() -> 
     and catch-up too dear in a full pass takes the lookup (`take`), and the round drafts it; its acceptance learns."""
     drafter, model = hybrid(model_accepts=4, ngram_accepts=0, in_use="model")
     drafter.rewind(1)
-    offers = drafter.offer(MATCH, 8, 64, GREEDY, np.random.default_rng(0))
+    offers = drafter.offer(MATCH, 8, 64, GREEDY, np.random.default_rng(0), shared=True)
     assert [offer.way for offer in offers] == ["model", "ngram"] and offers[1].costs.shape == HOST
     drafter.take("ngram")
     draft = drafter.propose(MATCH, 3, GREEDY, np.random.default_rng(0))
@@ -357,11 +372,11 @@ def test_an_unpriced_catch_up_is_not_offered_whole_to_a_batch() -> None:
     drafter.rewind(1)
     assert drafter.catch_up(NO_MATCH, 64) is None  # the new prompt's first round: the regime is left
     drafter.state.in_use = "model"  # entered later
-    offers = drafter.offer(NO_MATCH, 8, 64, GREEDY, np.random.default_rng(0))
+    offers = drafter.offer(NO_MATCH, 8, 64, GREEDY, np.random.default_rng(0), shared=True)
     assert [offer.way for offer in offers] == ["none"] and drafter.catch_up(NO_MATCH, 64) is not None
     drafter, model = hybrid(model_accepts=4, ngram_accepts=0, pending=300, in_use="model")
     drafter.rewind(1)
     assert drafter.catch_up(NO_MATCH, 64) is None
     drafter.state.in_use = "model"
-    [offer] = drafter.offer(NO_MATCH, 8, 64, GREEDY, np.random.default_rng(0))
+    [offer] = drafter.offer(NO_MATCH, 8, 64, GREEDY, np.random.default_rng(0), shared=True)
     assert offer.way == "model" and offer.backlog == 300 and drafter.catch_up(NO_MATCH, 64) is None

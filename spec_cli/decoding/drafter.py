@@ -88,8 +88,8 @@ class Drafter:
     """How its drafting cost grows with K (`costs`): host time only by default; a step per drafted token or one
     pass per round for a drafter that decodes. Declared here, by each drafter, for the cost model."""
     chooses_ways: bool = False
-    """Whether it chooses among several ways each round and a K for each itself (the default drafting): a scheduler
-    then overrides its K with the batch's choice once other sequences share the pass."""
+    """Whether it chooses among several ways each round (the default drafting): it offers them (`offer`), and the
+    planner takes one and its K for the pass, alone or beside other sequences."""
     plan_s: float = 0.0
     """Seconds spent choosing how to draft (a drafter of several ways: pricing them), for the planning figure."""
     busy_s: float = 0.0
@@ -123,11 +123,11 @@ class Drafter:
         raise NotImplementedError
 
     def offer(self, tokens: Sequence[int], k: int, chunk: int, sampling: SamplingParams,
-              rng: np.random.Generator) -> list[Offer]:
+              rng: np.random.Generator, shared: bool) -> list[Offer]:
         """For a drafter that `chooses_ways`: the ways it may draft next round, for at most `k` tokens, the one it
         prefers first; the round drafts that one unless told another (`take`). `chunk`: the most a catch-up may take
-        in a step where its price is not known. None offered (the default): one way, priced by its K controller's
-        book."""
+        in a step; `shared`: other sequences share the pass (a catch-up then holds them up). None offered (the
+        default): one way, priced by its K controller's book."""
         return []
 
     def take(self, way: str) -> None:

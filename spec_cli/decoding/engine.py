@@ -237,12 +237,12 @@ class Generation:
         self.stats.plan_s += time.perf_counter() - started
         return k
 
-    def offer(self, k: int, chunk: int) -> list[Offer]:
-        """The ways the drafter may draft next round, for at most `k` tokens, its preferred first, a catch-up whose
-        price is not known yet taking `chunk` tokens a step (`Drafter.offer`)."""
+    def offer(self, k: int, chunk: int, shared: bool) -> list[Offer]:
+        """The ways the drafter may draft next round, for at most `k` tokens, its preferred first, a catch-up taking
+        at most `chunk` tokens a step, other sequences sharing the pass or not (`Drafter.offer`)."""
         if self.drafter is None:
             return []
-        return self.drafter.offer(self._seq, k, chunk, self.sampling, self._draws())
+        return self.drafter.offer(self._seq, k, chunk, self.sampling, self._draws(), shared)
 
     def take(self, way: str) -> None:
         """Draft next round the way `way`, one of those offered (`Drafter.take`)."""

@@ -1,4 +1,5 @@
-"""Several generations at once: one verify pass a step for every active sequence (continuous batching).
+"""Several generations at once, or one alone (a schedule of one): one verify pass a step for every active sequence
+(continuous batching).
 
 Each generation runs on its own sequence of one target context (`Pair.slots`). A step asks each generating
 sequence for its round (`Generation.plan`: its drafts, with K chosen for the batch's goodput, `goodput`; a
@@ -334,7 +335,7 @@ class Scheduler:
         if not self._chooses_k(running):
             return Candidate(np.zeros(0), fixed=min(length.next_k(), cap) if generation.drafter else 0)
         if not isinstance(length, AdaptiveK):  # a drafter of several ways: each way it offers, priced as it drafts
-            offers = generation.offer(cap, self._chunk)
+            offers = generation.offer(cap, self._chunk, shared=len(self._running) > 1)
             running.offers = [offer.way for offer in offers]
             if not offers:
                 return Candidate(np.zeros(0), fixed=0)

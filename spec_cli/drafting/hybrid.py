@@ -213,15 +213,18 @@ class HybridDrafter(Drafter):
         return draft
 
     def offer(self, tokens: Sequence[int], k: int, chunk: int, sampling: SamplingParams,
-              rng: np.random.Generator) -> list[Offer]:
+              rng: np.random.Generator, shared: bool) -> list[Offer]:
         """This round's option, chosen now (as `propose` would), and the lookup's proposal where it made one and the
-        option is another: a scheduler weighs them by their acceptance and costs in the batch (a way fit for a
-        sequence alone may not be in a full pass) and sets K; the round drafts the way it takes (`take`). An own
-        drafter is offered with all it lacks (`backlog`): in a batch its catch-up holds every sequence up, so it is
-        the batch's to weigh, and is paid only where the batch takes that way (its first draft step takes it in).
-        One whose catch-up is not priced yet and lacks more than `chunk` catches up a chunk a step first, as alone."""
+        option is another: the planner weighs them by their acceptance and costs in the pass (a way fit for a
+        sequence alone may not be in a full pass) and sets K; the round drafts the way it takes (`take`). Where other
+        sequences share the pass (`shared`), an own drafter is offered with all it lacks (`backlog`): its catch-up
+        holds every sequence up, so it is the batch's to weigh, and is paid only where the batch takes that way (its
+        first draft step takes it in); one whose catch-up is not priced yet and lacks more than `chunk` catches up a
+        chunk a step first. Alone, entering a regime has been priced against the rounds after it (the ski-rental rule),
+        so the drafter is offered at its steady-state price, and one that lacks more than a chunk catches up a chunk a
+        step (`_ready`), which nobody waits on."""
         self._chunk = chunk
-        name, looked_up, k_own = self._choice(tokens, k, sampling, rng, batched=True)
+        name, looked_up, k_own = self._choice(tokens, k, sampling, rng, batched=shared)
         self._offered = (len(tokens), name, looked_up)
         lookup = Offer(self.lookup_name, self.state.lengths[self.lookup_name].acceptance, self.costs,
                        len(looked_up.tokens))
@@ -229,7 +232,8 @@ class HybridDrafter(Drafter):
             return [lookup]
         if name not in self.own:
             return [Offer(NONE, lookup.acceptance, self.costs, 0), *([lookup] if lookup.cap else [])]
-        own = Offer(name, self.state.lengths[name].acceptance, self.books[name], k_own, self.own[name].pending(tokens))
+        backlog = self.own[name].pending(tokens) if shared else 0
+        own = Offer(name, self.state.lengths[name].acceptance, self.books[name], k_own, backlog)
         return [own, *([lookup] if lookup.cap else [])]
 
     def take(self, way: str) -> None:
