@@ -107,7 +107,9 @@ def test_greedy_under_a_grammar_equals_the_target_alone(request: pytest.FixtureR
                                       grammar=LETTERS))
     assert generation.token_ids == reference.token_ids
     assert generation.text == reference.text
-    assert generation.stats.drafted > 0
+    # The default on tiny models, whose draft costs what the target does, may rightly never draft (the planner's
+    # K = 0 pays best); every other case drafts, its drafts cut by the grammar.
+    assert generation.stats.drafted > 0 or (mode, k) == ("hybrid", "auto")
     if drafter == "other":
         assert generation.stats.accepted < generation.stats.drafted  # rejections, and rollbacks after them
 

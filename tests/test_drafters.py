@@ -12,7 +12,7 @@ from spec_cli.decoding.costs import HOST, LoopCosts
 from spec_cli.decoding.draft_length import FixedK
 from spec_cli.decoding.drafter import CatchUp, Draft
 from spec_cli.decoding.sampling import SamplingParams
-from spec_cli.drafting.hybrid import OUT, HybridDrafter, HybridState
+from spec_cli.drafting.hybrid import K_START, OUT, HybridDrafter, HybridState
 from spec_cli.drafting.ngram import NgramDrafter
 from spec_cli.llama.grammar import Grammar
 
@@ -309,7 +309,7 @@ def test_an_offer_decides_the_way_and_the_round_drafts_it_at_the_batchs_k() -> N
     [offer] = drafter.offer(MATCH, 8, 64, GREEDY, np.random.default_rng(0), shared=True)
     assert drafter.chosen is not None and drafter.chosen[0] == "ngram" == offer.way
     assert offer.costs is drafter.costs and offer.costs.shape == HOST
-    assert offer.cap == 4  # [4, 5, 6, 7] follow [1, 2, 3]
+    assert offer.cap == 8  # [4, 5, 6, 7, 8, 1, 2, 3] follow [1, 2, 3]: the batch chooses K within what was proposed
     regret, lookups = drafter.state.regret_s, drafter._lookups.tokens
     draft = drafter.propose(MATCH, 2, GREEDY, np.random.default_rng(0))
     assert draft.tokens == [4, 5] and draft.way == "ngram" and model.proposed == 0
@@ -335,6 +335,18 @@ def test_alone_an_own_drafter_is_offered_at_its_steady_price_and_catches_up_in_c
     drafter.state.in_use = "model"
     offers = drafter.offer(NO_MATCH, 8, 64, GREEDY, np.random.default_rng(0), shared=False)
     assert [offer.way for offer in offers] == ["none"] and drafter.catch_up(NO_MATCH, 64) is not None
+
+
+def test_under_auto_the_planners_k_is_the_k_a_way_is_priced_at() -> None:
+    """Under auto the planner owns K: the K it gives a way is the one that way's option is priced at in the rounds
+    after (the way's controller only keeps acceptance), and before any, `K_START`."""
+    drafter, _model = hybrid(model_accepts=1, ngram_accepts=4)
+    drafter.state.ks.update({"ngram": K_START, "model": K_START})
+    drafter.rewind(1)
+    drafter.offer(MATCH, 8, 64, GREEDY, np.random.default_rng(0), shared=False)
+    assert drafter.propose(MATCH, 6, GREEDY, np.random.default_rng(0)).tokens == [4, 5, 6, 7, 8, 1]
+    assert drafter.state.ks == {"ngram": 6, "model": K_START} and drafter._k("ngram", 16) == 6
+    assert drafter._k("ngram", 3) == 3  # never past the cap of this round
 
 
 def test_the_batch_may_take_the_lookup_the_hybrid_offers_beside_its_choice() -> None:

@@ -90,6 +90,9 @@ class Drafter:
     chooses_ways: bool = False
     """Whether it chooses among several ways each round (the default drafting): it offers them (`offer`), and the
     planner takes one and its K for the pass, alone or beside other sequences."""
+    idle_way: str = ""
+    """What a round that drafts nothing counts as in the statistics' ways (a drafter of several ways: its no-draft
+    option, which the planner may choose for it); "" counts no way."""
     plan_s: float = 0.0
     """Seconds spent choosing how to draft (a drafter of several ways: pricing them), for the planning figure."""
     busy_s: float = 0.0

@@ -223,7 +223,7 @@ class Generation:
         self.stats.current_k = len(draft.tokens) or self.stats.current_k  # the K last drafted, for live views
         with self._timer.step("verify_s"):
             n, token = self._accepted_prefix(rows, draft)
-        self.stats.record_round(len(draft.tokens), n, draft.way)
+        self.stats.record_round(len(draft.tokens), n, draft.way or (self.drafter.idle_way if self.drafter else ""))
         self._advance_grammar(n, token)
         emitted = yield from self._emit(draft.tokens[:n], token)
         self._rewind()
@@ -242,7 +242,11 @@ class Generation:
         at most `chunk` tokens a step, other sequences sharing the pass or not (`Drafter.offer`)."""
         if self.drafter is None:
             return []
-        return self.drafter.offer(self._seq, k, chunk, self.sampling, self._draws(), shared)
+        started, planned = time.perf_counter(), self.drafter.plan_s
+        offers = self.drafter.offer(self._seq, k, chunk, self.sampling, self._draws(), shared)
+        # Its proposals (a lookup's) are drafting; what it spent choosing is in its planning figure (`_learn`).
+        self.stats.draft_s += time.perf_counter() - started - (self.drafter.plan_s - planned)
+        return offers
 
     def take(self, way: str) -> None:
         """Draft next round the way `way`, one of those offered (`Drafter.take`)."""

@@ -38,7 +38,8 @@ PREFILL_CHUNK = 64  # prompt tokens a newcomer feeds a step while others generat
 # most a drafter catches up on in a step (`Generation.begin_round`): a long catch-up never holds the others up
 ALONE_CHUNK = 512  # the most a drafter catches up on in a step where its sequence runs alone: nobody waits on it
 PROBE_MAX = 1024  # the most rounds an idle sequence's drafter waits for its next probe
-QUIET_STEPS = 4  # steps a choice of no drafts at all stands for
+PLAN_SHARE = 0.01  # the most of a step's time that choosing K = 0 again and again may cost (`Scheduler._quiet_steps`)
+QUIET_MAX = 64  # the most steps a choice of no drafts at all stands for
 T = TypeVar("T")
 MAX_SEQUENCES = 64  # the most sequences at once we offer (llama.cpp takes up to 256 in one context)
 
@@ -83,6 +84,7 @@ class Scheduler:
         self.acceptance: dict[str, PositionAcceptance] = {}
         self._running: list[_Running] = []
         self._quiet: tuple[int, list[int]] | None = None  # steps left of a choice of no drafts, and for whom
+        self._plan_s = 0.0  # the seconds of a step's planning where it chose (decayed)
 
     def __len__(self) -> int:
         return len(self._running)
@@ -251,15 +253,21 @@ class Scheduler:
 
     def _planned_ks(self, generating: list[_Running]) -> list[int | None]:
         """`_ks`, its seconds shared among the sequences' planning figures (`Stats.plan_s`), less what their drafters
-        spent choosing their ways, which each drafter counts itself. Without a drafter there is nothing to choose."""
+        spent choosing their ways, which each drafter counts itself, and their proposals made to offer them (drafting
+        time, `Generation.offer`). Without a drafter there is nothing to choose."""
         drafting = [r.generation.drafter for r in generating if r.generation.drafter is not None]
         if not drafting:
             return [None] * len(generating)
         started = time.perf_counter()
-        drafters = sum(drafter.plan_s for drafter in drafting)
+        chooses = not (self._quiet and self._quiet[1] == [id(r) for r in generating])  # a quiet step only counts down
+        drafters = sum(drafter.plan_s for drafter in drafting) + sum(r.generation.stats.draft_s for r in generating)
         ks = self._ks(generating)
-        drafters = sum(drafter.plan_s for drafter in drafting) - drafters
-        share = (time.perf_counter() - started - drafters) / max(1, len(generating))
+        drafters = sum(drafter.plan_s for drafter in drafting) + sum(r.generation.stats.draft_s for r in generating) \
+            - drafters
+        seconds = time.perf_counter() - started
+        if chooses:
+            self._plan_s = seconds if not self._plan_s else 0.8 * self._plan_s + 0.2 * seconds
+        share = (seconds - drafters) / max(1, len(generating))
         for running in generating:
             running.generation.stats.plan_s += share
         return ks
@@ -268,9 +276,7 @@ class Scheduler:
         """K for each generating sequence: a fixed K as its request asked (None: its own), and for `-k auto`
         the batch's choice by goodput, with a probe (K = 1) for a drafter idle for long enough.
 
-        A choice of no drafts at all stands for `QUIET_STEPS` steps of the same sequences: the choice's Python
-        (~0.3 ms a step) between two passes slowed the batch by 2-3% where nothing drafts, the passes
-        included (llama.cpp's threads go to sleep while the host works)."""
+        A choice of no drafts at all stands for some steps of the same sequences (`_quiet_steps`)."""
         chosen = [self._chooses_k(r) for r in generating]
         members = [id(r) for r in generating]
         candidates: dict[int, Candidate] = {}  # each sequence's, made once a step (a drafter's offer decides its way)
@@ -290,7 +296,8 @@ class Scheduler:
                 if k and way:  # another way than its drafter's preferred one pays best in this pass
                     running.generation.take(running.offers[way])
             ks = [k if adaptive else None for (k, _way), adaptive in zip(choices, chosen)]
-            self._quiet = (QUIET_STEPS - 1, members) if not any(ks) else None
+            quiet = self._quiet_steps(len(generating)) if not any(ks) else 0
+            self._quiet = (quiet, members) if quiet else None
         for i, running in enumerate(generating):
             if not chosen[i]:
                 continue
@@ -302,6 +309,14 @@ class Scheduler:
                 running.probe_after = PROBE_ROUNDS
             running.idle = running.idle + 1 if ks[i] == 0 else 0
         return ks
+
+    def _quiet_steps(self, sequences: int) -> int:
+        """How many steps after this one a choice of no drafts at all stands for: as many as keep choosing again within
+        `PLAN_SHARE` of the steps' time. Where a step is dear (a model of some size) that is none, and each step chooses
+        afresh; on a tiny model, whose step costs about what choosing does, the choice stands for tens of steps (the
+        planner's Python between passes cost it a third of the target alone's speed)."""
+        step_s = (self.pass_costs.seconds(sequences) or 0.0) + self.host_s
+        return min(QUIET_MAX, int(self._plan_s / (PLAN_SHARE * step_s))) if step_s else 0
 
     @staticmethod
     def _chooses_k(running: _Running) -> bool:

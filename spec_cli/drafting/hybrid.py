@@ -21,6 +21,7 @@ from spec_cli.llama.grammar import Grammar
 
 CARRIED = 0.3  # of decayed yields worth ~5 rounds, what a new prompt keeps: about two rounds
 OUT = "out"  # the regime in which none of the pair's own drafters is in use
+K_START = 4  # under auto, the K a way is priced at until the planner has given it one
 NONE, NGRAM = "none", "ngram"
 
 
@@ -47,13 +48,15 @@ class Yield:
 @dataclass
 class HybridState:
     """What a hybrid drafter learns, kept across generations: a K controller (with its acceptance) for
-    n-gram lookup and for each own drafter; for each regime (one own drafter in use, or none: `OUT`) the
-    rate its choices would have yielded; the regime in use, the seconds lost so far by staying in it while
-    another looked better, and that other's entry price when they began (a backlog grows while its drafter
-    waits: a price fixed at the start keeps the rule from chasing it)."""
+    n-gram lookup and for each own drafter; under auto (`ks`), the K the planner last gave each way, which the
+    regimes price it at (the planner owns K: the controllers only keep acceptance); for each regime (one own
+    drafter in use, or none: `OUT`) the rate its choices would have yielded; the regime in use, the seconds lost
+    so far by staying in it while another looked better, and that other's entry price when they began (a backlog
+    grows while its drafter waits: a price fixed at the start keeps the rule from chasing it)."""
 
     lengths: dict[str, DraftLength]
     lookup: str = NGRAM  # the name of the drafter that costs no decode (n-gram lookup, or the memory)
+    ks: dict[str, int] = field(default_factory=dict)  # empty under a fixed K: each way's controller's K
     # A regime's yield is priced by the cost model, not measured, so it is smooth: a short memory (~5 rounds)
     # follows the text (a stretch of copied code, then prose) without chasing noise.
     decay: float = 0.8
@@ -103,6 +106,7 @@ class HybridDrafter(Drafter):
     """
 
     chooses_ways = True
+    idle_way = NONE
 
     def __init__(self, lookup: Drafter, own: dict[str, CatchUpDrafter], books: dict[str, LoopCosts],
                  costs: LoopCosts, state: HybridState) -> None:
@@ -224,7 +228,7 @@ class HybridDrafter(Drafter):
         so the drafter is offered at its steady-state price, and one that lacks more than a chunk catches up a chunk a
         step (`_ready`), which nobody waits on."""
         self._chunk = chunk
-        name, looked_up, k_own = self._choice(tokens, k, sampling, rng, batched=shared)
+        name, looked_up, k_own = self._choice(tokens, k, sampling, rng, offering=True, shared=shared)
         self._offered = (len(tokens), name, looked_up)
         lookup = Offer(self.lookup_name, self.state.lengths[self.lookup_name].acceptance, self.costs,
                        len(looked_up.tokens))
@@ -246,42 +250,52 @@ class HybridDrafter(Drafter):
         self._unused = None if way == self.lookup_name else self._unused
 
     def _choice(self, tokens: Sequence[int], k: int, sampling: SamplingParams, rng: np.random.Generator,
-                batched: bool = False) -> tuple[str, Draft, int]:
+                offering: bool = False, shared: bool = False) -> tuple[str, Draft, int]:
         """This round's option (see the class notes), the lookup's proposal, and K for an own drafter chosen: the
-        ones `offer` chose for this place, cut to `k`, else chosen now. Alone, an own drafter that lacks more than a
-        chunk catches up first (`_ready`); `batched`, it is offered as it is where its catch-up is priced (its book
-        has measured its decodes)."""
+        ones `offer` chose for this place, cut to `k` (the planner's K), else chosen now. `offering`: for the planner,
+        which chooses K within `k` (the lookup proposes that far, an own drafter is offered that far); else each way
+        drafts at its K (`_k`). An own drafter that lacks more than a chunk catches up first (`_ready`), unless
+        other sequences share the pass (`shared`) and its catch-up is priced (its book has measured its decodes)."""
         self._draft = Draft()
         offered, self._offered = self._offered, None
         if offered is not None and offered[0] == len(tokens):
             _, name, looked_up = offered
             looked_up = Draft(looked_up.tokens[:k], looked_up.q[:k])
-            return name, looked_up, min(k, self.state.lengths[name].next_k()) if name in self.own else 0
+            k_own = min(k, self.state.lengths[name].k_max) if name in self.own else 0
+            if name in self.state.ks and (k_own or looked_up.tokens):
+                self.state.ks[name] = k_own or len(looked_up.tokens)  # the planner's K for this way
+            return name, looked_up, k_own
         planning = time.perf_counter()
-        lengths = self.state.lengths
         self._learn_in_hindsight(tokens)
         started = time.perf_counter()
-        looked_up = self.lookup.propose(tokens, min(k, lengths[self.lookup_name].next_k()), sampling, rng)
+        looked_up = self.lookup.propose(tokens, k if offering else self._k(self.lookup_name, k), sampling, rng)
         lookup_s = time.perf_counter() - started
         self._lookups.add(1.0, lookup_s, self.state.decay)
-        ks = {name: min(k, lengths[name].next_k()) for name in self.own}
-        options = self._price(len(looked_up.tokens), ks)
+        ks = {name: self._k(name, k) for name in self.own}
+        options = self._price(min(len(looked_up.tokens), self._k(self.lookup_name, k)), ks)
         pending = {name: self.own[name].pending(tokens) for name in self.own}
         for name, drafter in self.own.items():
             if name in options and options[name].seconds is None and pending[name] > self._chunk:
                 drafter.narrow(tokens)  # a trial: the cheapest catch-up, the latest tokens only
                 pending[name] = drafter.pending(tokens)
         name = self._choose(options, pending)
-        if not batched or name not in self.books or not self.books[name].draft.weight:
+        if not shared or name not in self.books or not self.books[name].draft.weight:
             name = self._ready(name, options, pending)
         self.chosen = (name, options[name].seconds or 0.0)
         self._unused = (len(tokens), looked_up.tokens) if looked_up.tokens and name != self.lookup_name else None
         self.plan_s += time.perf_counter() - planning - lookup_s
-        return name, looked_up, ks.get(name, 0)
+        if name not in self.own:
+            return name, looked_up, 0
+        return name, looked_up, min(k, self.state.lengths[name].k_max) if offering else ks[name]
+
+    def _k(self, name: str, k: int) -> int:
+        """The K way `name` drafts and is priced at, within `k`: under auto the planner's last for it, else its
+        controller's."""
+        return min(k, self.state.ks.get(name) or self.state.lengths[name].next_k())
 
     def _price(self, n_ngram: int, ks: dict[str, int]) -> dict[str, Option]:
         """Every option of this round: no draft, the n-gram's proposal of `n_ngram` tokens where it made one,
-        each own drafter at its controller's K (where it is above 0)."""
+        each own drafter at its K (`_k`; where it is above 0)."""
         lengths, costs = self.state.lengths, self.costs
         none = lengths[self.lookup_name].acceptance
         options = {NONE: Option(1.0, costs.round_seconds(0, none))}

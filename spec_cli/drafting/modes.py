@@ -20,7 +20,7 @@ from spec_cli.decoding.drafter import Drafter
 from spec_cli.drafting.base import CatchUpDrafter
 from spec_cli.drafting.dflash import DFlashDrafter
 from spec_cli.drafting.eagle3 import Eagle3Drafter
-from spec_cli.drafting.hybrid import HybridDrafter, HybridState
+from spec_cli.drafting.hybrid import K_START, HybridDrafter, HybridState
 from spec_cli.drafting.model import ModelDrafter
 from spec_cli.drafting.mtp import MtpDrafter
 from spec_cli.drafting.ngram import NgramDrafter
@@ -271,14 +271,16 @@ class Drafting:
             self._costs[name] = LoopCosts.sharing(self._verify, DECAY, MODES[name].cost_shape)
         return self._costs[name]
 
-    def length(self, key: tuple[str, str, int | str], drafter: str, limit: int = AUTO_K_MAX) -> DraftLength:
+    def length(self, key: tuple[str, str, int | str], drafter: str, limit: int = AUTO_K_MAX,
+               planned: bool = False) -> DraftLength:
         """The controller of K under `key` (mode, drafter, K asked) for `drafter` (a mode's name), priced with
         that drafter's costs, at most `limit` a round; kept across generations. An own drafter's starts from the
-        acceptance in the cost book."""
+        acceptance in the cost book. `planned`: under auto the planner chooses this way's K round by round (a way of
+        the default drafting), so it only keeps acceptance, at most `limit`."""
         if key not in self._lengths:
             k = key[2]
-            length: DraftLength = FixedK(min(k, limit)) if k != "auto" else AdaptiveK(
-                self.costs(drafter), k_max=min(AUTO_K_MAX, limit))
+            length: DraftLength = FixedK(min(k, limit)) if k != "auto" else FixedK(min(AUTO_K_MAX, limit)) \
+                if planned else AdaptiveK(self.costs(drafter), k_max=min(AUTO_K_MAX, limit))
             if drafter in self._acceptance:
                 length.seed(self._acceptance[drafter], BOOK_ROUNDS)
             self._lengths[key] = length
@@ -288,11 +290,13 @@ class Drafting:
         """What the hybrid drafting with K = `k` has learnt: a K controller for each of its drafters."""
         if k not in self._hybrids:
             lookup = "memory" if self.sources.memory is not None else "ngram"
-            lengths = {lookup: self.length(("hybrid", lookup, "auto"), lookup)}
+            planned = k == "auto"
+            lengths = {lookup: self.length(("hybrid", lookup, "auto"), lookup, planned=planned)}
             for name in self.own_models():
                 own = MODES[name]
-                lengths[name] = self.length(("hybrid", name, k), name, own.k_limit(self.sources))
-            self._hybrids[k] = HybridState(lengths, lookup)
+                lengths[name] = self.length(("hybrid", name, k), name, own.k_limit(self.sources), planned)
+            ks = {name: min(K_START, length.k_max) for name, length in lengths.items()} if planned else {}
+            self._hybrids[k] = HybridState(lengths, lookup, ks=ks)
         return self._hybrids[k]
 
     def seed(self, entry: dict[str, Any] | None) -> None:
