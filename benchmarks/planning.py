@@ -21,7 +21,7 @@ from spec_cli.concurrency import Batch, run_batch
 from spec_cli.decoding.scheduler import Scheduler
 from spec_cli.decoding.stats import Stats
 from spec_cli.llama import kernels
-from spec_cli.request import GenerationRequest
+from spec_cli.request import AUTO, GenerationRequest
 
 PROMPTS = ["Rewrite this function with type hints: def add(a, b):\n    return a + b\n\ndef sub(a, b):\n"
            "    return a - b",
@@ -46,7 +46,7 @@ def main() -> None:
     parser.add_argument("--levels", default="1,2,4", help="sequences at once under the scheduler")
     args = parser.parse_args()
     levels = [int(level) for level in args.levels.split(",")]
-    request = GenerationRequest(sampling=SamplingParams(), max_tokens=args.n)
+    request = GenerationRequest(sampling=SamplingParams(), max_tokens=args.n, draft_max=AUTO)  # as `spec run`
     report: dict[str, object] = {"cpu": kernels.cpu_name()}
     paths = {"target": Path(args.target) if args.target else None, "draft": Path(args.draft) if args.draft else None}
     with open_pair(LoadOptions(pair=args.pair, quiet=True, **paths)) as loaded:
@@ -64,6 +64,7 @@ def main() -> None:
             batch = Batch(level, True)
             slots, scheduler = pair.slots(level), Scheduler()
             for start in range(0, len(prompts), level):
+                pair.output_memory.forget()
                 chosen = [prompts[(start + i) % len(prompts)] for i in range(level)]
                 run_batch(scheduler, slots, chosen, [request] * level, batch)
             report[f"scheduler at {level}"] = figures(batch.totals)

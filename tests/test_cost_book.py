@@ -7,6 +7,7 @@ import json
 import re
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from spec_cli import load_pair
@@ -43,9 +44,9 @@ def test_the_next_pair_starts_from_the_book(target_path: Path, other_draft_path:
         assert costs.draft.seconds(1) == entry["books"]["model"]["draft"]["1"]
         assert costs.verify.seconds(0) == entry["verify"]["0"]
         length = pair.drafting.build("model", 0.0, "auto")[1]
-        assert isinstance(length, AdaptiveK) and length.rounds == length.warmup_rounds  # no warm-up
-        rates = {k: costs.rate(k, length.acceptance) for k in range(length.k_max + 1)}
-        assert length.k == max(rates, key=lambda k: rates[k] or 0.0)
+        assert isinstance(length, AdaptiveK) and length.priced  # no warm-up: the planner prices it at once
+        assert length.acceptance.alpha == pytest.approx(entry["acceptance"]["model"]["accepted"] / (
+            entry["acceptance"]["model"]["accepted"] + entry["acceptance"]["model"]["rejections"]))
         assert length.acceptance.measured <= 8.0  # a prior that the rounds measured now soon outweigh
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from spec_cli.decoding.costs import HOST, LoopCosts
 from spec_cli.decoding.draft_length import FixedK
-from spec_cli.decoding.drafter import CatchUp, Draft
+from spec_cli.decoding.drafter import CatchUp, Draft, Terms
 from spec_cli.decoding.sampling import SamplingParams
 from spec_cli.drafting.hybrid import K_START, OUT, HybridDrafter, HybridState
 from spec_cli.drafting.ngram import NgramDrafter
@@ -306,7 +306,7 @@ def test_an_offer_decides_the_way_and_the_round_drafts_it_at_the_batchs_k() -> N
     follows drafts that way at the K the batch gave, without choosing again."""
     drafter, model = hybrid(model_accepts=1, ngram_accepts=4)
     drafter.rewind(1)
-    [offer] = drafter.offer(MATCH, 8, 64, GREEDY, np.random.default_rng(0), shared=True)
+    [offer] = drafter.offer(MATCH, Terms(8, 64, True, 100), GREEDY, np.random.default_rng(0))
     assert drafter.chosen is not None and drafter.chosen[0] == "ngram" == offer.way
     assert offer.costs is drafter.costs and offer.costs.shape == HOST
     assert offer.cap == 8  # [4, 5, 6, 7, 8, 1, 2, 3] follow [1, 2, 3]: the batch chooses K within what was proposed
@@ -317,7 +317,8 @@ def test_an_offer_decides_the_way_and_the_round_drafts_it_at_the_batchs_k() -> N
 
     drafter, model = hybrid(model_accepts=4, ngram_accepts=0, pending=7, in_use="model")
     drafter.rewind(1)
-    [offer] = drafter.offer(NO_MATCH, 8, 64, GREEDY, np.random.default_rng(0), shared=True)  # no n-gram match: the model alone
+    # No n-gram match: the model alone.
+    [offer] = drafter.offer(NO_MATCH, Terms(8, 64, True, 100), GREEDY, np.random.default_rng(0))
     assert offer.way == "model" and offer.costs is drafter.books["model"] and offer.backlog == 7 and offer.cap == 4
     assert drafter.propose(NO_MATCH, 3, GREEDY, np.random.default_rng(0)).tokens == [9, 9, 9]
 
@@ -327,13 +328,13 @@ def test_alone_an_own_drafter_is_offered_at_its_steady_price_and_catches_up_in_c
     planner would weigh a catch-up against one round), and a backlog over a chunk is taken a chunk a step first."""
     drafter, _model = hybrid(model_accepts=4, ngram_accepts=0, pending=7, in_use="model")
     drafter.rewind(1)
-    [offer] = drafter.offer(NO_MATCH, 8, 64, GREEDY, np.random.default_rng(0), shared=False)
+    [offer] = drafter.offer(NO_MATCH, Terms(8, 64, False, 100), GREEDY, np.random.default_rng(0))
     assert offer.way == "model" and offer.backlog == 0
     drafter, _model = hybrid(model_accepts=4, ngram_accepts=0, pending=300, in_use="model")
     drafter.rewind(1)
     assert drafter.catch_up(NO_MATCH, 64) is None  # the new prompt's first round: the regime is left
     drafter.state.in_use = "model"
-    offers = drafter.offer(NO_MATCH, 8, 64, GREEDY, np.random.default_rng(0), shared=False)
+    offers = drafter.offer(NO_MATCH, Terms(8, 64, False, 100), GREEDY, np.random.default_rng(0))
     assert [offer.way for offer in offers] == ["none"] and drafter.catch_up(NO_MATCH, 64) is not None
 
 
@@ -343,10 +344,26 @@ def test_under_auto_the_planners_k_is_the_k_a_way_is_priced_at() -> None:
     drafter, _model = hybrid(model_accepts=1, ngram_accepts=4)
     drafter.state.ks.update({"ngram": K_START, "model": K_START})
     drafter.rewind(1)
-    drafter.offer(MATCH, 8, 64, GREEDY, np.random.default_rng(0), shared=False)
+    drafter.offer(MATCH, Terms(8, 64, False, 100), GREEDY, np.random.default_rng(0))
     assert drafter.propose(MATCH, 6, GREEDY, np.random.default_rng(0)).tokens == [4, 5, 6, 7, 8, 1]
     assert drafter.state.ks == {"ngram": 6, "model": K_START} and drafter._k("ngram", 16) == 6
     assert drafter._k("ngram", 3) == 3  # never past the cap of this round
+
+
+def test_a_clearly_better_regime_is_entered_at_once_where_the_answer_has_room_to_pay_it_back() -> None:
+    """Out of the model's regime, with a 40-token backlog to pay on entering: told that the generation may emit 1000
+    more tokens, the hybrid enters at once (the model's rate pays the backlog back within them); told 10, or not
+    told (the ski-rental wait), it stays out this round."""
+    entered = []
+    for left in (1000, 10, None):
+        drafter, _model = hybrid(model_accepts=4, ngram_accepts=0, pending=40)
+        drafter.rewind(1)
+        if left is None:
+            drafter.propose(NO_MATCH, 8, GREEDY, np.random.default_rng(0))
+        else:
+            drafter.offer(NO_MATCH, Terms(8, 64, False, left), GREEDY, np.random.default_rng(0))
+        entered.append(drafter.state.in_use)
+    assert entered == ["model", OUT, OUT]
 
 
 def test_the_batch_may_take_the_lookup_the_hybrid_offers_beside_its_choice() -> None:
@@ -354,7 +371,7 @@ def test_the_batch_may_take_the_lookup_the_hybrid_offers_beside_its_choice() -> 
     and catch-up too dear in a full pass takes the lookup (`take`), and the round drafts it; its acceptance learns."""
     drafter, model = hybrid(model_accepts=4, ngram_accepts=0, in_use="model")
     drafter.rewind(1)
-    offers = drafter.offer(MATCH, 8, 64, GREEDY, np.random.default_rng(0), shared=True)
+    offers = drafter.offer(MATCH, Terms(8, 64, True, 100), GREEDY, np.random.default_rng(0))
     assert [offer.way for offer in offers] == ["model", "ngram"] and offers[1].costs.shape == HOST
     drafter.take("ngram")
     draft = drafter.propose(MATCH, 3, GREEDY, np.random.default_rng(0))
@@ -384,11 +401,11 @@ def test_an_unpriced_catch_up_is_not_offered_whole_to_a_batch() -> None:
     drafter.rewind(1)
     assert drafter.catch_up(NO_MATCH, 64) is None  # the new prompt's first round: the regime is left
     drafter.state.in_use = "model"  # entered later
-    offers = drafter.offer(NO_MATCH, 8, 64, GREEDY, np.random.default_rng(0), shared=True)
+    offers = drafter.offer(NO_MATCH, Terms(8, 64, True, 100), GREEDY, np.random.default_rng(0))
     assert [offer.way for offer in offers] == ["none"] and drafter.catch_up(NO_MATCH, 64) is not None
     drafter, model = hybrid(model_accepts=4, ngram_accepts=0, pending=300, in_use="model")
     drafter.rewind(1)
     assert drafter.catch_up(NO_MATCH, 64) is None
     drafter.state.in_use = "model"
-    [offer] = drafter.offer(NO_MATCH, 8, 64, GREEDY, np.random.default_rng(0), shared=True)
+    [offer] = drafter.offer(NO_MATCH, Terms(8, 64, True, 100), GREEDY, np.random.default_rng(0))
     assert offer.way == "model" and offer.backlog == 300 and drafter.catch_up(NO_MATCH, 64) is None

@@ -105,3 +105,16 @@ def test_a_sequence_takes_the_way_that_pays_best_in_the_pass() -> None:
     cheap_model = Candidate(np.full(8, 0.9), step_s=0.001)
     [(k, way)] = choose([replace(cheap_model, others=(Candidate(np.full(2, 0.3)),))], pass_costs(cheap_rows))
     assert way == 0 and k > 2
+
+
+def test_alone_acceptance_and_the_drafters_cost_set_k() -> None:
+    """One sequence (a lone run is a schedule of one): high acceptance with cheap drafts drafts long, low acceptance
+    short, and the same acceptance drafts less where each draft costs a step than where it costs host time only."""
+    rows = lambda n: 0.040 + 0.002 * n  # noqa: E731
+    [long] = choose_ks([Candidate(np.full(16, 0.95), step_s=0.001)], pass_costs(rows))
+    [short] = choose_ks([Candidate(np.full(16, 0.3), step_s=0.001)], pass_costs(rows))
+    assert long >= 10 and short <= 2
+    falling = np.array([0.95, 0.9, 0.85, 0.8, 0.7, 0.6, 0.5, 0.4])
+    [dear] = choose_ks([Candidate(falling, step_s=0.015)], pass_costs(rows))
+    [free] = choose_ks([Candidate(falling)], pass_costs(rows))
+    assert 0 < dear < free

@@ -7,6 +7,7 @@ import time
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Iterator
 
 import numpy as np
@@ -17,6 +18,9 @@ from tiny_models import write_model
 
 from spec_cli import GenerationRequest, Pair, load_pair
 from spec_cli.decoding import scheduler as scheduling
+from spec_cli.decoding.costs import PER_TOKEN, PROBE_ROUNDS, LoopCosts
+from spec_cli.decoding.draft_length import AdaptiveK
+from spec_cli.decoding.drafter import Drafter
 from spec_cli.decoding.engine import Generation
 from spec_cli.decoding.sampling import SamplingParams
 from spec_cli.decoding.scheduler import Scheduler, _batches
@@ -281,3 +285,49 @@ def test_planning_is_timed_alone_and_under_the_scheduler(other: Pair, slots: lis
     run(Scheduler(), {0: generations})
     wall = time.perf_counter() - started
     assert all(g.stats.plan_s > 0 for g in generations) and sum(g.stats.plan_s for g in generations) < wall
+
+
+def planned(costs: LoopCosts, backlog: int = 0) -> tuple[Scheduler, scheduling._Running]:
+    """A scheduler whose passes cost 40 ms and 4 ms a row, planning for one sequence (a lone run, a schedule of one)
+    whose drafter, priced by `costs`, has seen none of its drafts kept: what the planner reads of a generation."""
+    scheduler = Scheduler()
+    for rows in range(1, 18):
+        scheduler.pass_costs.record(rows, 0.040 + 0.004 * rows)
+    length = AdaptiveK(costs, k_max=16)
+    for _ in range(8):
+        length.update(4, 0)
+    generation = SimpleNamespace(drafter=Drafter(), draft_length=length, room=lambda: 1000,
+                                 stats=SimpleNamespace(draft_mode="model", adaptive=True),
+                                 drafter_backlog=lambda: backlog)
+    return scheduler, scheduling._Running(generation, [])  # type: ignore[arg-type]
+
+
+def idle_ks(scheduler: Scheduler, running: scheduling._Running, steps: int) -> list[int]:
+    """The K the planner gives the sequence each of `steps` steps (a probe drafts, and keeps nothing)."""
+    ks = []
+    for _ in range(steps):
+        [k] = scheduler._ks([running])
+        if k:
+            scheduler._drafted(running)
+        ks.append(k or 0)
+    return ks
+
+
+def test_an_idle_drafter_is_probed_less_and_less_while_probes_do_not_pay() -> None:
+    costs = LoopCosts(shape=PER_TOKEN)
+    costs.draft.record(1, 0.002)
+    scheduler, running = planned(costs)
+    ks = idle_ks(scheduler, running, 8 * PROBE_ROUNDS)
+    probes = [i for i, k in enumerate(ks) if k]
+    assert probes[0] == PROBE_ROUNDS and set(ks[:PROBE_ROUNDS]) == {0}  # K = 1 once, after the idle rounds
+    assert [b - a for a, b in zip(probes, probes[1:])] == [2 * PROBE_ROUNDS + 1, 4 * PROBE_ROUNDS + 1]
+    assert all(k <= 1 for k in ks)
+
+
+def test_a_probe_dearer_than_its_share_of_the_idle_time_is_not_made() -> None:
+    """A drafter whose catch-up on what it missed costs as much as the rounds it sat out is never probed."""
+    costs = LoopCosts(shape=PER_TOKEN)
+    costs.draft.record(1, 0.050)
+    costs.draft.record(64, 64 * 0.050)
+    scheduler, running = planned(costs, backlog=64)
+    assert set(idle_ks(scheduler, running, 400)) == {0}

@@ -9,10 +9,10 @@ Three costs make up a round that drafts K tokens and emits E of them:
 
 How c_d grows with K is the drafter's cost shape, which each drafter declares in its own module
 (`Drafter.cost_shape`): host time only (a lookup), a step per drafted token (a draft model, a head), or one pass
-per round (a block drafter). `round_seconds` puts them together; the K controller, the hybrid drafter, the
-scheduler's goodput choice, the cost book's reading and `spec bench`'s prediction all read it, so the bench's
+per round (a block drafter). `round_seconds` and `step_costs` put them together; the hybrid drafter's regimes, the
+planner's goodput choice, the cost book's reading and `spec bench`'s prediction all read them, so the bench's
 predicted column checks the very model the loop optimises. So does the one rule for when an idle drafter is
-tried again (`probe_price`, `probe_pays`).
+tried again (`probe_pays`).
 """
 
 from __future__ import annotations
@@ -232,12 +232,6 @@ class LoopCosts:
         step = self.draft.seconds(1)
         catch_up = self.draft.interpolated(backlog) if backlog > 1 else 0.0
         return None if step is None or catch_up is None else (step, catch_up)
-
-    def probe_price(self, backlog: int, row_s: float) -> float | None:
-        """What trying an idle drafter with one token costs: its catch-up on the `backlog` tokens it missed and its
-        step (as its shape says), and one more verify row (`row_s`). None while a cost it needs is unmeasured."""
-        costs = self.step_costs(backlog)
-        return None if costs is None else costs[0] + costs[1] + row_s
 
     def as_dict(self) -> dict[str, object]:
         return {"draft_step_s": self.draft.as_dict(), "verify_s": self.verify.as_dict(),

@@ -4,23 +4,20 @@ With per-token acceptance probability α, a round that drafts K tokens emits on 
 E[tokens](K) = (1 − α^(K+1)) / (1 − α) (Leviathan et al. 2023). Acceptance is tracked per draft position
 instead (`PositionAcceptance`), since later positions are accepted less often, and a round's cost comes from
 `costs.LoopCosts`: K draft steps with the catch-up a fully accepted round leaves, the target's pass over
-K + 1 tokens, and the loop's own work per token. `AdaptiveK` moves K towards the value that maximises
-E[tokens](K) / seconds(K), at most 2 a round; until it has measured enough it follows the transformers
-heuristic (K + 2 after a fully accepted round, K − 1 otherwise), which also explores K.
+K + 1 tokens, and the loop's own work per token. `AdaptiveK` keeps what the planner reads for a drafter under
+`-k auto`; until it has measured enough the drafter is tried with the transformers heuristic (K + 2 after a fully
+accepted round, K − 1 otherwise), which also explores K.
 
-K = 0 is a choice: where drafting does not pay (a draft dearer than its target, one the target seldom
-agrees with) the loop runs as the target alone, so that speculation never costs. A drafter left idle is
-probed now and then with K = 1, for the text may turn to where it pays, by the cost model's one rule
-(`costs.probe_pays`).
+Under `-k auto` the planner chooses K (`scheduler`, `goodput`), 0 included: where drafting does not pay (a draft
+dearer than its target, one the target seldom agrees with) the loop runs as the target alone, so that speculation
+never costs.
 """
 
 from __future__ import annotations
 
 from typing import Protocol, Sequence
 
-import numpy as np
-
-from spec_cli.decoding.costs import PROBE_ROUNDS, LoopCosts, probe_pays
+from spec_cli.decoding.costs import LoopCosts
 
 PRIOR_WEIGHT = 3.0  # pseudo-rounds at α̂ behind each position's rate
 AUTO_K_MAX = 16  # the largest K `-k auto` chooses
@@ -140,9 +137,9 @@ class PositionAcceptance:
             self._cached = (rates, expected, all_accepted)
         return self._cached
 
-    def rates(self, k: int) -> np.ndarray:
+    def rates(self, k: int) -> list[float]:
         """a_1..a_k (`_rates`)."""
-        return np.array(self._table(k)[0][:k])
+        return self._table(k)[0][:k]
 
     def expected_tokens(self, k: int) -> float:
         return self._table(k)[1][k]
@@ -184,9 +181,10 @@ class FixedK:
 
 
 class AdaptiveK:
-    """Chooses K (0 included) to maximise expected tokens per second from running estimates of a_i and of
-    `costs` (its drafter's book, which knows the drafter's cost shape), and probes an idle drafter (K = 0) with
-    K = 1 when a probe is cheap enough.
+    """K under `-k auto` for a drafter of one way: the planner chooses it each round (`scheduler`, `goodput`) from this
+    controller's acceptance and its drafter's book (`costs`, which knows the drafter's cost shape), K = 0 and the
+    probes of an idle drafter included. Until the acceptance is measured (`warmup_rounds` rounds, or a cost book's
+    seeded), the drafter is tried at the K of the transformers heuristic (`next_k`), which also explores K.
     """
 
     def __init__(self, costs: LoopCosts, k_max: int, k_start: int = 4, warmup_rounds: int = 3,
@@ -197,58 +195,26 @@ class AdaptiveK:
         self.warmup_rounds = warmup_rounds
         self.rounds = 0
         self.acceptance = PositionAcceptance(decay)
-        self.idle = 0  # rounds run at K = 0 since drafting last ran
-        self.probe_after = PROBE_ROUNDS
+
+    @property
+    def priced(self) -> bool:
+        """Whether the acceptance is measured enough for the planner to price this drafter's rounds."""
+        return self.rounds >= self.warmup_rounds
 
     def seed(self, counts: dict[str, float | list[float]], rounds: float) -> None:
-        """Start from acceptance learnt before (a cost book's) at the K the costs make best: no warm-up."""
+        """Start from acceptance learnt before (a cost book's): priced at once, where the book has the costs too."""
         self.acceptance.seed(counts, rounds)
-        best = self.costs.best_k(self.acceptance, range(self.k_max + 1))
-        if best is not None:
-            self.k, self.rounds = best, self.warmup_rounds
+        if self.costs.round_seconds(1, self.acceptance) is not None:
+            self.rounds = self.warmup_rounds
 
     def next_k(self) -> int:
-        return 1 if self.k == 0 and self.probe_due() else self.k
-
-    def probe_due(self) -> bool:
-        """Whether an idle drafter should draft one token this round: enough idle rounds have gone by, and the
-        probe's price (`LoopCosts.probe_price`) pays against their time (`probe_pays`)."""
-        if self.idle < self.probe_after:
-            return False
-        idle_round = self.costs.round_seconds(0, self.acceptance)
-        price = self.probe_price()
-        if idle_round is None or price is None or probe_pays(price, self.idle, idle_round):
-            return True
-        self.probe_after = self.idle + self.idle // 8  # too dear yet: asked again once the idle time has grown
-        return False
-
-    def probe_price(self) -> float | None:
-        """What drafting one token costs after `idle` rounds without drafting: the drafter's catch-up on them, its
-        step and one more verify row."""
-        verify_1, verify_0 = self.costs.verify.seconds(1), self.costs.verify.seconds(0)
-        if verify_1 is None or verify_0 is None:
-            return None
-        return self.costs.probe_price(self.idle, max(0.0, verify_1 - verify_0))
+        """The warm-up's K: +2 after a fully accepted round, −1 otherwise."""
+        return self.k
 
     def update(self, drafted: int, accepted: int) -> None:
         if drafted == 0:
-            self.idle += self.k == 0  # a K ≥ 1 round may draft nothing (no n-gram match, the confidence stop)
             return
-        probe, self.idle = self.k == 0, 0
         self.rounds += 1
         self.acceptance.update(drafted, accepted)
-        self.k = self._heuristic(drafted, accepted) if self.rounds < self.warmup_rounds else self._best_k()
-        if probe:
-            self.probe_after = self.probe_after * 2 if self.k == 0 else PROBE_ROUNDS
-
-    def _heuristic(self, drafted: int, accepted: int) -> int:
-        return min(self.k_max, self.k + 2) if accepted == drafted else max(1, self.k - 1)
-
-    def _best_k(self) -> int:
-        """The K with the highest modelled rate within ±2 of the current one, 0 (no drafting) included.
-
-        Moving by at most 2 a round keeps one noisy cost fit (a busy machine, few K values seen yet) from
-        throwing K to an extreme; each move also measures a new K, which improves the fit.
-        """
-        best = self.costs.best_k(self.acceptance, range(max(0, self.k - 2), min(self.k_max, self.k + 2) + 1))
-        return self.k if best is None else best
+        if not self.priced:
+            self.k = min(self.k_max, self.k + 2) if accepted == drafted else max(1, self.k - 1)

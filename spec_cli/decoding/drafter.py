@@ -62,6 +62,18 @@ class Offer:
     backlog: int = 0
 
 
+@dataclass(frozen=True)
+class Terms:
+    """What the planner asks a drafter's offer for: ways for at most `k` tokens; a catch-up of at most `chunk` tokens a
+    step; whether other sequences share the pass (`shared`: a catch-up then holds them up); how many tokens the
+    generation may still emit (`left`: what entering a dearer way has to pay back over)."""
+
+    k: int
+    chunk: int
+    shared: bool
+    left: int
+
+
 DraftSteps = Generator[list[int], np.ndarray, Draft]
 """A proposal made one decode of the drafter's context at a time: it yields the tokens each decode feeds (the
 catch-up first), is sent the logits of the token after them, and returns the draft."""
@@ -125,12 +137,11 @@ class Drafter:
         """Propose up to `k` tokens to follow `tokens`, under `grammar` (its state after `tokens`) if any."""
         raise NotImplementedError
 
-    def offer(self, tokens: Sequence[int], k: int, chunk: int, sampling: SamplingParams,
-              rng: np.random.Generator, shared: bool) -> list[Offer]:
-        """For a drafter that `chooses_ways`: the ways it may draft next round, for at most `k` tokens, the one it
-        prefers first; the round drafts that one unless told another (`take`). `chunk`: the most a catch-up may take
-        in a step; `shared`: other sequences share the pass (a catch-up then holds them up). None offered (the
-        default): one way, priced by its K controller's book."""
+    def offer(self, tokens: Sequence[int], terms: Terms, sampling: SamplingParams,
+              rng: np.random.Generator) -> list[Offer]:
+        """For a drafter that `chooses_ways`: the ways it may draft next round on the planner's `terms`, the one it
+        prefers first; the round drafts that one unless told another (`take`). None offered (the default): one way,
+        priced by its K controller's book."""
         return []
 
     def take(self, way: str) -> None:

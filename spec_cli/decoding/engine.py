@@ -30,7 +30,7 @@ import numpy as np
 from spec_cli.decoding.constrained import constrained_greedy, constrained_probabilities
 from spec_cli.decoding.costs import LoopCosts
 from spec_cli.decoding.draft_length import DraftLength, FixedK
-from spec_cli.decoding.drafter import Draft, Drafter, DraftSteps, Offer
+from spec_cli.decoding.drafter import Draft, Drafter, DraftSteps, Offer, Terms
 from spec_cli.decoding.sampling import (Law, SamplingParams, greedy_token, probabilities, row_laws, sample,
                                         shares_candidates)
 from spec_cli.decoding.scheduler import Scheduler
@@ -243,7 +243,7 @@ class Generation:
         if self.drafter is None:
             return []
         started, planned = time.perf_counter(), self.drafter.plan_s
-        offers = self.drafter.offer(self._seq, k, chunk, self.sampling, self._draws(), shared)
+        offers = self.drafter.offer(self._seq, Terms(k, chunk, shared, self.room()), self.sampling, self._draws())
         # Its proposals (a lookup's) are drafting; what it spent choosing is in its planning figure (`_learn`).
         self.stats.draft_s += time.perf_counter() - started - (self.drafter.plan_s - planned)
         return offers

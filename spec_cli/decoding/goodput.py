@@ -23,9 +23,9 @@ cost more, gives fewer draft tokens to each.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import accumulate
+from operator import mul
 from typing import Sequence
-
-import numpy as np
 
 from spec_cli.decoding.costs import BatchCosts
 
@@ -38,7 +38,7 @@ class Candidate:
     drafter did not see while idle, or a block drafter's pass). `others`: the other ways it may draft instead (a
     drafter of several ways offers its preferred one and the others), each priced alike; the batch takes one."""
 
-    rates: np.ndarray
+    rates: Sequence[float]
     fixed: int | None = None
     step_s: float = 0.0
     round_s: float = 0.0
@@ -66,8 +66,9 @@ def choose(candidates: Sequence[Candidate], pass_costs: BatchCosts, host_s: floa
     chosen = [0] * len(candidates)
     if not pass_costs.weight or all(c.fixed is not None for c in candidates):
         return list(zip(ks, chosen))
-    gains = [[np.cumprod(way.rates) for way in c.ways] for c in candidates]
-    expected = sum(1.0 + float(g[0][:k].sum()) for g, k in zip(gains, ks))
+    gains = [[list(accumulate(way.rates, mul)) for way in c.ways] for c in candidates]  # a_1·…·a_i (plain Python:
+    # a few positions, read many times a round)
+    expected = sum(1.0 + sum(g[0][:k]) for g, k in zip(gains, ks))
     rows = len(candidates) + sum(ks)
     seconds = host_s + _pass(pass_costs, rows) + sum(c.drafting_s(k) for k, c in zip(ks, candidates))
     most_rows = 2 * max(pass_costs.weight)
@@ -83,7 +84,7 @@ def choose(candidates: Sequence[Candidate], pass_costs: BatchCosts, host_s: floa
     return list(zip(ks, chosen))
 
 
-def _best_move(candidates: Sequence[Candidate], gains: list[list[np.ndarray]], ks: list[int], chosen: list[int],
+def _best_move(candidates: Sequence[Candidate], gains: list[list[list[float]]], ks: list[int], chosen: list[int],
                pass_costs: BatchCosts, rows: int, most_rows: int) -> tuple[int, int, int, float, float] | None:
     """The next draft positions to add, (sequence, its way, how many, E[tokens] they add, seconds they add): the most
     tokens per second of added cost. A sequence not drafting yet may take any of its ways; one drafting goes on
@@ -101,7 +102,7 @@ def _best_move(candidates: Sequence[Candidate], gains: list[list[np.ndarray]], k
             reach = min(len(g) - ks[i], most_rows - rows) if ks[i] == 0 and way.round_s else 1
             gain = 0.0
             for j in range(1, reach + 1):
-                gain += float(g[ks[i] + j - 1])
+                gain += g[ks[i] + j - 1]
                 if rows + j not in passes:
                     passes[rows + j] = _pass(pass_costs, rows + j)
                 cost = passes[rows + j] - passes[rows] + way.drafting_s(ks[i] + j) - way.drafting_s(ks[i])

@@ -338,7 +338,12 @@ class Scheduler:
         if pass_s is None:
             return True
         row_s = max(0.0, (self.pass_costs.seconds(rows) or pass_s) - pass_s)
-        return probe_pays(candidate.drafting_s(1) + row_s, running.idle, pass_s / sequences)
+        length = running.generation.draft_length
+        drafting_s = candidate.drafting_s(1)
+        if isinstance(length, AdaptiveK):  # a probe pays the drafter's whole catch-up on the rounds it sat out
+            costs = length.costs.step_costs(running.generation.drafter_backlog())
+            drafting_s = sum(costs) if costs is not None else drafting_s
+        return probe_pays(drafting_s + row_s, running.idle, pass_s / sequences)
 
     def _candidate(self, running: _Running) -> Candidate:
         """What the goodput choice needs of a sequence: its acceptance by position, and what its drafter's steps and
@@ -348,18 +353,20 @@ class Scheduler:
         length, mode = generation.draft_length, generation.stats.draft_mode
         cap = max(0, min(length.k_max, generation.room() - 1))
         if not self._chooses_k(running):
-            return Candidate(np.zeros(0), fixed=min(length.next_k(), cap) if generation.drafter else 0)
+            return Candidate((), fixed=min(length.next_k(), cap) if generation.drafter else 0)
         if not isinstance(length, AdaptiveK):  # a drafter of several ways: each way it offers, priced as it drafts
             offers = generation.offer(cap, self._chunk, shared=len(self._running) > 1)
             running.offers = [offer.way for offer in offers]
             if not offers:
-                return Candidate(np.zeros(0), fixed=0)
+                return Candidate((), fixed=0)
             ways = [self._way(offer, cap) for offer in offers]
             return replace(ways[0], others=tuple(ways[1:]))
         pooled = self.acceptance.get(mode)
-        if length.rounds < length.warmup_rounds and (pooled is None or pooled.measured < length.warmup_rounds):
-            return Candidate(np.zeros(0), fixed=min(length.next_k(), cap))  # not priced yet: tried at its warm-up K
-        step_s, round_s = length.costs.step_costs(generation.drafter_backlog()) or (0.0, 0.0)
+        if not length.priced and (pooled is None or pooled.measured < length.warmup_rounds):
+            return Candidate((), fixed=min(length.next_k(), cap))  # not priced yet: tried at its warm-up K
+        # Its steady round: what it lacks beyond a round's catch-up (a prompt, rounds it sat out) is the way's entry,
+        # which no one pass can weigh (a pass priced with it never drafts, and the backlog only grows).
+        step_s, round_s = length.costs.step_costs(min(generation.drafter_backlog(), 2)) or (0.0, 0.0)
         acceptance = length.acceptance if length.rounds else pooled or length.acceptance
         return Candidate(acceptance.rates(cap), step_s=step_s, round_s=round_s)
 

@@ -13,7 +13,7 @@ import numpy as np
 
 from spec_cli.decoding.costs import LoopCosts
 from spec_cli.decoding.draft_length import DraftLength
-from spec_cli.decoding.drafter import CatchUp, Draft, Drafter, DraftSteps, Offer
+from spec_cli.decoding.drafter import CatchUp, Draft, Drafter, DraftSteps, Offer, Terms
 from spec_cli.decoding.sampling import SamplingParams
 from spec_cli.drafting.base import CatchUpDrafter
 from spec_cli.llama.context import Context
@@ -22,6 +22,7 @@ from spec_cli.llama.grammar import Grammar
 CARRIED = 0.3  # of decayed yields worth ~5 rounds, what a new prompt keeps: about two rounds
 OUT = "out"  # the regime in which none of the pair's own drafters is in use
 K_START = 4  # under auto, the K a way is priced at until the planner has given it one
+LEFT_SHARE = 0.5  # of the tokens a generation may still emit, those a regime's entry is expected to pay back over
 NONE, NGRAM = "none", "ngram"
 
 
@@ -131,6 +132,7 @@ class HybridDrafter(Drafter):
         self._unused: tuple[int, list[int]] | None = None  # (where, what): the n-gram proposal a round passed over
         self._lookups = Yield()  # n-gram lookups: calls and their host seconds
         self._chunk = 1 << 30  # the most an own drafter may lack and draft: the loop's catch-up chunk
+        self._left: int | None = None  # the tokens the generation may still emit, where the planner said (`offer`)
         self._new = False  # a new prompt's first round is next
         self._wanted: str | None = None  # the own drafter the last choice picked while it lacked more than a chunk
 
@@ -216,19 +218,19 @@ class HybridDrafter(Drafter):
         self._draft = draft
         return draft
 
-    def offer(self, tokens: Sequence[int], k: int, chunk: int, sampling: SamplingParams,
-              rng: np.random.Generator, shared: bool) -> list[Offer]:
+    def offer(self, tokens: Sequence[int], terms: Terms, sampling: SamplingParams,
+              rng: np.random.Generator) -> list[Offer]:
         """This round's option, chosen now (as `propose` would), and the lookup's proposal where it made one and the
         option is another: the planner weighs them by their acceptance and costs in the pass (a way fit for a
         sequence alone may not be in a full pass) and sets K; the round drafts the way it takes (`take`). Where other
-        sequences share the pass (`shared`), an own drafter is offered with all it lacks (`backlog`): its catch-up
+        sequences share the pass (`terms.shared`), an own drafter is offered with all it lacks (`backlog`): its catch-up
         holds every sequence up, so it is the batch's to weigh, and is paid only where the batch takes that way (its
-        first draft step takes it in); one whose catch-up is not priced yet and lacks more than `chunk` catches up a
+        first draft step takes it in); one whose catch-up is not priced yet and lacks more than a chunk catches up a
         chunk a step first. Alone, entering a regime has been priced against the rounds after it (the ski-rental rule),
         so the drafter is offered at its steady-state price, and one that lacks more than a chunk catches up a chunk a
         step (`_ready`), which nobody waits on."""
-        self._chunk = chunk
-        name, looked_up, k_own = self._choice(tokens, k, sampling, rng, offering=True, shared=shared)
+        self._chunk, self._left = terms.chunk, terms.left
+        name, looked_up, k_own = self._choice(tokens, terms.k, sampling, rng, offering=True, shared=terms.shared)
         self._offered = (len(tokens), name, looked_up)
         lookup = Offer(self.lookup_name, self.state.lengths[self.lookup_name].acceptance, self.costs,
                        len(looked_up.tokens))
@@ -236,7 +238,7 @@ class HybridDrafter(Drafter):
             return [lookup]
         if name not in self.own:
             return [Offer(NONE, lookup.acceptance, self.costs, 0), *([lookup] if lookup.cap else [])]
-        backlog = self.own[name].pending(tokens) if shared else 0
+        backlog = self.own[name].pending(tokens) if terms.shared else 0
         own = Offer(name, self.state.lengths[name].acceptance, self.books[name], k_own, backlog)
         return [own, *([lookup] if lookup.cap else [])]
 
@@ -333,11 +335,20 @@ class HybridDrafter(Drafter):
             # This round's tokens, at the best regime's rate instead of this one's: the time staying loses.
             tokens = picks[state.in_use][1]
             state.regret_s += tokens / rates[state.in_use] - tokens / rates[best]  # every regime has a round now
-            if state.regret_s >= state.price_s:
+            if state.regret_s >= state.price_s or self._pays_back(rates[state.in_use], rates[best]):
                 state.in_use, state.regret_s = best, 0.0
         else:
             state.regret_s = 0.0
         return picks[state.in_use][0]
+
+    def _pays_back(self, rate: float, better: float) -> bool:
+        """Whether the seconds a regime of rate `better` saves a token over the one of `rate`, over the tokens this
+        generation may still emit (`LEFT_SHARE` of them: answers often stop first), pay its entry price. Where that
+        budget is known, a regime clearly better is entered at once rather than after the ski-rental wait (a chat
+        answer of 160 tokens waited ~35 rounds for a draft model 1.4x the target alone); unknown, the wait alone."""
+        if self._left is None:
+            return False
+        return (1.0 / rate - 1.0 / better) * LEFT_SHARE * self._left >= self.state.price_s
 
     def _ready(self, name: str, options: dict[str, Option], pending: dict[str, int]) -> str:
         """`name`, unless it is an own drafter that lacks more than a chunk: that one catches up between the next
