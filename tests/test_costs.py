@@ -44,6 +44,19 @@ def test_decay_follows_the_latest_calls() -> None:
     assert plain.seconds(2) == pytest.approx(1.5)
 
 
+def test_a_size_not_measured_for_a_while_is_read_off_the_line() -> None:
+    """A size measured once on a busy machine does not price that size for good (the planner would never choose it
+    again to measure it): once its calls weigh less than `STALE`, it is read off the line the fresh sizes make."""
+    costs = BatchCosts(decay=0.9)
+    costs.record(8, 0.100)
+    assert costs.seconds(8) == pytest.approx(0.100)
+    for _ in range(20):
+        for n in (1, 2, 4):
+            costs.record(n, 0.020 + 0.003 * n)
+    assert 0.040 < costs.seconds(8) < 0.050  # 0.020 + 0.003 · 8, the stale call barely pulling the line
+    assert costs.mean(8) == pytest.approx(0.100)  # the call itself is kept, weighing less and less
+
+
 def test_one_size_seen_guesses_cheap_on_both_sides() -> None:
     """Optimism gets the other sizes tried: cheaper below (in proportion to n + 1), no dearer above."""
     costs = BatchCosts()

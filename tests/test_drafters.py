@@ -324,12 +324,13 @@ def test_an_offer_decides_the_way_and_the_round_drafts_it_at_the_batchs_k() -> N
 
 
 def test_alone_an_own_drafter_is_offered_at_its_steady_price_and_catches_up_in_chunks() -> None:
-    """Alone, entering the model's regime was priced against the rounds after it: the offer carries no backlog (the
-    planner would weigh a catch-up against one round), and a backlog over a chunk is taken a chunk a step first."""
+    """Alone, entering the model's regime was priced against the rounds after it: the offer carries a steady round's
+    backlog, [d_K, bonus], not all it lacks (the planner would weigh that catch-up against one round), and a backlog
+    over a chunk is taken a chunk a step first."""
     drafter, _model = hybrid(model_accepts=4, ngram_accepts=0, pending=7, in_use="model")
     drafter.rewind(1)
     [offer] = drafter.offer(NO_MATCH, Terms(8, 64, False, 100), GREEDY, np.random.default_rng(0))
-    assert offer.way == "model" and offer.backlog == 0
+    assert offer.way == "model" and offer.backlog == 2
     drafter, _model = hybrid(model_accepts=4, ngram_accepts=0, pending=300, in_use="model")
     drafter.rewind(1)
     assert drafter.catch_up(NO_MATCH, 64) is None  # the new prompt's first round: the regime is left

@@ -27,6 +27,8 @@ import numpy as np
 HOST, PER_TOKEN, PER_ROUND = "host", "per token", "per round"
 DECAY = 0.95  # a call of a size weighs 5% less at the next of that size: the costs follow the machine's load
 REFIT_EVERY = 16  # calls of sizes already seen between two fits of `BatchCosts`' line
+STALE = 0.5  # the weight (in calls) below which a size measured long ago is read off `BatchCosts`' line
+FITTED = 1e-3  # the weight below which a size is left out of the line's fit (it would only make it ill-conditioned)
 PROBE_SHARE = 0.015  # the most a probe of an idle drafter may cost, as a share of the idle rounds' time
 PROBE_ROUNDS = 32  # the fewest idle rounds before a probe; doubled after each probe that did not pay
 
@@ -40,11 +42,14 @@ class Acceptance(Protocol):
 
 
 class BatchCosts:
-    """Mean seconds of a call by size n, with older calls weighing `decay`× less at each new call of that size.
+    """Mean seconds of a call by size n, with older calls weighing `decay`× less at each new call.
 
-    `decay` = 1 gives plain means (a benchmark's pooled figures); below 1 the means follow the machine's load.
-    A size never seen is read off a least-squares line through the sizes seen (weighted by how often each
-    was seen), refitted when a new size is seen and every `REFIT_EVERY` calls otherwise: a loop that records a
+    `decay` = 1 gives plain means (a benchmark's pooled figures); below 1 the means follow the machine's load, and
+    a size not called for a while (its calls weigh less than `STALE`) is read off the line like a size never seen:
+    a pass of 8 rows measured once on a busy machine priced every 8-row pass since, kept the planner from choosing
+    one again, and so was never measured again. A size never seen is read off a least-squares line through the
+    sizes seen (weighted by how much each was seen), refitted when a new size is seen and every `REFIT_EVERY` calls
+    otherwise: a loop that records a
     call every round and reads an unseen size every round (`-k auto` at K = 0, the scheduler) would otherwise
     fit a line a round, ~0.3 ms of Python. With one size n0 seen, the guess errs cheap on both sides, so that
     whatever depends on it gets tried and measured: proportional to n + 1 below n0, the same as n0 above (as
@@ -63,8 +68,12 @@ class BatchCosts:
     def record(self, n: int, seconds: float) -> None:
         if n not in self.weight or self._since_fit >= REFIT_EVERY:
             self._line = None
-        self.weight[n] = self.weight.get(n, 0.0) * self.decay + 1.0
-        self.total[n] = self.total.get(n, 0.0) * self.decay + seconds
+        if self.decay < 1.0:
+            for size in self.weight:
+                self.weight[size] *= self.decay
+                self.total[size] *= self.decay
+        self.weight[n] = self.weight.get(n, 0.0) + 1.0
+        self.total[n] = self.total.get(n, 0.0) + seconds
         self._since_fit += 1
         self._read = {}
 
@@ -84,18 +93,22 @@ class BatchCosts:
         return self._read[n]
 
     def _seconds(self, n: int) -> float | None:
-        known = self.mean(n)
-        if known is not None or not self.weight:
-            return known
-        means = {m: self.total[m] / self.weight[m] for m in self.weight}
-        if len(means) == 1:
-            [(size, mean)] = means.items()
-            return mean * min(1.0, (n + 1) / (size + 1))
+        if not self.weight:
+            return None
+        means = {m: self.total[m] / weight for m, weight in self.weight.items()}
+        fresh = {m: mean for m, mean in means.items() if self.weight[m] >= STALE}
+        if n in fresh:
+            return fresh[n]
+        fitted = [m for m in means if self.weight[m] >= FITTED]
+        if len(fitted) < 2:  # one size to go by: the one measured most
+            size = max(means, key=lambda m: self.weight[m])
+            return means[size] * min(1.0, (n + 1) / (size + 1))
         if self._line is None:
-            slope, intercept = np.polyfit(list(means), list(means.values()), 1, w=np.sqrt(list(self.weight.values())))
+            slope, intercept = np.polyfit(fitted, [means[m] for m in fitted], 1,
+                                          w=np.sqrt([self.weight[m] for m in fitted]))
             self._line, self._since_fit = (max(float(slope), 0.0), float(intercept)), 0
         slope, intercept = self._line
-        return max(intercept + slope * n, self._floor(n, means))
+        return max(intercept + slope * n, self._floor(n, fresh or means))
 
     @staticmethod
     def _floor(n: int, means: dict[int, float]) -> float:

@@ -227,8 +227,8 @@ class HybridDrafter(Drafter):
         holds every sequence up, so it is the batch's to weigh, and is paid only where the batch takes that way (its
         first draft step takes it in); one whose catch-up is not priced yet and lacks more than a chunk catches up a
         chunk a step first. Alone, entering a regime has been priced against the rounds after it (the ski-rental rule),
-        so the drafter is offered at its steady-state price, and one that lacks more than a chunk catches up a chunk a
-        step (`_ready`), which nobody waits on."""
+        so the drafter is offered at its steady round's price (a catch-up of at most [d_K, bonus]), and one that lacks
+        more than a chunk catches up a chunk a step (`_ready`), which nobody waits on."""
         self._chunk, self._left = terms.chunk, terms.left
         name, looked_up, k_own = self._choice(tokens, terms.k, sampling, rng, offering=True, shared=terms.shared)
         self._offered = (len(tokens), name, looked_up)
@@ -238,7 +238,8 @@ class HybridDrafter(Drafter):
             return [lookup]
         if name not in self.own:
             return [Offer(NONE, lookup.acceptance, self.costs, 0), *([lookup] if lookup.cap else [])]
-        backlog = self.own[name].pending(tokens) if terms.shared else 0
+        pending = self.own[name].pending(tokens)
+        backlog = pending if terms.shared else min(pending, 2)  # alone: a steady round's catch-up, [d_K, bonus]
         own = Offer(name, self.state.lengths[name].acceptance, self.books[name], k_own, backlog)
         return [own, *([lookup] if lookup.cap else [])]
 

@@ -151,11 +151,11 @@ def _alone(name: str) -> Build:
 
 
 def _hybrid(drafting: Drafting, p_min: float, k: int | str) -> tuple[Drafter | None, DraftLength]:
-    """The lookup (the memory's, else n-gram lookup), every own drafter of the pair and no draft. The hybrid chooses K for each of its drafters
-    itself, each with its own controller; the loop only caps it at AUTO_K_MAX. K (fixed, or auto) is the own
-    drafters': each of their drafts costs a step. An n-gram proposal costs little to make and a longer verify
-    pass little, so n-gram rounds run as long as their own controller finds worth it, whatever the own
-    drafters' K (capped at K = 5, the hybrid ran at 0.89x n-gram lookup alone on text that copies its prompt)."""
+    """The lookup (the memory's, else n-gram lookup), every own drafter of the pair and no draft. Under auto the
+    planner gives each round's way its K (at most AUTO_K_MAX), and the ways' controllers only keep acceptance. A fixed
+    K is the own drafters' (each of their drafts costs a step); n-gram rounds then run as long as their own
+    controller finds worth it (capped at K = 5, the hybrid ran at 0.89x n-gram lookup alone on text that copies its
+    prompt)."""
     own = drafting.own_models()
     drafters: dict[str, CatchUpDrafter] = {}
     for name in own:
@@ -295,9 +295,16 @@ class Drafting:
             for name in self.own_models():
                 own = MODES[name]
                 lengths[name] = self.length(("hybrid", name, k), name, own.k_limit(self.sources), planned)
-            ks = {name: min(K_START, length.k_max) for name, length in lengths.items()} if planned else {}
+            ks = {name: self._first_k(name, length, lookup) for name, length in lengths.items()} if planned else {}
             self._hybrids[k] = HybridState(lengths, lookup, ks=ks)
         return self._hybrids[k]
+
+    def _first_k(self, name: str, length: DraftLength, lookup: str) -> int:
+        """The K a way of the default drafting is priced at before the planner has given it one: the best by the costs
+        and acceptance the cost book holds (a draft model priced at K = 4 looked 1.1x the target alone on the demo pair
+        where at its best K it runs 1.3x, and was never chosen), else `K_START`."""
+        costs = self.costs("hybrid" if name == lookup else name)
+        return costs.best_k(length.acceptance, range(1, length.k_max + 1)) or min(K_START, length.k_max)
 
     def seed(self, entry: dict[str, Any] | None) -> None:
         """Start from a cost book's entry (`learnt`'s form): each mean counts as `BOOK_CALLS` calls, each own
