@@ -64,6 +64,7 @@ class BatchCosts:
         self._line: tuple[float, float] | None = None  # (slope, intercept), fitted when first needed
         self._since_fit = 0  # calls recorded since the line was fitted
         self._read: dict[int, float | None] = {}  # what `seconds` read since the last call recorded
+        self._sizes: tuple[dict[int, float], dict[int, float], list[int]] | None = None  # `_means`', until a call
 
     def record(self, n: int, seconds: float) -> None:
         if n not in self.weight or self._since_fit >= REFIT_EVERY:
@@ -75,13 +76,13 @@ class BatchCosts:
         self.weight[n] = self.weight.get(n, 0.0) + 1.0
         self.total[n] = self.total.get(n, 0.0) + seconds
         self._since_fit += 1
-        self._read = {}
+        self._read, self._sizes = {}, None
 
     def merge(self, other: BatchCosts) -> None:
         for n, weight in other.weight.items():
             self.weight[n] = self.weight.get(n, 0.0) + weight
             self.total[n] = self.total.get(n, 0.0) + other.total[n]
-        self._line, self._read = None, {}
+        self._line, self._read, self._sizes = None, {}, None
 
     def mean(self, n: int) -> float | None:
         return self.total[n] / self.weight[n] if n in self.weight else None
@@ -92,14 +93,21 @@ class BatchCosts:
             self._read[n] = self._seconds(n)
         return self._read[n]
 
+    def _means(self) -> tuple[dict[int, float], dict[int, float], list[int]]:
+        """(every size's mean, those of the sizes measured lately, the sizes the line is fitted through), computed
+        once between two calls recorded: a round's planning reads many sizes."""
+        if self._sizes is None:
+            means = {m: self.total[m] / weight for m, weight in self.weight.items()}
+            fresh = {m: mean for m, mean in means.items() if self.weight[m] >= STALE}
+            self._sizes = means, fresh, [m for m in means if self.weight[m] >= FITTED]
+        return self._sizes
+
     def _seconds(self, n: int) -> float | None:
         if not self.weight:
             return None
-        means = {m: self.total[m] / weight for m, weight in self.weight.items()}
-        fresh = {m: mean for m, mean in means.items() if self.weight[m] >= STALE}
+        means, fresh, fitted = self._means()
         if n in fresh:
             return fresh[n]
-        fitted = [m for m in means if self.weight[m] >= FITTED]
         if len(fitted) < 2:  # one size to go by: the one measured most
             size = max(means, key=lambda m: self.weight[m])
             return means[size] * min(1.0, (n + 1) / (size + 1))
@@ -149,7 +157,7 @@ class BatchCosts:
         for n, seconds in means.items():
             self.weight[int(n)] = weight
             self.total[int(n)] = weight * float(seconds)
-        self._line, self._read = None, {}
+        self._line, self._read, self._sizes = None, {}, None
 
 
 @dataclass
