@@ -48,6 +48,8 @@ def test_the_next_pair_starts_from_the_book(target_path: Path, other_draft_path:
         assert length.acceptance.alpha == pytest.approx(entry["acceptance"]["model"]["accepted"] / (
             entry["acceptance"]["model"]["accepted"] + entry["acceptance"]["model"]["rejections"]))
         assert length.acceptance.measured <= 8.0  # a prior that the rounds measured now soon outweigh
+        for slot in pair.slots(2):  # each slot of `--parallel` starts from the book too, not cold
+            assert slot.drafting.costs("model").draft.seconds(1) == entry["books"]["model"]["draft"]["1"]
 
 
 def test_another_thread_count_is_another_entry(target_path: Path, other_draft_path: Path) -> None:
