@@ -31,6 +31,7 @@ STALE = 0.5  # the weight (in calls) below which a size measured long ago is rea
 FITTED = 1e-3  # the weight below which a size is left out of the line's fit (it would only make it ill-conditioned)
 PROBE_SHARE = 0.015  # the most a probe of an idle drafter may cost, as a share of the idle rounds' time
 PROBE_ROUNDS = 32  # the fewest idle rounds before a probe; doubled after each probe that did not pay
+STEADY_BACKLOG = 2  # the most a drafter lacks after a round it drafted: [d_K, bonus] after a full acceptance
 
 
 class Acceptance(Protocol):

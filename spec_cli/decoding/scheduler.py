@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Callable, TypeVar
 
 import numpy as np
 
-from spec_cli.decoding.costs import DECAY, PROBE_ROUNDS, BatchCosts, probe_pays
+from spec_cli.decoding.costs import DECAY, PROBE_ROUNDS, STEADY_BACKLOG, BatchCosts, probe_pays
 from spec_cli.decoding.draft_length import AdaptiveK, PositionAcceptance
 from spec_cli.decoding.drafter import Draft, DraftSteps, Offer
 from spec_cli.decoding.goodput import Candidate, choose
@@ -90,9 +90,14 @@ class Scheduler:
         return len(self._running)
 
     @property
+    def _shared(self) -> bool:
+        """Whether other sequences share the passes: a catch-up then holds them up."""
+        return len(self._running) > 1
+
+    @property
     def _chunk(self) -> int:
         """The most a drafter catches up on in a step: `ALONE_CHUNK` where its sequence runs alone."""
-        return ALONE_CHUNK if len(self._running) == 1 else PREFILL_CHUNK
+        return PREFILL_CHUNK if self._shared else ALONE_CHUNK
 
     def join(self, generation: Generation) -> None:
         """Start `generation` (made by a `Slot` no other running generation uses); its prompt is fed from the
@@ -258,12 +263,13 @@ class Scheduler:
         drafting = [r.generation.drafter for r in generating if r.generation.drafter is not None]
         if not drafting:
             return [None] * len(generating)
-        started = time.perf_counter()
+        def theirs() -> float:
+            return sum(drafter.plan_s for drafter in drafting) + sum(r.generation.stats.draft_s for r in generating)
+
+        started, before = time.perf_counter(), theirs()
         chooses = not (self._quiet and self._quiet[1] == [id(r) for r in generating])  # a quiet step only counts down
-        drafters = sum(drafter.plan_s for drafter in drafting) + sum(r.generation.stats.draft_s for r in generating)
         ks = self._ks(generating)
-        drafters = sum(drafter.plan_s for drafter in drafting) + sum(r.generation.stats.draft_s for r in generating) \
-            - drafters
+        drafters = theirs() - before
         seconds = time.perf_counter() - started
         if chooses:
             self._plan_s = seconds if not self._plan_s else 0.8 * self._plan_s + 0.2 * seconds
@@ -355,7 +361,7 @@ class Scheduler:
         if not self._chooses_k(running):
             return Candidate((), fixed=min(length.next_k(), cap) if generation.drafter else 0)
         if not isinstance(length, AdaptiveK):  # a drafter of several ways: each way it offers, priced as it drafts
-            offers = generation.offer(cap, self._chunk, shared=len(self._running) > 1)
+            offers = generation.offer(cap, self._chunk, self._shared)
             running.offers = [offer.way for offer in offers]
             if not offers:
                 return Candidate((), fixed=0)
@@ -366,7 +372,7 @@ class Scheduler:
             return Candidate((), fixed=min(length.next_k(), cap))  # not priced yet: tried at its warm-up K
         # Its steady round: what it lacks beyond a round's catch-up (a prompt, rounds it sat out) is the way's entry,
         # which no one pass can weigh (a pass priced with it never drafts, and the backlog only grows).
-        step_s, round_s = length.costs.step_costs(min(generation.drafter_backlog(), 2)) or (0.0, 0.0)
+        step_s, round_s = length.costs.step_costs(min(generation.drafter_backlog(), STEADY_BACKLOG)) or (0.0, 0.0)
         acceptance = length.acceptance if length.rounds else pooled or length.acceptance
         return Candidate(acceptance.rates(cap), step_s=step_s, round_s=round_s)
 

@@ -11,7 +11,7 @@ from typing import Sequence
 
 import numpy as np
 
-from spec_cli.decoding.costs import LoopCosts
+from spec_cli.decoding.costs import STEADY_BACKLOG, LoopCosts
 from spec_cli.decoding.draft_length import DraftLength
 from spec_cli.decoding.drafter import CatchUp, Draft, Drafter, DraftSteps, Offer, Terms
 from spec_cli.decoding.sampling import SamplingParams
@@ -239,7 +239,7 @@ class HybridDrafter(Drafter):
         if name not in self.own:
             return [Offer(NONE, lookup.acceptance, self.costs, 0), *([lookup] if lookup.cap else [])]
         pending = self.own[name].pending(tokens)
-        backlog = pending if terms.shared else min(pending, 2)  # alone: a steady round's catch-up, [d_K, bonus]
+        backlog = pending if terms.shared else min(pending, STEADY_BACKLOG)  # alone: a steady round's catch-up
         own = Offer(name, self.state.lengths[name].acceptance, self.books[name], k_own, backlog)
         return [own, *([lookup] if lookup.cap else [])]
 
