@@ -263,17 +263,21 @@ class Scheduler:
         drafting = [r.generation.drafter for r in generating if r.generation.drafter is not None]
         if not drafting:
             return [None] * len(generating)
-        def theirs() -> float:
-            return sum(drafter.plan_s for drafter in drafting) + sum(r.generation.stats.draft_s for r in generating)
+        def choosing() -> float:
+            return sum(drafter.plan_s for drafter in drafting)
 
-        started, before = time.perf_counter(), theirs()
+        def proposing() -> float:
+            return sum(r.generation.stats.draft_s for r in generating)
+
+        started, chose, proposed = time.perf_counter(), choosing(), proposing()
         chooses = not (self._quiet and self._quiet[1] == [id(r) for r in generating])  # a quiet step only counts down
         ks = self._ks(generating)
-        drafters = theirs() - before
-        seconds = time.perf_counter() - started
-        if chooses:
-            self._plan_s = seconds if not self._plan_s else 0.8 * self._plan_s + 0.2 * seconds
-        share = (seconds - drafters) / max(1, len(generating))
+        seconds, proposed = time.perf_counter() - started, proposing() - proposed
+        if chooses:  # the choosing a quiet step saves: not the proposals it made (a cold drafter's first trial
+            # made in one step stood for 64 quiet steps, and the default never drafted a 40-token answer)
+            planning = seconds - proposed
+            self._plan_s = planning if not self._plan_s else 0.8 * self._plan_s + 0.2 * planning
+        share = (seconds - proposed - (choosing() - chose)) / max(1, len(generating))
         for running in generating:
             running.generation.stats.plan_s += share
         return ks
