@@ -30,7 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 import llama_cpp_tool  # noqa: E402  (beside this script)
-from tiny_models import write_dflash, write_eagle3, write_model  # noqa: E402  (the test suite's GGUF writers)
+from support.tiny_models import write_dflash, write_eagle3, write_model  # noqa: E402  (the test suite's GGUF writers)
 
 from spec_cli import Pair, load_pair  # noqa: E402
 

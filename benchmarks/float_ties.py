@@ -29,7 +29,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from prompts import TIE_SET  # noqa: E402  (the tests' shipped prompts)
+from support.prompts import TIE_SET  # noqa: E402  (the tests' shipped prompts)
 
 from spec_cli.llama.context import Context  # noqa: E402
 from spec_cli.llama.gguf import quantize  # noqa: E402

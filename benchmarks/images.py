@@ -32,8 +32,8 @@ QUESTIONS = ["Describe this image in detail.", "What colours are in this image?"
 def tiny_files(folder: Path) -> dict[str, Path]:
     """The tests' generated vision pair: a Qwen2-VL target, a noisy copy as draft, one projector, two images."""
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-    from tiny_models import CHAT_TEMPLATE, N_EMBD, write_model
-    from tiny_vision import png, write_mmproj
+    from support.tiny_models import CHAT_TEMPLATE, N_EMBD, write_model
+    from support.tiny_vision import png, write_mmproj
     files = {"target": write_model(folder / "target.gguf", 1, arch="qwen2vl", chat_template=CHAT_TEMPLATE),
              "draft": write_model(folder / "draft.gguf", 1, arch="qwen2vl", noise=0.05),
              "mmproj": write_mmproj(folder / "mmproj.gguf", 3, text_width=N_EMBD)}

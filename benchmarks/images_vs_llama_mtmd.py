@@ -29,8 +29,8 @@ N = 24
 def write_pairs(folder: Path) -> dict[str, tuple[Path, Path, Path]]:
     """(target, draft, mmproj) of each projector, and the two images, as the tests write them."""
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-    from tiny_models import CHAT_TEMPLATE, N_EMBD, write_model
-    from tiny_vision import png, write_mmproj
+    from support.tiny_models import CHAT_TEMPLATE, N_EMBD, write_model
+    from support.tiny_vision import png, write_mmproj
     (folder / "wide.png").write_bytes(png(24, 16, seed=1))
     (folder / "square.png").write_bytes(png(16, 16, seed=2))
     return {arch: (write_model(folder / f"{arch}.gguf", 1, arch=arch, chat_template=CHAT_TEMPLATE),

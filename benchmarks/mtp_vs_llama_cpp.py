@@ -28,7 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 import llama_cpp_tool  # noqa: E402  (beside this script)
-from tiny_models import write_qwen35_mtp  # noqa: E402  (the test suite's GGUF writer)
+from support.tiny_models import write_qwen35_mtp  # noqa: E402  (the test suite's GGUF writer)
 
 from spec_cli import Pair, SamplingParams, load_pair  # noqa: E402
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from tiny_models import write_model  # noqa: E402  (the test suite's GGUF writer)
+from support.tiny_models import write_model  # noqa: E402  (the test suite's GGUF writer)
 
 from spec_cli.cli.app import app  # noqa: E402
 from spec_cli.llama.gguf import quantize  # noqa: E402

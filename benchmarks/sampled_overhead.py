@@ -29,7 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from tiny_models import write_model  # noqa: E402  (the test suite's GGUF writer)
+from support.tiny_models import write_model  # noqa: E402  (the test suite's GGUF writer)
 
 from spec_cli import Pair, SamplingParams, load_pair  # noqa: E402
 

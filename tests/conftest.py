@@ -4,7 +4,8 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
-from tiny_models import CHAT_TEMPLATE, write_model
+from support import children
+from support.tiny_models import CHAT_TEMPLATE, write_model
 
 from spec_cli import Pair, load_pair
 from spec_cli.llama import kernels
@@ -15,7 +16,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                      help="CPU threads for the real-model tests (default: all cores); the reduction order, and so "
                           "the float ties a greedy comparison may meet, changes with it")
     parser.addoption("--ties", action="store_true",
-                     help="also run greedy identity on every prompt of the tie set (tests/prompts.py) for each "
+                     help="also run greedy identity on every prompt of the tie set (tests/support/prompts.py) for each "
                           "real target, to find float ties here rather than on users' machines")
 
 
@@ -25,6 +26,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for item in items:
             if "ties" in item.keywords:
                 item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def ended_children() -> Iterator[None]:
+    """Every process the test started (`support.children`) is ended when it ends, pass or fail."""
+    yield
+    children.end_all()
 
 
 @pytest.fixture(scope="session")

@@ -10,13 +10,13 @@ from typing import Iterator
 
 import jsonschema
 import pytest
-from chat_templates import template
+from support.chat_templates import template
 
 from spec_cli import GenerationRequest, Pair, load_pair
 from spec_cli.conventions import CONVENTIONS
 from spec_cli.models import registry
 
-from serving import NAME, Running
+from support.serving import NAME, Running
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Current weather in a city.",

@@ -15,7 +15,8 @@ from typer.testing import CliRunner
 
 from spec_cli import load_pair
 from spec_cli.cli.app import app
-from exactness import finish, greedy_agreement
+from support import children
+from support.exactness import finish, greedy_agreement
 
 runner = CliRunner()
 PROMPTS = ["the cat sat on", "a dog ran to the", "the cat sat on the mat and", "one two three four"]
@@ -159,14 +160,12 @@ def test_a_batch_killed_midway_and_run_again_has_every_id_once(chat_target_path:
     output = tmp_path / "out.jsonl"
     command = [sys.executable, "-m", "spec_cli", "batch", str(source), "-t", str(chat_target_path), "-n", "24",
                "--parallel", "2", "-o", str(output), "-q", "--no-draft", "--token-ids"]
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and (not output.exists() or output.read_text().count("\n") < 2):
-            time.sleep(0.02)
-        os.kill(process.pid, signal.SIGKILL)
-    finally:
-        process.wait(10)
+    process = children.popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and (not output.exists() or output.read_text().count("\n") < 2):
+        time.sleep(0.02)
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait(10)
     first = output.read_text().count("\n")
     assert 2 <= first < 12
     assert subprocess.run(command, timeout=120).returncode == 0

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from exactness import finish
-from tiny_models import write_model
+from support.exactness import finish
+from support.tiny_models import write_model
 from typer.testing import CliRunner
 
 from spec_cli import SpecError, load_pair

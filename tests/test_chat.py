@@ -11,7 +11,8 @@ from typing import Iterator
 
 import pexpect
 import pytest
-from tiny_models import CHAT_TEMPLATE, write_model
+from support import children
+from support.tiny_models import CHAT_TEMPLATE, write_model
 
 from spec_cli import Pair, SamplingParams, SpecError, load_pair
 from spec_cli.chat import ChatSession, Settings, run_command
@@ -160,8 +161,8 @@ def chat_command(model: Path, *extra: str) -> list[str]:
 
 def spawn(model: Path, *extra: str) -> pexpect.spawn:
     command = chat_command(model, *extra)
-    child = pexpect.spawn(command[0], command[1:], encoding="utf-8", timeout=60, dimensions=(40, 200),
-                          env={"NO_COLOR": "1", "PATH": "/usr/bin:/bin", "HOME": str(model.parent)})
+    child = children.spawn(command[0], command[1:], encoding="utf-8", timeout=60, dimensions=(40, 200),
+                           env={"NO_COLOR": "1", "PATH": "/usr/bin:/bin", "HOME": str(model.parent)})
     child.expect("/help for commands")
     return child
 

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import jsonschema
 import pytest
-from tiny_models import write_model
+from support import children
+from support.tiny_models import write_model
 from typer.testing import CliRunner
 
 from spec_cli import SpecError
@@ -110,7 +111,7 @@ def test_not_a_gguf_file(tmp_path: Path, target_path: Path) -> None:
 
 
 def test_a_pair_whose_token_texts_differ_drafts_through_text(tmp_path: Path, target_path: Path) -> None:
-    from tiny_models import write_model
+    from support.tiny_models import write_model
 
     renamed = write_model(tmp_path / "renamed.gguf", seed=3, rename_token=300)
     result = spec("run", "--target", str(target_path), "--draft", str(renamed), "-n", "8", "hi")
@@ -276,7 +277,7 @@ def long_run(target_path: Path) -> list[str]:
 
 
 def test_ctrl_c_keeps_text_and_prints_statistics(target_path: Path) -> None:
-    process = subprocess.Popen(long_run(target_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    process = children.popen(long_run(target_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     os.set_blocking(process.stdout.fileno(), False)
     deadline, first = time.monotonic() + 60, b""
     while not first and time.monotonic() < deadline:

@@ -16,7 +16,7 @@ import pytest
 from spec_cli import Pair, load_pair
 from spec_cli.server.connections import Limits
 
-from serving import Running, running
+from support.serving import Running, running
 
 QUICK = Limits(header_timeout_s=0.5, body_timeout_s=0.5, connections=3)
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from exactness import N_SAMPLES, SAMPLED, SIGNIFICANCE, chi_square_p_value, sampled_pairs
-from tiny_models import write_model
+from support.exactness import N_SAMPLES, SAMPLED, SIGNIFICANCE, chi_square_p_value, sampled_pairs
+from support.tiny_models import write_model
 
 from spec_cli import Generation, Pair, SamplingParams, load_pair
 from spec_cli.decoding.constrained import NothingAllowed, constrained_greedy, constrained_probabilities

@@ -7,9 +7,9 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from chat_templates import UNKNOWN, template
-from grammars import accepts, assembled
-from tiny_models import CONTROL, default_tokenizer, write_model
+from support.chat_templates import UNKNOWN, template
+from support.grammars import accepts, assembled
+from support.tiny_models import CONTROL, default_tokenizer, write_model
 
 from spec_cli import GenerationRequest, Pair, load_pair
 from spec_cli.conventions import CONVENTIONS, HERMES, Convention, detect, probe_messages, probe_tools
@@ -17,7 +17,7 @@ from spec_cli.models.reports import template_facts
 from spec_cli.server.tool_calls import AnswerSplitter, Tools, call_grammar
 from spec_cli.structured import Thought, after_thought, schema_grammar
 
-from serving import NAME, Running
+from support.serving import NAME, Running
 
 WEATHER = {"name": "get_weather", "parameters": {"type": "object", "properties": {
     "city": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit"]}, "days": {"type": "integer"}},

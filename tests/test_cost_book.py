@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 import pytest
+from support import children
 from typer.testing import CliRunner
 
 from spec_cli import load_pair
@@ -100,23 +101,17 @@ def test_processes_that_write_at_once_keep_every_entry_and_a_reader_never_fails(
     """Four processes replace the book 25 times each while this one reads it: every read is a whole book, and
     the book ends with all 20 keys (each write merges under the lock what the others kept)."""
     import os
-    import subprocess
     import sys
 
     script = tmp_path / "writer.py"
     script.write_text(WRITER)
-    writers = [subprocess.Popen([sys.executable, str(script), f"p{n}"], env=os.environ.copy()) for n in range(4)]
-    try:
-        reads = 0
-        while any(writer.poll() is None for writer in writers):
-            if cost_book.path().exists():
-                text = cost_book.path().read_text()
-                assert isinstance(json.loads(text), dict)  # never half a file
-                reads += 1
-        assert [writer.returncode for writer in writers] == [0] * 4
-    finally:
-        for writer in writers:
-            writer.kill()
-            writer.wait()
+    writers = [children.popen([sys.executable, str(script), f"p{n}"], env=os.environ.copy()) for n in range(4)]
+    reads = 0
+    while any(writer.poll() is None for writer in writers):
+        if cost_book.path().exists():
+            text = cost_book.path().read_text()
+            assert isinstance(json.loads(text), dict)  # never half a file
+            reads += 1
+    assert [writer.returncode for writer in writers] == [0] * 4
     assert reads > 0
     assert sorted(cost_book.read_all()) == sorted(f"p{n}-{i}" for n in range(4) for i in range(5))

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from exactness import Run, against_alone, assert_greedy_identity, greedy_agreement
-from prompts import CODE, FRENCH, JAPANESE, LONG, PROSE, TIE_SET
+from support.exactness import Run, against_alone, assert_greedy_identity, greedy_agreement
+from support.prompts import CODE, FRENCH, JAPANESE, LONG, PROSE, TIE_SET
 
 from spec_cli import Pair, load_pair
 from spec_cli.cli.app import app

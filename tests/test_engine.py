@@ -11,9 +11,9 @@ from typing import Iterator
 
 import numpy as np
 import pytest
-from exactness import (N_SAMPLES, REPETITIVE, REST, SAMPLED, SIGNIFICANCE, chi_square_p_value,
+from support.exactness import (N_SAMPLES, REPETITIVE, REST, SAMPLED, SIGNIFICANCE, chi_square_p_value,
                        exact_pair_distribution, priced_to_draft, sampled_pairs)
-from tiny_models import write_model
+from support.tiny_models import write_model
 
 from spec_cli import Generation, Pair, SamplingParams, SpecError, load_pair
 from spec_cli.decoding.stats import Stats

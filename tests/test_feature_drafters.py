@@ -14,9 +14,9 @@ from typing import Iterator
 import numpy as np
 import pytest
 from click.testing import Result
-from exactness import (SAMPLED, SIGNIFICANCE, chat_turns_match_the_target_alone, chi_square_p_value,
+from support.exactness import (SAMPLED, SIGNIFICANCE, chat_turns_match_the_target_alone, chi_square_p_value,
                        exact_pair_distribution, finish, priced_to_draft, sampled_pairs)
-from tiny_models import CHAT_TEMPLATE, MASK_TOKEN, write_dflash, write_eagle3, write_model
+from support.tiny_models import CHAT_TEMPLATE, MASK_TOKEN, write_dflash, write_eagle3, write_model
 from typer.testing import CliRunner
 
 from spec_cli import Generation, Pair, SpecError, load_pair

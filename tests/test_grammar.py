@@ -8,7 +8,7 @@ from typing import Iterator
 
 import numpy as np
 import pytest
-from tiny_models import FIRST_BYTE_TOKEN, byte_level_bpe, write_model
+from support.tiny_models import FIRST_BYTE_TOKEN, byte_level_bpe, write_model
 
 from spec_cli import Pair, load_pair
 from spec_cli.llama.grammar import Constraints, GrammarError, check, llguidance_grammar

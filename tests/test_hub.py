@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
-from fake_hub import FakeHub, serve
+from support.fake_hub import FakeHub, serve
 from typer.testing import CliRunner
 
 from spec_cli.cli.app import app

@@ -14,8 +14,8 @@ from typing import Iterator
 
 import numpy as np
 import pytest
-from exactness import SAMPLED, SIGNIFICANCE, chi_square_p_value, exact_pair_distribution, priced_to_draft
-from tiny_models import CHAT_TEMPLATE, write_model
+from support.exactness import SAMPLED, SIGNIFICANCE, chi_square_p_value, exact_pair_distribution, priced_to_draft
+from support.tiny_models import CHAT_TEMPLATE, write_model
 
 from spec_cli import Generation, Pair, SamplingParams, SpecError, load_pair
 from spec_cli.chat import ChatSession, Settings

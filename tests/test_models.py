@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from tiny_models import write_model
+from support.tiny_models import write_model
 from typer.testing import CliRunner
 
 from spec_cli.cli.app import app

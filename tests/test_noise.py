@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from exactness import REPETITIVE, SIGNIFICANCE, chi_square_p_value, finish
+from support.exactness import REPETITIVE, SIGNIFICANCE, chi_square_p_value, finish
 from test_scheduler import run as run_scheduled
 
 from spec_cli import GenerationRequest, Pair

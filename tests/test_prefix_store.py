@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from tiny_models import write_model
+from support.tiny_models import write_model
 from typer.testing import CliRunner
 
 from spec_cli import Pair, load_pair
@@ -15,7 +15,7 @@ from spec_cli.cli.app import app
 from spec_cli.llama.context import Context
 from spec_cli.llama.prefix_store import MIN_TOKENS, PrefixStore
 
-from serving import NAME, Running
+from support.serving import NAME, Running
 
 SYSTEM = {"role": "system", "content": "the cat and the dog " * 30}  # an agent's long system prompt, shared
 

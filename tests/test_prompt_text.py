@@ -17,8 +17,8 @@ from spec_cli.errors import SpecError
 from spec_cli.llama.model import Model
 from spec_cli.llama.prompt_text import ControlToken, ControlTokens, PromptText, render_chat
 
-from serving import running
-from tiny_models import byte_level_bpe, write_model
+from support.serving import running
+from support.tiny_models import byte_level_bpe, write_model
 
 START, END = ControlToken(10, "<|im_start|>", False, False), ControlToken(11, "<|im_end|>", False, False)
 CONTROLS = ControlTokens([START, END])

@@ -7,13 +7,13 @@ from __future__ import annotations
 import json
 
 import pytest
-from chat_templates import template
-from exactness import finish
+from support.chat_templates import template
+from support.exactness import finish
 
 from spec_cli import Pair
 from spec_cli.request import ReasoningBudget
 
-from serving import HELLO, NAME, Running
+from support.serving import HELLO, NAME, Running
 
 PROMPT = "the cat and the dog"
 OPENED = ReasoningBudget(5)

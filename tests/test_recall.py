@@ -19,10 +19,10 @@ from spec_cli.drafting.hybrid import HybridDrafter
 from spec_cli.drafting.memory_file import MemoryFileError
 from spec_cli.drafting.recall import CONTEXT, MemoryDrafter, OutputMemory, corpus_files
 from spec_cli.errors import SpecError
-from exactness import (N_SAMPLES, REPETITIVE, SAMPLED, SIGNIFICANCE, against_alone, assert_greedy_identity,
+from support.exactness import (N_SAMPLES, REPETITIVE, SAMPLED, SIGNIFICANCE, against_alone, assert_greedy_identity,
                        chi_square_p_value, exact_pair_distribution, finish, greedy_agreement, priced_to_draft,
                        sampled_pairs)
-from tiny_models import write_model
+from support.tiny_models import write_model
 
 runner = CliRunner()
 GREEDY = SamplingParams()

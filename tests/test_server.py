@@ -24,7 +24,8 @@ from spec_cli.cli.app import app
 from spec_cli.server import app as server
 from spec_cli.server.connections import Limits
 
-from serving import HELLO, NAME, Running, running, slow_down
+from support import children
+from support.serving import HELLO, NAME, Running, running, slow_down
 
 
 
@@ -310,21 +311,16 @@ def test_a_port_in_use_is_one_line_before_any_model_loads() -> None:
 
 def test_spec_serve_answers_logs_each_answer_and_stops_on_ctrl_c(chat_target_path: Path,
                                                                  other_draft_path: Path) -> None:
-    process = subprocess.Popen([sys.executable, "-m", "spec_cli", "serve", "--target", str(chat_target_path),
-                                "--draft", str(other_draft_path), "--port", "0", "-k", "2"],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        first = process.stderr.readline()
-        url = first.split(" on ")[1].split()[0]
-        client = openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=30)
-        answer = client.chat.completions.create(model=chat_target_path.stem, messages=HELLO, max_tokens=5)
-        logged = process.stderr.readline()
-        process.send_signal(signal.SIGINT)
-        _out, rest = process.communicate(timeout=15)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
+    process = children.popen([sys.executable, "-m", "spec_cli", "serve", "--target", str(chat_target_path),
+                              "--draft", str(other_draft_path), "--port", "0", "-k", "2"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = process.stderr.readline()
+    url = first.split(" on ")[1].split()[0]
+    client = openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=30)
+    answer = client.chat.completions.create(model=chat_target_path.stem, messages=HELLO, max_tokens=5)
+    logged = process.stderr.readline()
+    process.send_signal(signal.SIGINT)
+    _out, rest = process.communicate(timeout=15)
     assert first.startswith(f"spec: serving {chat_target_path.stem} on http://127.0.0.1:")
     assert "drafting hybrid K=2" in first
     assert answer.usage.completion_tokens == 5 and answer.choices[0].finish_reason == "length"

@@ -13,7 +13,7 @@ import pytest
 from spec_cli import Pair
 from spec_cli.server import service
 
-from serving import HELLO, Running, running
+from support.serving import HELLO, Running, running
 
 TIGHT = 120  # max_tokens for an answer the schema lets end early
 

@@ -10,7 +10,7 @@ from typing import Callable, Iterator
 
 import httpx
 import pytest
-from serving import NAME, Running, running
+from support.serving import NAME, Running, running
 
 from spec_cli import Pair
 from spec_cli.decoding.scheduler import Scheduler

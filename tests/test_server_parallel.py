@@ -13,9 +13,9 @@ from typing import Iterator
 
 import httpx
 import pytest
-from exactness import finish, greedy_agreement
-from serving import NAME, Running, running
-from tiny_models import CHAT_TEMPLATE, write_dflash, write_eagle3, write_model, write_qwen35_mtp
+from support.exactness import finish, greedy_agreement
+from support.serving import NAME, Running, running
+from support.tiny_models import CHAT_TEMPLATE, write_dflash, write_eagle3, write_model, write_qwen35_mtp
 from typer.testing import CliRunner
 
 from spec_cli import GenerationRequest, Pair, load_pair

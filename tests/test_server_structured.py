@@ -11,12 +11,12 @@ from typing import Iterator
 import jsonschema
 import openai
 import pytest
-from tiny_models import write_model
+from support.tiny_models import write_model
 
 from spec_cli import Pair, load_pair
 from spec_cli.server.openai_api import parse_chat
 
-from serving import HELLO, NAME, Running, running
+from support.serving import HELLO, NAME, Running, running
 
 ANIMAL = {"type": "object", "properties": {"animal": {"enum": ["cat", "dog"]}, "pet": {"type": "boolean"}},
           "required": ["animal", "pet"], "additionalProperties": False}

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from tiny_models import Tokenizer, byte_level_bpe, default_tokenizer, sentencepiece_merged_otherwise, write_model
+from support.tiny_models import Tokenizer, byte_level_bpe, default_tokenizer, sentencepiece_merged_otherwise, write_model
 
 from spec_cli.drafting.spelling import Speller, incomplete_tail, utf8_runs
 from spec_cli.llama.model import Model

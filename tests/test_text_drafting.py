@@ -17,8 +17,8 @@ from typing import Iterator
 
 import numpy as np
 import pytest
-from exactness import N_SAMPLES, SAMPLED, SIGNIFICANCE, chi_square_p_value, exact_pair_distribution, sampled_pairs
-from tiny_models import (CHAT_TEMPLATE, CONTROL, NORMAL, Tokenizer, byte_level_bpe, sentencepiece_merged_otherwise,
+from support.exactness import N_SAMPLES, SAMPLED, SIGNIFICANCE, chi_square_p_value, exact_pair_distribution, sampled_pairs
+from support.tiny_models import (CHAT_TEMPLATE, CONTROL, NORMAL, Tokenizer, byte_level_bpe, sentencepiece_merged_otherwise,
                          write_model)
 from typer.testing import CliRunner
 

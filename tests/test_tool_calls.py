@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from grammars import accepts, assembled
+from support.grammars import accepts, assembled
 
 from spec_cli import Pair
 from spec_cli.server.errors import RequestError

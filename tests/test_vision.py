@@ -31,12 +31,12 @@ from spec_cli.llama.vision import Image
 from spec_cli.server import images
 from spec_cli.server.errors import RequestError
 from spec_cli.server.images import ImageUrl
-from exactness import (SAMPLED, SIGNIFICANCE, against_alone, assert_greedy_identity, chi_square_p_value,
+from support.exactness import (SAMPLED, SIGNIFICANCE, against_alone, assert_greedy_identity, chi_square_p_value,
                        exact_pair_distribution, finish, greedy_agreement, sampled_pairs)
-from serving import running
-from tiny_models import (CHAT_TEMPLATE, N_EMBD, byte_level_bpe, write_dflash, write_eagle3, write_model,
+from support.serving import running
+from support.tiny_models import (CHAT_TEMPLATE, N_EMBD, byte_level_bpe, write_dflash, write_eagle3, write_model,
                          write_qwen35_mtp)
-from tiny_vision import png, write_mmproj
+from support.tiny_vision import png, write_mmproj
 
 runner = CliRunner()
 GREEDY = SamplingParams()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tiny_models import write_model
+from support.tiny_models import write_model
 
 from spec_cli.llama.model import Model
 from spec_cli.models.vocab import compare, shares_ids, translation

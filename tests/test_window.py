@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
-from exactness import finish
+from support.exactness import finish
 
 from spec_cli import Pair, load_pair
 from spec_cli.decoding.scheduler import ALONE_CHUNK

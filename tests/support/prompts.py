@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 # About 1700 tokens of Python (an early copy of spec_cli/decoding/sampling.py): past Gemma 3's 512-token window.
-LONG = (Path(__file__).parent / "data" / "long_prompt.txt").read_text(encoding="utf-8")
+LONG = (Path(__file__).parent.parent / "data" / "long_prompt.txt").read_text(encoding="utf-8")
 
 PROSE = "The history of the printing press begins"
 CODE = 'def fibonacci(n):\n    """Return the n-th number."""\n'
