@@ -28,7 +28,7 @@ from pathlib import Path
 
 from spec_cli import SamplingParams
 from spec_cli.cli.options import LoadOptions, open_pair
-from spec_cli.decoding.ties import first_difference
+from spec_cli.bench.ties import first_difference
 
 NAMES = ["Alice", "Bob", "Chen", "Dana", "Emil", "Fatima", "Goran", "Hana", "Ivan", "Jia", "Kofi", "Lena", "Mateo",
          "Nora", "Omar", "Priya", "Quinn", "Rosa", "Sven", "Tara"]

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from spec_cli import SamplingParams
 from spec_cli.cli.options import LoadOptions, open_pair
-from spec_cli.decoding.ties import first_difference
+from spec_cli.bench.ties import first_difference
 from spec_cli.llama.vision import read_image
 
 QUESTIONS = ["Describe this image in detail.", "What colours are in this image?", "List every object you can see.",

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from serve_overhead import served_url  # noqa: E402
 
 from spec_cli import SamplingParams  # noqa: E402
-from spec_cli.bench import builtin_prompts  # noqa: E402
+from spec_cli.bench.speedup import builtin_prompts  # noqa: E402
 from spec_cli.cli.options import LoadOptions, open_pair  # noqa: E402
 
 

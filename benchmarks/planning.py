@@ -17,7 +17,7 @@ from pathlib import Path
 
 from spec_cli import SamplingParams
 from spec_cli.cli.options import LoadOptions, open_pair
-from spec_cli.concurrency import Batch, run_batch
+from spec_cli.bench.concurrency import Batch, run_batch
 from spec_cli.decoding.scheduler import Scheduler
 from spec_cli.decoding.stats import Stats
 from spec_cli.llama import kernels

@@ -25,7 +25,7 @@ from pathlib import Path
 import openai
 
 from spec_cli import Pair, SamplingParams
-from spec_cli.bench import builtin_prompts
+from spec_cli.bench.speedup import builtin_prompts
 from spec_cli.cli.options import LoadOptions, open_pair
 from spec_cli.request import draft_max_from_text
 

@@ -30,7 +30,7 @@ from spec_cli import Pair, SamplingParams, load_pair
 from spec_cli.llama.grammar import Constraints
 from spec_cli.llama.model import Model
 from spec_cli.models import registry
-from spec_cli.structured import schema_grammar
+from spec_cli.formats.structured import schema_grammar
 
 SMALL = 'root ::= ("yes" | "no" | "maybe") "."'
 ANSWERS = ['{"number": 2291, "vendor": "Acme Tools", "date": "2026-03-14", "total": 1249.50, "currency": "EUR"}',

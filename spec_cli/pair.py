@@ -35,7 +35,7 @@ from spec_cli.llama.model import Model
 from spec_cli.llama.placement import load_model
 from spec_cli.llama.prompt_text import PromptText, with_images
 from spec_cli.llama.vision import KEPT_IMAGES, Image, Projector, has_images
-from spec_cli.models import vocab
+from spec_cli.drafting import vocab
 from spec_cli.request import GenerationRequest, InvalidConstraint, InvalidRequest
 
 DEFAULT_CTX = 2048

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
+from spec_cli.decoding.reasoning import ReasoningBudget
 from spec_cli.decoding.sampling import SamplingParams
 from spec_cli.decoding.verification import DEFAULT_VERIFY, VERIFY_RULES
 from spec_cli.drafting.modes import MODES
@@ -55,16 +56,6 @@ def shown(value: object) -> str:
         return "an integer too large"
     text = repr(value)
     return text if len(text) <= SHOWN_AT_MOST else f"{text[:SHOWN_AT_MOST - 1]}…"
-
-
-@dataclass(frozen=True)
-class ReasoningBudget:
-    """At most `tokens` tokens of thought, then the thought's `close` marker is forced (`decoding.reasoning`);
-    `open`: the marker that opens a thought the prompt did not (None: the prompt opened it)."""
-
-    tokens: int
-    close: str = "</think>"
-    open: str | None = None
 
 
 @dataclass(frozen=True)

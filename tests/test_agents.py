@@ -13,7 +13,7 @@ import pytest
 from support.chat_templates import template
 
 from spec_cli import GenerationRequest, Pair, load_pair
-from spec_cli.conventions import CONVENTIONS
+from spec_cli.formats.conventions import CONVENTIONS
 from spec_cli.models import registry
 
 from support.serving import NAME, Running

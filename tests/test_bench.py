@@ -14,11 +14,11 @@ from support.tiny_models import write_model
 from typer.testing import CliRunner
 
 from spec_cli import SpecError, load_pair
-from spec_cli.bench import (TARGET_ALONE, Config, Side, _compare_texts, _same_text, builtin_prompts, compare,
+from spec_cli.bench.speedup import (TARGET_ALONE, Config, Side, _compare_texts, _same_text, builtin_prompts, compare,
                             configurations, load_prompts, pooled_costs, predicted_speedup)
 from spec_cli.cli.app import app
 from spec_cli.decoding.stats import Stats
-from spec_cli.decoding.ties import Difference, logits_after, tie_tolerance
+from spec_cli.bench.ties import Difference, logits_after, tie_tolerance
 from spec_cli.terminal.tables import _same_text_line
 
 runner = CliRunner()

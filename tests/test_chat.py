@@ -15,7 +15,7 @@ from support import children
 from support.tiny_models import CHAT_TEMPLATE, write_model
 
 from spec_cli import Pair, SamplingParams, SpecError, load_pair
-from spec_cli.chat import ChatSession, Settings, run_command
+from spec_cli.conversation.session import ChatSession, Settings, run_command
 
 
 def settings(**changes: object) -> Settings:

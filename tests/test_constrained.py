@@ -20,7 +20,7 @@ from spec_cli.decoding.constrained import NothingAllowed, constrained_greedy, co
 from spec_cli.decoding.sampling import probabilities
 from spec_cli.llama.context import Context
 from spec_cli.llama.grammar import Grammar
-from spec_cli.structured import lazy_start
+from spec_cli.formats.structured import lazy_start
 
 PROMPT = "the cat and the dog"
 # Letters a to e and spaces, ended by a full stop: a handful of the tiny vocabulary's tokens at each step

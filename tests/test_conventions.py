@@ -12,10 +12,10 @@ from support.grammars import accepts, assembled
 from support.tiny_models import CONTROL, default_tokenizer, write_model
 
 from spec_cli import GenerationRequest, Pair, load_pair
-from spec_cli.conventions import CONVENTIONS, HERMES, Convention, detect, probe_messages, probe_tools
-from spec_cli.models.reports import template_facts
-from spec_cli.server.tool_calls import AnswerSplitter, Tools, call_grammar
-from spec_cli.structured import Thought, after_thought, schema_grammar
+from spec_cli.formats.conventions import CONVENTIONS, HERMES, Convention, detect, probe_messages, probe_tools
+from spec_cli.reports.models import template_facts
+from spec_cli.api.tool_calls import AnswerSplitter, Tools, call_grammar
+from spec_cli.formats.structured import Thought, after_thought, schema_grammar
 
 from support.serving import NAME, Running
 

@@ -23,7 +23,7 @@ from support.prompts import CODE, FRENCH, JAPANESE, LONG, PROSE, TIE_SET
 from spec_cli import Pair, load_pair
 from spec_cli.cli.app import app
 from spec_cli.decoding.stats import Stats
-from spec_cli.decoding.ties import logits_after, tie_tolerance
+from spec_cli.bench.ties import logits_after, tie_tolerance
 from spec_cli.llama.gguf import quantize
 from spec_cli.models import registry
 

@@ -12,7 +12,7 @@ from support.tiny_models import FIRST_BYTE_TOKEN, byte_level_bpe, write_model
 
 from spec_cli import Pair, load_pair
 from spec_cli.llama.grammar import Constraints, GrammarError, check, llguidance_grammar
-from spec_cli.structured import schema_grammar
+from spec_cli.formats.structured import schema_grammar
 
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "n": {"type": "integer"},
                                            "tags": {"type": "array", "items": {"enum": ["a b", "çé"]}}},

@@ -18,7 +18,7 @@ from support.exactness import SAMPLED, SIGNIFICANCE, chi_square_p_value, exact_p
 from support.tiny_models import CHAT_TEMPLATE, write_model
 
 from spec_cli import Generation, Pair, SamplingParams, SpecError, load_pair
-from spec_cli.chat import ChatSession, Settings
+from spec_cli.conversation.session import ChatSession, Settings
 from spec_cli.llama.context import Context
 from spec_cli.llama.model import Model
 

@@ -10,8 +10,8 @@ from typer.testing import CliRunner
 
 from spec_cli.cli.app import app
 from spec_cli.llama.model import Model, supports_gpu_offload
-from spec_cli.models import reports as models
-from spec_cli.models.reports import backends
+from spec_cli.reports import models
+from spec_cli.reports.models import backends
 
 runner = CliRunner()
 

@@ -16,7 +16,7 @@ from support.tiny_models import CHAT_TEMPLATE, write_qwen35_mtp
 from typer.testing import CliRunner
 
 from spec_cli import Generation, Pair, SamplingParams, SpecError, load_pair
-from spec_cli.chat import ChatSession, Settings, run_command
+from spec_cli.conversation.session import ChatSession, Settings, run_command
 from spec_cli.cli.app import app
 from spec_cli.drafting.hybrid import HybridDrafter
 from spec_cli.drafting.mtp import MtpDrafter

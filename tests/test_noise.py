@@ -16,7 +16,7 @@ from spec_cli.decoding.noise import GumbelNoise
 from spec_cli.decoding.sampling import Law, SamplingParams, probabilities
 from spec_cli.decoding.scheduler import Scheduler
 from spec_cli.decoding.stats import Stats
-from spec_cli.decoding.ties import logits_after
+from spec_cli.bench.ties import logits_after
 
 SEEDS = range(200)
 # The whole law: a filter's edge is a float tie too (a top-k cut between two near-equal logits of the tiny model

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from spec_cli.decoding.stats import Stats
-from spec_cli.server.errors import RequestError
-from spec_cli.server.openai_api import Answer, finish_reason, parse_chat, parse_completion, structure
-from spec_cli.structured import grammar_structure, schema_grammar
+from spec_cli.api.errors import RequestError
+from spec_cli.api.openai_api import Answer, finish_reason, parse_chat, parse_completion, structure
+from spec_cli.formats.structured import grammar_structure, schema_grammar
 
 HELLO = [{"role": "user", "content": "hi"}]
 

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from spec_cli import GenerationRequest, load_pair
-from spec_cli.chat import CHAT_FORMATS, ChatSession, Settings
+from spec_cli.conversation.session import CHAT_FORMATS, ChatSession, Settings
 from spec_cli.errors import SpecError
 from spec_cli.llama.model import Model
 from spec_cli.llama.prompt_text import ControlToken, ControlTokens, PromptText, render_chat

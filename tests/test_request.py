@@ -9,13 +9,13 @@ import pytest
 from typer.testing import CliRunner
 
 from spec_cli import GenerationRequest, Pair, load_pair
-from spec_cli.chat import ChatSession, Settings, run_command
+from spec_cli.conversation.session import ChatSession, Settings, run_command
 from spec_cli.cli.app import app
 from spec_cli.decoding.sampling import SamplingParams
 from spec_cli.errors import SpecError
 from spec_cli.request import MAX_K, InvalidRequest, draft_max_from_text
-from spec_cli.server.errors import RequestError
-from spec_cli.server.openai_api import parse_chat
+from spec_cli.api.errors import RequestError
+from spec_cli.api.openai_api import parse_chat
 
 HELLO = [{"role": "user", "content": "hello"}]
 

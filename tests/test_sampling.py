@@ -7,7 +7,7 @@ import pytest
 
 from spec_cli.decoding.sampling import (MIN_TEMPERATURE, PENALTY_LIMIT, SAMPLE_SIZE, Law, SamplingParams,
                                         excess_mass, greedy_token, penalized, probabilities, recommended, residual,
-                                        row_laws, sample, settle, shares_candidates)
+                                        row_laws, resolve_sampling, sample, shares_candidates)
 from spec_cli.errors import SpecError
 
 PLAIN = dict(top_k=0, top_p=1.0, min_p=0.0)  # no filters: only the temperature
@@ -257,16 +257,16 @@ def test_a_temperature_below_float32s_range_is_greedy_the_laws_limit() -> None:
         assert law[z.argmax()] == pytest.approx(1.0) and law.sum() == pytest.approx(1.0)
 
 
-def test_settle_layers_defaults_preset_and_flags() -> None:
+def test_resolve_sampling_layers_defaults_preset_and_flags() -> None:
     model = {"temperature": 0.6, "top_k": 20}
-    assert settle("greedy", model, {}) == SamplingParams()
-    assert settle("greedy", model, {"temperature": 0.7}) == SamplingParams(temperature=0.7)
-    assert settle("model", model, {}) == SamplingParams(temperature=0.6, top_k=20)
-    assert settle("model", {}, {}) == SamplingParams(temperature=0.8)
-    assert settle("model", model, {"top_k": 5, "repeat_penalty": 1.1}) == \
+    assert resolve_sampling("greedy", model, {}) == SamplingParams()
+    assert resolve_sampling("greedy", model, {"temperature": 0.7}) == SamplingParams(temperature=0.7)
+    assert resolve_sampling("model", model, {}) == SamplingParams(temperature=0.6, top_k=20)
+    assert resolve_sampling("model", {}, {}) == SamplingParams(temperature=0.8)
+    assert resolve_sampling("model", model, {"top_k": 5, "repeat_penalty": 1.1}) == \
         SamplingParams(temperature=0.6, top_k=5, repeat_penalty=1.1)
     with pytest.raises(SpecError, match="unknown sampling 'warm'; choose one of: greedy, model"):
-        settle("warm", model, {})
+        resolve_sampling("warm", model, {})
 
 
 # --- the candidate shortcut against the whole row ------------------------------------------------------------

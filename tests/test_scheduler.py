@@ -24,7 +24,7 @@ from spec_cli.decoding.drafter import Drafter
 from spec_cli.decoding.engine import Generation
 from spec_cli.decoding.sampling import SamplingParams
 from spec_cli.decoding.scheduler import Scheduler, _batches
-from spec_cli.llama.context import Context, decode_together
+from spec_cli.llama.context import Context, Part, decode_together
 from spec_cli.llama.grammar import Grammar, GrammarError
 
 GREEDY = SamplingParams()
@@ -76,13 +76,13 @@ def test_decoded_together_every_row_is_the_row_decoded_alone(other: Pair) -> Non
     lone = Context(other.target, n_ctx=64, n_threads=1)
     try:
         feeds = [[5, 6, 7, 8], [9], [10, 11]]
-        rows = decode_together([(c, feed, len(feed), len(feed)) for c, feed in zip(contexts, feeds)])
+        rows = decode_together([Part(c, feed, len(feed), len(feed)) for c, feed in zip(contexts, feeds)])
         for feed, together in zip(feeds, rows):
             lone.trim(0)
             same_rows(together, lone.decode(feed, len(feed)))
         assert [c.tokens for c in contexts] == feeds
         contexts[1].trim(0)  # one sequence's cut leaves the others
-        rows = decode_together([(contexts[0], [12], 1, 1), (contexts[2], [13], 1, 1)])
+        rows = decode_together([Part(contexts[0], [12], 1, 1), Part(contexts[2], [13], 1, 1)])
         lone.trim(0)
         same_rows(rows[1], lone.decode([10, 11, 13], 1))
     finally:
@@ -251,8 +251,8 @@ def test_a_slot_refuses_a_drafter_its_pair_lacks_as_the_pair_does(other: Pair, s
 
 def test_rounds_that_do_not_fit_one_batch_run_in_several_passes(other: Pair, slots: list) -> None:
     a, b, c = slots[0].target, slots[1].target, slots[2].target
-    parts = [(a, [1] * 300, 1, 1), (b, [2] * 300, 1, 1), (c, [3] * 100, 1, 1), (a, [4] * 700, 1, 1)]
-    assert [[len(p[1]) for p in group] for group in _batches(parts, 512)] == [[300], [300, 100], [700]]
+    parts = [Part(a, [1] * 300, 1, 1), Part(b, [2] * 300, 1, 1), Part(c, [3] * 100, 1, 1), Part(a, [4] * 700, 1, 1)]
+    assert [[len(p.tokens) for p in group] for group in _batches(parts, 512)] == [[300], [300, 100], [700]]
 
 
 def test_the_draft_models_steps_of_several_sequences_are_one_pass(other: Pair, slots: list,

@@ -14,7 +14,7 @@ import pytest
 from support.tiny_models import write_model
 
 from spec_cli import Pair, load_pair
-from spec_cli.server.openai_api import parse_chat
+from spec_cli.api.openai_api import parse_chat
 
 from support.serving import HELLO, NAME, Running, running
 

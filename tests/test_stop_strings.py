@@ -6,7 +6,7 @@ import itertools
 
 import numpy as np
 
-from spec_cli.server.stop_strings import StopStrings
+from spec_cli.api.stop_strings import StopStrings
 
 
 def cut(pieces: list[str], stops: list[str]) -> tuple[str, bool]:

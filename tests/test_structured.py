@@ -14,7 +14,7 @@ import pytest
 from spec_cli import Pair
 from spec_cli.llama.grammar import Constraints
 from spec_cli.request import InvalidConstraint
-from spec_cli.structured import Constraint, keyword_paths, schema_grammar
+from spec_cli.formats.structured import Constraint, keyword_paths, schema_grammar
 
 NAME_SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
 NODE = {"type": "object", "properties": {"value": {"type": "integer"},

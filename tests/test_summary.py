@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from spec_cli.decoding.stats import Stats
-from spec_cli.summary import percent, summary_line
+from spec_cli.reports.summary import percent, summary_line
 
 
 @pytest.mark.parametrize("rate, digits, text", [

@@ -23,7 +23,7 @@ from support.tiny_models import (CHAT_TEMPLATE, CONTROL, NORMAL, Tokenizer, byte
 from typer.testing import CliRunner
 
 from spec_cli import Generation, Pair, SpecError, load_pair
-from spec_cli.chat import ChatSession, Settings
+from spec_cli.conversation.session import ChatSession, Settings
 from spec_cli.cli.app import app
 from spec_cli.decoding.sampling import probabilities
 from spec_cli.decoding.stats import Stats
@@ -31,7 +31,7 @@ from spec_cli.drafting.text import TextDrafter
 from spec_cli.drafting.window import MIN_WINDOW, SINKS
 from spec_cli.llama.context import Context
 from spec_cli.llama.model import Model
-from spec_cli.models.vocab import translation
+from spec_cli.drafting.vocab import translation
 
 PROMPTS = ("the cat sat on the mat", "café crème 🙂 and the")
 SAMPLED_PROMPT = "a cat and the dog"  # the draft's likeliest next tokens are shared ones ("at", BPE's own, is not)

@@ -9,8 +9,8 @@ import pytest
 from support.grammars import accepts, assembled
 
 from spec_cli import Pair
-from spec_cli.server.errors import RequestError
-from spec_cli.server.tool_calls import (MAX_CALLS, AnswerSplitter, Tools, call_grammar, checked_parameters, parse_tools,
+from spec_cli.api.errors import RequestError
+from spec_cli.api.tool_calls import (MAX_CALLS, AnswerSplitter, Tools, call_grammar, checked_parameters, parse_tools,
                                         spelt_out, template_messages)
 
 WEATHER = {"name": "get_weather", "description": "The weather in a city.",

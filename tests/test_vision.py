@@ -19,7 +19,7 @@ import pytest
 from typer.testing import CliRunner
 
 from spec_cli import GenerationRequest, Pair, SamplingParams, load_pair
-from spec_cli.chat import ChatSession, Settings, run_command
+from spec_cli.conversation.session import ChatSession, Settings, run_command
 from spec_cli.cli.app import app
 from spec_cli.decoding.scheduler import Scheduler
 from spec_cli.decoding.stats import Stats
@@ -28,9 +28,9 @@ from spec_cli.llama import vision
 from spec_cli.llama.context import Context
 from spec_cli.llama.prompt_text import IMAGE_MARKER, PromptText
 from spec_cli.llama.vision import Image
-from spec_cli.server import images
-from spec_cli.server.errors import RequestError
-from spec_cli.server.images import ImageUrl
+from spec_cli.api import images
+from spec_cli.api.errors import RequestError
+from spec_cli.api.images import ImageUrl
 from support.exactness import (SAMPLED, SIGNIFICANCE, against_alone, assert_greedy_identity, chi_square_p_value,
                        exact_pair_distribution, finish, greedy_agreement, sampled_pairs)
 from support.serving import running

@@ -8,7 +8,7 @@ from pathlib import Path
 from support.tiny_models import write_model
 
 from spec_cli.llama.model import Model
-from spec_cli.models.vocab import compare, shares_ids, translation
+from spec_cli.drafting.vocab import compare, shares_ids, translation
 
 
 def load(path: Path) -> Model:

@@ -21,10 +21,10 @@ from typing import Any
 from spec_cli.errors import SpecError
 from spec_cli.llama.prompt_text import with_images
 from spec_cli.llama.vision import Image, read_image
-from spec_cli.server import openai_api
-from spec_cli.server.errors import RequestError
-from spec_cli.server.images import ImageUrl
-from spec_cli.server.openai_api import ApiRequest
+from spec_cli.api import openai_api
+from spec_cli.api.errors import RequestError
+from spec_cli.api.images import ImageUrl
+from spec_cli.api.openai_api import ApiRequest
 
 TEXT, JSONL, OPENAI = "text", "jsonl", "openai"
 FIELDS = ("id", "prompt", "messages", "system", "images", "max_tokens", "temperature", "seed", "json_schema", "grammar",

@@ -19,7 +19,7 @@ from typing import Any
 from spec_cli.batch.lines import OPENAI, Task
 from spec_cli.decoding.stats import Stats
 from spec_cli.errors import SpecError
-from spec_cli.server.errors import RequestError
+from spec_cli.api.errors import RequestError
 
 STATS = ("prompt_tokens", "prompt_cached", "generated_tokens", "drafted", "accepted", "acceptance_rate",
          "tokens_per_second", "draft_mode", "ways")

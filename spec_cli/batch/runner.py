@@ -21,10 +21,10 @@ from spec_cli.errors import SpecError
 from spec_cli.llama.vision import Image
 from spec_cli.pair import Pair, Slot
 from spec_cli.request import GenerationRequest, InvalidRequest
-from spec_cli.server import openai_api
-from spec_cli.server.errors import RequestError
-from spec_cli.server.openai_api import Answer, ApiRequest
-from spec_cli.server.stop_strings import StopStrings
+from spec_cli.api import openai_api
+from spec_cli.api.errors import RequestError
+from spec_cli.api.openai_api import Answer, ApiRequest
+from spec_cli.api.stop_strings import StopStrings
 
 
 @dataclass

@@ -27,11 +27,11 @@ from spec_cli.decoding.stats import Stats
 from spec_cli.decoding.verification import DEFAULT_VERIFY
 from spec_cli.errors import SpecError
 from spec_cli.request import AUTO
-from spec_cli.structured import Constraint
-from spec_cli.summary import percent
+from spec_cli.formats.structured import Constraint
+from spec_cli.reports.summary import percent
 from spec_cli.terminal.output import error, note
 from spec_cli.terminal.progress import BatchBar
-from spec_cli.text import NOT_UTF8_NOTE, decode_user_text
+from spec_cli.formats.user_text import NOT_UTF8_NOTE, decode_user_text
 
 MOST_FAILED_STATUS = 100  # the exit status counts the failed lines up to this
 

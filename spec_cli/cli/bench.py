@@ -11,11 +11,11 @@ from typing import Annotated, Optional
 
 import typer
 
-from spec_cli import bench as benchmark
+from spec_cli.bench import speedup as benchmark
 from spec_cli.cli.common import csv_list, user_errors
 from spec_cli.cli.options import LoadOptions, largest_k, loads_pair, open_pair
-from spec_cli.concurrency import compare_concurrency
-from spec_cli.concurrency import report as concurrency_report
+from spec_cli.bench.concurrency import compare_concurrency
+from spec_cli.bench.concurrency import report as concurrency_report
 from spec_cli.decoding.scheduler import MAX_SEQUENCES
 from spec_cli.decoding.verification import DEFAULT_VERIFY
 from spec_cli.drafting.modes import MODES, mode

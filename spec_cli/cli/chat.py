@@ -8,13 +8,13 @@ from typing import Annotated, Optional
 
 import typer
 
-from spec_cli import chat as conversation
+from spec_cli.conversation import session as conversation
 from spec_cli.cli.common import user_errors
 from spec_cli.cli.options import (ChatFormatOpt, DraftMaxOpt, DraftModeOpt, DraftPMinOpt, LoadOptions, MemoryOptions,
                                   NoDraftOpt, QuietOpt, RequestFlags, Sampling, SeedOpt, VerifyOpt, constrains,
                                   loads_pair, open_pair, remembers, samples)
 from spec_cli.decoding.verification import DEFAULT_VERIFY
-from spec_cli.structured import Constraint
+from spec_cli.formats.structured import Constraint
 from spec_cli.terminal.chat_repl import chat_loop
 
 CHAT_EXAMPLES = """\

@@ -12,7 +12,8 @@ import typer
 from spec_cli.cli.common import reachable_from_outside, user_errors
 from spec_cli.errors import SpecError
 from spec_cli.llama import rpc
-from spec_cli.models import registry, reports
+from spec_cli.models import registry
+from spec_cli.reports import models as reports
 from spec_cli.terminal.output import note, worker_started
 from spec_cli.terminal.tables import show_facts
 

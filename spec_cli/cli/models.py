@@ -11,7 +11,8 @@ from spec_cli.cli.common import EXIT_USER_ERROR, ThreadsOpt, resolve_files, user
 from spec_cli.cli.help import CommandGroup
 from spec_cli.errors import SpecError
 from spec_cli.llama.gguf import FTYPES, mtp_layers
-from spec_cli.models import registry, reports
+from spec_cli.models import registry
+from spec_cli.reports import models as reports
 from spec_cli.models.derive import derive
 from spec_cli.paths import user_registry_path
 from spec_cli.terminal.output import note, say

@@ -14,7 +14,7 @@ from typing import Annotated, Any, Callable, Iterator, Optional, TypeVar
 import typer
 
 from spec_cli.cli.common import ThreadsOpt, csv_list, or_default, resolve_files
-from spec_cli.decoding.sampling import SAMPLING_ORDER, SAMPLING_PRESETS, SamplingParams, settle
+from spec_cli.decoding.sampling import SAMPLING_ORDER, SAMPLING_PRESETS, SamplingParams, resolve_sampling
 from spec_cli.drafting.modes import MODES, mode_help
 from spec_cli.drafting.recall import corpus_files
 from spec_cli.errors import BadInput, SpecError
@@ -25,7 +25,7 @@ from spec_cli.models.registry import mmproj_beside
 from spec_cli.pair import DEFAULT_CTX, Pair, load_pair
 from spec_cli.paths import cache_dir
 from spec_cli.request import AUTO, MAX_K, GenerationRequest, draft_max_from_text
-from spec_cli.structured import Constraint
+from spec_cli.formats.structured import Constraint
 from spec_cli.terminal.output import note
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -88,7 +88,7 @@ class Sampling:
     def for_pair(self, pair: Pair) -> SamplingParams:
         """The preset (with the target's recommended settings) under the flags given."""
         assert self.preset is not None, "checked() first"
-        return settle(self.preset, pair.recommended_sampling(), self.given)
+        return resolve_sampling(self.preset, pair.recommended_sampling(), self.given)
 
 
 @dataclass(frozen=True)

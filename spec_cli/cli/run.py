@@ -17,10 +17,10 @@ from spec_cli.decoding.verification import DEFAULT_VERIFY
 from spec_cli.errors import SpecError
 from spec_cli.llama import rpc
 from spec_cli.llama.vision import read_image
-from spec_cli.structured import Constraint
+from spec_cli.formats.structured import Constraint
 from spec_cli.terminal.output import error, note
 from spec_cli.terminal.views import View, make_view
-from spec_cli.text import NOT_UTF8_NOTE, decode_user_text
+from spec_cli.formats.user_text import NOT_UTF8_NOTE, decode_user_text
 
 RUN_EXAMPLES = """\
 Examples:

@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from spec_cli import chat as conversation
+from spec_cli.conversation import session as conversation
 from spec_cli.cli.common import EXIT_USAGE, csv_list, reachable_from_outside, user_errors
 from spec_cli.cli.options import (ChatFormatOpt, DraftMaxOpt, DraftModeOpt, LoadOptions, MemoryOptions, NoDraftOpt,
                                   RequestFlags, VerifyOpt, loads_pair, open_pair, remembers)

@@ -191,7 +191,7 @@ class Generation:
             self._draft = self._drafted(draft)
             self._timer.end_step("draft_s")
         known = self._seq[self.target.n_past:]
-        return self.target, [*known, *self._draft.tokens], len(self._draft.tokens) + 1, len(known)
+        return Part(self.target, [*known, *self._draft.tokens], len(self._draft.tokens) + 1, len(known))
 
     def settle(self, rows: np.ndarray, verify_s: float, sequences: int) -> list[TokenEvent]:
         """Finish the round `plan` began, with the verify pass's rows for it, which took `verify_s` for

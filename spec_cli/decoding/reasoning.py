@@ -12,11 +12,23 @@ template's open marker (Qwen3 lets the model decide).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from spec_cli.llama.grammar import Grammar
 from spec_cli.llama.model import Model
-from spec_cli.request import ReasoningBudget
+
+
+@dataclass(frozen=True)
+class ReasoningBudget:
+    """At most `tokens` tokens of thought, then the thought's `close` marker is forced (`Budgeted`); `open`: the
+    marker that opens a thought the prompt did not (None: the prompt opened it). A request's field
+    (`GenerationRequest.reasoning_budget`), defined here so that the loop's floor imports nothing above it."""
+
+    tokens: int
+    close: str = "</think>"
+    open: str | None = None
 
 
 class Budgeted(Grammar):

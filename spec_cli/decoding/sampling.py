@@ -147,7 +147,8 @@ def recommended(metadata: Callable[[str], str | None]) -> dict[str, float | int]
 SAMPLING_PRESETS = ("greedy", "model")
 
 
-def settle(preset: str, model_recommends: dict[str, float | int], given: dict[str, float | int]) -> SamplingParams:
+def resolve_sampling(preset: str, model_recommends: dict[str, float | int],
+                     given: dict[str, float | int]) -> SamplingParams:
     """The settings to use: llama.cpp's defaults, then the preset, then what the user gave (which always wins).
 
     "greedy" keeps temperature 0 (reproducible, token-identical to the target alone); "model" takes what the

@@ -137,14 +137,14 @@ class Scheduler:
         generating = [r for r in self._running if not r.prompt]
         planned, emitted = [], []
         for running, k in zip(generating, self._planned_ks(generating)):
-            if self._own(running, running.generation.begin_round, k, self._chunk) is True:
+            if self._guarded(running, running.generation.begin_round, k, self._chunk) is True:
                 planned.append(running)
             else:
                 emitted.append((running.generation, []))
         drafts, passes_s = self._draft_together(planned)
         parts, verified = [], []
         for running in planned:
-            part = None if running.generation.error else self._own(running, running.generation.plan,
+            part = None if running.generation.error else self._guarded(running, running.generation.plan,
                                                                    drafts.get(id(running)))
             if part is None:
                 emitted.append((running.generation, []))
@@ -159,9 +159,9 @@ class Scheduler:
             seconds = time.perf_counter() - started
             passes_s += seconds
             if not fed and passes == 1:
-                self.pass_costs.record(sum(len(part[1]) for part in parts), seconds)
+                self.pass_costs.record(sum(len(part.tokens) for part in parts), seconds)
             for running, part_rows in zip(verified, rows):
-                events = self._own(running, self._settle, running.generation, part_rows, seconds, len(verified))
+                events = self._guarded(running, self._settle, running.generation, part_rows, seconds, len(verified))
                 emitted.append((running.generation, events or []))
         for running, n in fed:
             running.fed += n
@@ -175,7 +175,7 @@ class Scheduler:
             self.host[:] = [DECAY * self.host[0] + seconds, DECAY * self.host[1] + 1.0]
         return emitted
 
-    def _own(self, running: _Running, work: Callable[..., T], *args: object) -> T | None:
+    def _guarded(self, running: _Running, work: Callable[..., T], *args: object) -> T | None:
         """`work` for one generation; should it fail, the generation leaves with the error (None)."""
         try:
             return work(*args)
@@ -197,11 +197,11 @@ class Scheduler:
         stepping: list[tuple[_Running, Context, DraftSteps, list[int], int]] = []
         shares: dict[int, list[tuple[int, float]]] = {}
         for running in planned:
-            stepped = self._own(running, running.generation.draft_steps)
+            stepped = self._guarded(running, running.generation.draft_steps)
             if stepped is not None:
                 self._advance(drafts, stepping, running, stepped[0], stepped[1], None, 0)
         while stepping:
-            parts: list[Part] = [(context, fed, 1, len(fed) if i == 0 else 0) for _, context, _, fed, i in stepping]
+            parts = [Part(context, fed, 1, len(fed) if i == 0 else 0) for _, context, _, fed, i in stepping]
             started = time.perf_counter()
             rows, _ = _decode(parts)
             seconds = time.perf_counter() - started
@@ -243,7 +243,7 @@ class Scheduler:
             return []
         n_batch = self._running[0].generation.target.n_batch
         # What the rounds leave of a batch; at least a chunk (a pass of its own), so that a prompt always moves.
-        room = max(n_batch - sum(len(p[1]) for p in parts), min(PREFILL_CHUNK, n_batch))
+        room = max(n_batch - sum(len(part.tokens) for part in parts), min(PREFILL_CHUNK, n_batch))
         fed = []
         for running in sorted(self._running, key=lambda r: len(r.prompt)):
             n = min(len(running.prompt), PREFILL_CHUNK if others else room, room)
@@ -251,7 +251,7 @@ class Scheduler:
                 continue
             n = whole_images(running.prompt, n)
             chunk, running.prompt = running.prompt[:n], running.prompt[n:]
-            parts.append((running.generation.target, chunk, 0, len(chunk)))
+            parts.append(Part(running.generation.target, chunk, 0, len(chunk)))
             fed.append((running, n))
             room -= n
         return fed
@@ -404,7 +404,7 @@ class Scheduler:
 
 def _decode(parts: list[Part]) -> tuple[list[np.ndarray], int]:
     """Every part's rows, decoded in as few passes as fit (`_batches`), and how many passes that took."""
-    passes = _batches(parts, parts[0][0].n_batch)
+    passes = _batches(parts, parts[0].context.n_batch)
     return [rows for group in passes for rows in decode_together(group)], len(passes)
 
 
@@ -415,9 +415,10 @@ def _batches(parts: list[Part], n_batch: int) -> list[list[Part]]:
     groups: list[list[Part]] = [[]]
     size = 0
     for part in parts:
-        if groups[-1] and (size + len(part[1]) > n_batch or has_images(part[1]) or has_images(groups[-1][-1][1])):
+        if groups[-1] and (size + len(part.tokens) > n_batch or has_images(part.tokens)
+                           or has_images(groups[-1][-1].tokens)):
             groups.append([])
             size = 0
         groups[-1].append(part)
-        size += len(part[1])
+        size += len(part.tokens)
     return groups

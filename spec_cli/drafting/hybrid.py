@@ -27,7 +27,7 @@ NONE, NGRAM = "none", "ngram"
 
 
 @dataclass
-class Yield:
+class DecayedRate:
     """Tokens and seconds of rounds, older ones weighing `decay`× less at each new one: a rate that follows
     the text."""
 
@@ -61,7 +61,7 @@ class HybridState:
     # A regime's yield is priced by the cost model, not measured, so it is smooth: a short memory (~5 rounds)
     # follows the text (a stretch of copied code, then prose) without chasing noise.
     decay: float = 0.8
-    regimes: dict[str, Yield] = field(default_factory=dict)
+    regimes: dict[str, DecayedRate] = field(default_factory=dict)
     in_use: str = OUT
     regret_s: float = 0.0
     price_s: float = 0.0  # what entering the better regime costs, fixed when staying out began
@@ -122,7 +122,7 @@ class HybridDrafter(Drafter):
         self.costs = costs
         self.state = state
         for regime in (OUT, *own):
-            state.regimes.setdefault(regime, Yield())
+            state.regimes.setdefault(regime, DecayedRate())
         if state.in_use not in state.regimes:
             state.in_use = OUT
         self.chosen: tuple[str, float] | None = None  # the option of the round in flight, and its E[seconds]
@@ -130,7 +130,7 @@ class HybridDrafter(Drafter):
         self._decided: Draft | None = None  # a round `stepped` chose, for the `propose` that follows it
         self._offered: tuple[int, str, Draft] | None = None  # (where, the option, the lookup's proposal) `offer` chose
         self._unused: tuple[int, list[int]] | None = None  # (where, what): the n-gram proposal a round passed over
-        self._lookups = Yield()  # n-gram lookups: calls and their host seconds
+        self._lookups = DecayedRate()  # n-gram lookups: calls and their host seconds
         self._chunk = 1 << 30  # the most an own drafter may lack and draft: the loop's catch-up chunk
         self._left: int | None = None  # the tokens the generation may still emit, where the planner said (`offer`)
         self._new = False  # a new prompt's first round is next

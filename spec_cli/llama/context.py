@@ -9,7 +9,7 @@ import copy
 import ctypes
 import time
 from dataclasses import dataclass
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import llama_cpp
 import numpy as np
@@ -422,8 +422,14 @@ class Context:
         self._handle = None
 
 
-Part = tuple[Context, Sequence[int], int, int]
-"""One sequence's share of a pass: (its context, tokens to append, logit rows wanted, how many are sure)."""
+class Part(NamedTuple):
+    """One sequence's share of a pass: its context, the tokens it appends, the logit rows it wants (its last
+    `n_logits` tokens'), and how many of its tokens are sure (`n_final`: kept whatever the verification says)."""
+
+    context: Context
+    tokens: Sequence[int]
+    n_logits: int
+    n_final: int
 
 
 def decode_together(parts: Sequence[Part]) -> list[np.ndarray]:
@@ -438,7 +444,7 @@ def decode_together(parts: Sequence[Part]) -> list[np.ndarray]:
     if len(parts) == 1:  # a context of one sequence, which may keep hidden states or features
         context, tokens, n_logits, n_final = parts[0]
         return [context.decode(tokens, n_logits, n_final)]
-    first = parts[0][0]
+    first = parts[0].context
     todo = [(context, context._prepare(tokens, n_logits, n_final), n_logits)
             for context, tokens, n_logits, n_final in parts]
     total = sum(len(tokens) for _, tokens, _ in todo)

@@ -27,13 +27,13 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from spec_cli.errors import SpecError
-from spec_cli.server import openai_api
+from spec_cli.api import openai_api
 from spec_cli.server.connections import MIB, GuardedH11Protocol, Limits
-from spec_cli.server.errors import RequestError, error_body
-from spec_cli.server.openai_api import Answer, ApiRequest
+from spec_cli.api.errors import RequestError, error_body
+from spec_cli.api.openai_api import Answer, ApiRequest
 from spec_cli.server.jobs import Failed, Finished, Job, Left, Started
 from spec_cli.server.service import Service
-from spec_cli.server.tool_calls import AnswerSplitter
+from spec_cli.api.tool_calls import AnswerSplitter
 
 DEFAULT_PORT = 8080
 

@@ -27,7 +27,7 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from spec_cli.server.errors import error_body
+from spec_cli.api.errors import error_body
 
 MIB = 1 << 20
 

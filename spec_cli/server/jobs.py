@@ -8,8 +8,8 @@ import threading
 from dataclasses import dataclass
 
 from spec_cli.decoding.engine import Generation
-from spec_cli.server.errors import RequestError
-from spec_cli.server.openai_api import ApiRequest
+from spec_cli.api.errors import RequestError
+from spec_cli.api.openai_api import ApiRequest
 
 
 @dataclass(frozen=True)

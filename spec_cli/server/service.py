@@ -22,24 +22,24 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 from spec_cli.decoding.engine import Generation, TokenEvent
-from spec_cli.decoding.prompt_cache import PromptCache
-from spec_cli.decoding.sampling import settle
+from spec_cli.conversation.prompt_cache import PromptCache
+from spec_cli.decoding.sampling import resolve_sampling
 from spec_cli.decoding.scheduler import Scheduler
-from spec_cli.dialect import Dialect
+from spec_cli.formats.dialect import Dialect
 from spec_cli.errors import SpecError
 from spec_cli.llama.grammar import GrammarError
 from spec_cli.llama.prefix_store import PrefixStore
 from spec_cli.llama.prompt_text import PromptText
 from spec_cli.pair import Pair, Slot
 from spec_cli.request import GenerationRequest, InvalidRequest, ReasoningBudget, shown
-from spec_cli.server import images, openai_api
-from spec_cli.server.errors import RequestError
-from spec_cli.server.images import ImageUrl
+from spec_cli.api import images, openai_api
+from spec_cli.api.errors import RequestError
+from spec_cli.api.images import ImageUrl
 from spec_cli.server.jobs import Failed, Finished, Job, Started
-from spec_cli.server.openai_api import PARAMS, ApiRequest
-from spec_cli.server.stop_strings import StopStrings
-from spec_cli.server.tool_calls import spelt_out, template_messages
-from spec_cli.summary import summary_line
+from spec_cli.api.openai_api import PARAMS, ApiRequest
+from spec_cli.api.stop_strings import StopStrings
+from spec_cli.api.tool_calls import spelt_out, template_messages
+from spec_cli.reports.summary import summary_line
 
 DEFAULT_QUEUE = 16
 COMPILERS = 2  # grammars compiled at once, off the event loop and the generation worker
@@ -399,7 +399,7 @@ class Service:
         """The server's defaults under what the request sets; sampling it leaves out follows what the target's
         GGUF recommends, as in spec chat. A forced tool call is a grammar like any other (`openai_api.structure`)."""
         return replace(self.defaults, **request.fields, stop=request.stop, grammar=request.grammar,
-                       sampling=settle("model", self.pair.recommended_sampling(), request.sampling),
+                       sampling=resolve_sampling("model", self.pair.recommended_sampling(), request.sampling),
                        max_tokens=request.max_tokens or self.max_tokens or self.pair.n_ctx,
                        reasoning_budget=self._budget(request),
                        control_text=request.endpoint == "chat" and self.dialect.reads_markers(request.tools is not None))

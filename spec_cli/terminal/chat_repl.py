@@ -9,15 +9,15 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from spec_cli import chat
-from spec_cli.chat import ChatSession
+from spec_cli.conversation import session as chat
+from spec_cli.conversation.session import ChatSession
 from spec_cli.errors import SpecError
 from spec_cli.paths import cache_dir
-from spec_cli.summary import percent, summary_line
+from spec_cli.reports.summary import percent, summary_line
 from spec_cli.terminal.output import note
 from spec_cli.terminal.tables import show_facts
 from spec_cli.terminal.views import DRAFT_STYLE, TARGET_STYLE
-from spec_cli.text import NOT_UTF8_NOTE, decode_user_text
+from spec_cli.formats.user_text import NOT_UTF8_NOTE, decode_user_text
 
 
 def chat_loop(session: ChatSession, interactive: bool, quiet: bool) -> None:

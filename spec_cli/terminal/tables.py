@@ -6,9 +6,9 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from spec_cli.models.reports import MemberReport, PairRow
-from spec_cli.models.vocab import Rule
-from spec_cli.summary import percent, way_shares
+from spec_cli.reports.models import MemberReport, PairRow
+from spec_cli.drafting.vocab import Rule
+from spec_cli.reports.summary import percent, way_shares
 from spec_cli.terminal.output import human_size
 
 

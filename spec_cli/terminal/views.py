@@ -17,7 +17,7 @@ from rich.text import Text
 
 from spec_cli.decoding.engine import Generation, TokenEvent
 from spec_cli.decoding.stats import Stats
-from spec_cli.summary import percent, summary_line
+from spec_cli.reports.summary import percent, summary_line
 from spec_cli.terminal.output import note
 
 DRAFT_STYLE = "cyan"

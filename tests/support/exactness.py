@@ -11,10 +11,10 @@ from typing import Callable, Sequence
 import numpy as np
 
 from spec_cli import Generation, Pair, SamplingParams
-from spec_cli.chat import ChatSession, Settings
+from spec_cli.conversation.session import ChatSession, Settings
 from spec_cli.decoding.sampling import probabilities
 from spec_cli.decoding.stats import Stats
-from spec_cli.decoding.ties import Difference, first_difference, tie_tolerance
+from spec_cli.bench.ties import Difference, first_difference, tie_tolerance
 from spec_cli.llama.context import Context
 from spec_cli.llama.model import Model
 from spec_cli.llama.vision import Projector
@@ -181,12 +181,13 @@ def chi2_survival(x: float, dof: int) -> float:
 
 
 def priced_to_draft(pair: Pair) -> None:
-    """Price every own drafter's step of `pair` as nearly free and every verify pass alike, whatever its K, so
-    that the hybrid and `-k auto` draft wherever acceptance gives a chance. On the tiny models a draft step
-    costs what a target step does, and both would rightly stop drafting, leaving the paths under test (drafts
-    kept and rejected, rollbacks) unrun. Measurements made after this weigh too little to change it for a
-    test's few generations."""
-    steps, passes = {str(n): 1e-6 * n for n in range(1, 129)}, {str(k): 0.01 for k in range(17)}
+    """Price every own drafter's step of `pair` and every verify pass as nearly free, whatever its K, so that
+    the hybrid and `-k auto` draft wherever acceptance gives a chance. On the tiny models a draft step costs
+    what a target step does, and both would rightly stop drafting, leaving the paths under test (drafts kept and
+    rejected, rollbacks) unrun. Measurements made after this weigh too little to change it for a test's few
+    generations; and a pass priced below any measured one reads as what one row measured (`BatchCosts`' floor):
+    priced dearer than the one-row steps a generation measures first, K ≥ 1 never paid under the planner."""
+    steps, passes = {str(n): 1e-6 * n for n in range(1, 129)}, {str(k): 1e-6 for k in range(17)}
     for name in pair.drafting.own_models():
         pair.drafting.costs(name).draft.seed(steps, 1e6)
     pair.drafting.costs("hybrid").verify.seed(passes, 1e6)

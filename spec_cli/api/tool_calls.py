@@ -23,10 +23,10 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from spec_cli.conventions import HERMES, Convention, Spell, partial_tag, read_call
+from spec_cli.formats.conventions import HERMES, Convention, Spell, partial_tag, read_call
 from spec_cli.request import InvalidConstraint, shown
-from spec_cli.server.errors import RequestError, unicode_text
-from spec_cli.structured import lazy_start, schema_grammar
+from spec_cli.api.errors import RequestError, unicode_text
+from spec_cli.formats.structured import lazy_start, schema_grammar
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 TOOL_CHOICES = ("auto", "none", "required")

@@ -13,16 +13,16 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from spec_cli.conventions import HERMES, Convention, Spell
+from spec_cli.formats.conventions import HERMES, Convention, Spell
 from spec_cli.decoding.stats import Stats
 from spec_cli.llama.prompt_text import IMAGE_MARKER
 from spec_cli.llama.vision import Image
 from spec_cli.request import GenerationRequest, InvalidConstraint, InvalidRequest, shown
-from spec_cli.server.errors import RequestError, unicode_text
-from spec_cli.server.images import ImageUrl, image_part
-from spec_cli.server.tool_calls import Tools, parse_tools
-from spec_cli.server.tool_calls import call_grammar, checked_parameters
-from spec_cli.structured import ANY_OBJECT, Thought, after_thought, grammar_structure, schema_grammar
+from spec_cli.api.errors import RequestError, unicode_text
+from spec_cli.api.images import ImageUrl, image_part
+from spec_cli.api.tool_calls import Tools, parse_tools
+from spec_cli.api.tool_calls import call_grammar, checked_parameters
+from spec_cli.formats.structured import ANY_OBJECT, Thought, after_thought, grammar_structure, schema_grammar
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 # Request fields as a client names them, for messages; extensions spec-cli adds to OpenAI's API.

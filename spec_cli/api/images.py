@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from spec_cli.errors import SpecError
 from spec_cli.llama.vision import MAX_IMAGE_BYTES, Image, check_image
-from spec_cli.server.errors import RequestError
+from spec_cli.api.errors import RequestError
 
 FETCH_LIMIT_S = 10.0  # for the whole answer, not per read
 READ_BYTES = 1 << 16

@@ -9,14 +9,16 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from spec_cli import __version__, conventions
+from spec_cli import __version__
+from spec_cli.formats import conventions
 from spec_cli.decoding.draft_length import AUTO_K_MAX
 from spec_cli.drafting import cost_book
-from spec_cli.dialect import Dialect
+from spec_cli.formats.dialect import Dialect
 from spec_cli.errors import SpecError
 from spec_cli.llama import features, gguf, kernels, rpc
 from spec_cli.llama.model import Model, supports_gpu_offload, versions
-from spec_cli.models import hub, vocab
+from spec_cli.drafting import vocab
+from spec_cli.models import hub
 from spec_cli.models.registry import PROJECTORS, PairSpec, Registry, describe, locate, mmproj_beside, projectors
 from spec_cli.paths import cache_dir, user_registry_path
 

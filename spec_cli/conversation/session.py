@@ -16,14 +16,14 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from spec_cli.decoding.engine import Generation, TokenEvent
-from spec_cli.decoding.prompt_cache import PromptCache
+from spec_cli.conversation.prompt_cache import PromptCache
 from spec_cli.decoding.stats import Stats
 from spec_cli.errors import SpecError
 from spec_cli.llama.prompt_text import PromptText, with_images
 from spec_cli.llama.vision import Image, read_image
 from spec_cli.pair import Pair
 from spec_cli.request import GenerationRequest, InvalidRequest, draft_max_from_text
-from spec_cli.structured import Constraint
+from spec_cli.formats.structured import Constraint
 
 CHAT_FORMATS = {
     "chatml": ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"

@@ -9,13 +9,13 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable
 
-from spec_cli import conventions
-from spec_cli.conventions import Convention
+from spec_cli.formats import conventions
+from spec_cli.formats.conventions import Convention
 from spec_cli.errors import SpecError
 from spec_cli.llama import grammar
 from spec_cli.llama.model import Model
 from spec_cli.llama.prompt_text import PromptText
-from spec_cli.structured import Thought
+from spec_cli.formats.structured import Thought
 
 HELLO = [{"role": "user", "content": "hi"}]
 

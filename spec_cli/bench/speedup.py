@@ -26,13 +26,13 @@ from spec_cli.decoding.costs import PER_TOKEN, LoopCosts
 from spec_cli.decoding.draft_length import PositionAcceptance
 from spec_cli.decoding.sampling import SamplingParams
 from spec_cli.decoding.stats import Stats
-from spec_cli.decoding.ties import Difference, first_difference
+from spec_cli.bench.ties import Difference, first_difference
 from spec_cli.decoding.verification import DEFAULT_VERIFY
 from spec_cli.drafting.modes import MODES
 from spec_cli.errors import SpecError
 from spec_cli.pair import Pair
 from spec_cli.request import GenerationRequest
-from spec_cli.text import NOT_UTF8_NOTE, decode_user_text
+from spec_cli.formats.user_text import NOT_UTF8_NOTE, decode_user_text
 
 _CODE = '''def summarize(orders):
     total = 0
