@@ -28,11 +28,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 item.add_marker(skip)
 
 
-@pytest.fixture(autouse=True)
-def ended_children() -> Iterator[None]:
-    """Every process the test started (`support.children`) is ended when it ends, pass or fail."""
+@pytest.fixture(autouse=True, scope="session")
+def children_ended_at_last() -> Iterator[None]:
+    """Whatever a module's or the session's fixtures started (`support.children`) is ended with the session."""
     yield
     children.end_all()
+
+
+@pytest.fixture(autouse=True)
+def ended_children() -> Iterator[None]:
+    """Every process the test started (`support.children`) is ended when it ends, pass or fail; a module's
+    fixtures, set up before it, keep theirs for the module's other tests."""
+    before = children.count()
+    yield
+    children.end_all(before)
 
 
 @pytest.fixture(scope="session")

@@ -25,7 +25,13 @@ def test_a_child_starts_with_default_signals_when_the_suite_ignores_sigint() -> 
     assert out.split() == ["True", "True"]
 
 
-def test_end_all_ends_a_child_that_is_still_running() -> None:
-    process = children.popen([sys.executable, "-c", "import time; time.sleep(600)"])
-    children.end_all()
-    assert process.returncode is not None
+def test_end_all_ends_the_children_started_since_and_keeps_the_earlier_ones() -> None:
+    """A module's worker, started before a test, outlives the test's own children."""
+    sleep = [sys.executable, "-c", "import time; time.sleep(600)"]
+    earlier = children.popen(sleep)
+    before = children.count()
+    later = children.popen(sleep)
+    children.end_all(before)
+    assert later.returncode is not None and earlier.poll() is None
+    children.end_all(before - 1)
+    assert earlier.returncode is not None

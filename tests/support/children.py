@@ -1,5 +1,6 @@
 """Every process a test starts, started here: with the default SIGINT and SIGTERM whatever the suite inherited, and
-ended when the test ends, pass or fail (`end_all`, run by conftest's autouse fixture).
+ended when the test ends, pass or fail (`end_all`, run by conftest's autouse fixtures: after each test what it
+started, at the end of the session whatever a module's or the session's fixtures left).
 
 A background job's shell, or `nohup`, hands its children an ignored SIGINT, and an ignored signal stays ignored
 across exec: a test that sends Ctrl-C to a child started from such a suite would wait on a child that never
@@ -39,9 +40,15 @@ def spawn(command: str, args: list[str], **options: Any) -> pexpect.spawn:
     return child
 
 
-def end_all() -> None:
-    """End every child still running: SIGTERM, then SIGKILL after `ENDING_S`."""
-    while _started:
+def count() -> int:
+    """How many children have been started and not yet ended: `end_all(count())` later ends those started since."""
+    return len(_started)
+
+
+def end_all(since: int = 0) -> None:
+    """End every child started after the first `since` still running: SIGTERM, then SIGKILL after `ENDING_S`.
+    A module's fixture (a worker every test of the module talks to) starts its children before a test's count."""
+    while len(_started) > since:
         child = _started.pop()
         if isinstance(child, pexpect.spawn):
             child.close(force=True)
