@@ -5,6 +5,7 @@ from typing import Iterator
 
 import pytest
 from support import children
+from support.serving import Running, running, slow_down
 from support.tiny_models import CHAT_TEMPLATE, write_model
 
 from spec_cli import Pair, load_pair
@@ -128,6 +129,19 @@ def chat_pair(chat_target_path: Path, other_draft_path: Path) -> Iterator[Pair]:
     """The tiny target with a chat template, drafted by unrelated weights: what a server test serves."""
     with load_pair(chat_target_path, other_draft_path) as pair:
         yield pair
+
+
+@pytest.fixture()
+def live(chat_pair: Pair) -> Iterator[Running]:
+    """`spec serve`'s app over `chat_pair`, on a free loopback port, for one test."""
+    with running(chat_pair) as serving:
+        yield serving
+
+
+@pytest.fixture()
+def slow(chat_pair: Pair, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`chat_pair`'s steps slowed down, so that a test can act while a generation is under way."""
+    slow_down(chat_pair, monkeypatch)
 
 
 @pytest.fixture(scope="module")

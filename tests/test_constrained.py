@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from support.exactness import N_SAMPLES, SAMPLED, SIGNIFICANCE, chi_square_p_value, sampled_pairs
+from support.exactness import N_SAMPLES, SAMPLED, SIGNIFICANCE, chi_square_p_value, priced_to_draft, sampled_pairs
 from support.tiny_models import write_model
 
 from spec_cli import Generation, Pair, SamplingParams, load_pair
@@ -155,7 +155,7 @@ def test_sampled_first_two_tokens_follow_the_constrained_target(request: pytest.
     pair: Pair = request.getfixturevalue(drafter)
     prompt = alone.prompt_tokens("abc abc abc. the cat a", raw=True)
     expected = constrained_pair_distribution(alone, prompt)
-    observed, totals = sampled_pairs(pair, prompt, SAMPLED, k, mode, verify, grammar=LETTERS)
+    observed, totals = sampled_pairs(pair, prompt, SAMPLED, k, mode, verify, grammar=LETTERS, whole=mode == "ngram")
     assert (totals.drafted > 0) == (k != 0)
     assert set(observed) <= set(expected)
     assert chi_square_p_value(observed, expected, N_SAMPLES) > SIGNIFICANCE
@@ -222,15 +222,16 @@ def test_a_lazy_grammar_is_free_until_its_trigger_and_holds_the_text_from_it(alo
     assert re.fullmatch(r"[a-e ]+\.?", after) and not free.text.startswith(lazy_reference.text)
 
 
-@pytest.mark.parametrize("drafter, mode, k", [("same", "model", 4), ("other", "model", 3), ("other", "hybrid", "auto")])
+@pytest.mark.parametrize("drafter, mode, k", [("same", "model", 4), ("other", "model", 3), ("roomy", "hybrid", "auto")])
 def test_greedy_under_a_lazy_grammar_equals_the_target_alone(request: pytest.FixtureRequest,
                                                              lazy_reference: Generation, drafter: str, mode: str,
                                                              k: int | str) -> None:
     pair: Pair = request.getfixturevalue(drafter)
+    priced_to_draft(pair)  # whatever the module's tests before it taught the pair's cost books
     generation = finish(pair.generate(PROMPT, raw=True, max_tokens=30, draft_max=k, draft_mode=mode, grammar=LAZY))
     assert generation.token_ids == lazy_reference.token_ids
     assert generation.stats.drafted > 0
-    if drafter == "other":
+    if drafter != "same":
         assert generation.stats.accepted < generation.stats.drafted
 
 

@@ -296,7 +296,7 @@ def test_sampled_with_penalties_follows_the_penalized_target(request: pytest.Fix
     plain = exact_pair_distribution(alone, prompt)
     change = sum(abs(expected.get(key, 0.0) - plain.get(key, 0.0)) for key in {*expected, *plain})
     assert change > 0.1  # the penalties change the law enough for the check to tell them apart
-    observed, totals = sampled_pairs(pair, prompt, PENALIZED, 3, "model", verify)
+    observed, totals = sampled_pairs(pair, prompt, PENALIZED, 3, "model", verify, whole=True)
     assert totals.accepted > 0
     assert chi_square_p_value(observed, expected, N_SAMPLES) > SIGNIFICANCE
 
@@ -312,7 +312,7 @@ def test_gumbel_picks_follow_the_target_through_every_filter_and_penalty(alone: 
     prompt = [*alone.prompt_tokens(PROMPT, raw=True), *reference.token_ids[:12]]
     expected = exact_pair_distribution(alone, prompt, FILTERED)
     assert set(expected) < set(exact_pair_distribution(alone, prompt, replace(PENALIZED, top_k=8)))
-    observed, totals = sampled_pairs(other, prompt, FILTERED, 3, "model", "gumbel")
+    observed, totals = sampled_pairs(other, prompt, FILTERED, 3, "model", "gumbel", whole=True)
     assert 0 < totals.accepted < totals.drafted
     assert chi_square_p_value(observed, expected, N_SAMPLES) > SIGNIFICANCE
 

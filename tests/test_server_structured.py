@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Iterator
 
 import jsonschema
 import openai
 import pytest
 from support.tiny_models import write_model
 
-from spec_cli import Pair, load_pair
+from spec_cli import load_pair
 from spec_cli.api.openai_api import parse_chat
 
 from support.serving import HELLO, NAME, Running, running
@@ -25,12 +24,6 @@ LOOKUP = {"type": "function", "function": {
     "parameters": {"type": "object", "properties": {"animal": {"enum": ["cat", "dog"]}, "legs": {"enum": [2, 4]}},
                    "required": ["animal", "legs"], "additionalProperties": False}}}
 CLOCK = {"type": "function", "function": {"name": "clock", "parameters": {"type": "object", "properties": {}}}}
-
-
-@pytest.fixture()
-def live(chat_pair: Pair) -> Iterator[Running]:
-    with running(chat_pair) as serving:
-        yield serving
 
 
 def calls_of(message: openai.types.chat.ChatCompletionMessage) -> list[tuple[str, dict]]:

@@ -27,16 +27,22 @@ N_SAMPLES = 2000
 
 def sampled_pairs(pair: Pair, prompt: list[int], sampling: SamplingParams, k: int | str, mode: str,
                   verify: str = "block", p_min: float = 0.0, n: int = N_SAMPLES,
-                 grammar: str | None = None) -> tuple[Counter, Stats]:
-    """The first two tokens of `n` seeded generations (under `grammar` if given), and their summed statistics."""
+                 grammar: str | None = None, whole: bool = False) -> tuple[Counter, Stats]:
+    """The first two tokens of `n` seeded generations (under `grammar` if given), and their summed statistics.
+    Each generation has room for its first round's whole draft, and stops once it has two tokens (the rounds
+    after them cannot change them; half the time of a χ² test), or at that room where `whole` (a test whose
+    statistics count the drafts of later rounds too)."""
     observed: Counter = Counter()
     totals = Stats(draft_max=0)
     room = max(k + 1, 2) if isinstance(k, int) else 6  # room for the first round's whole draft (auto: K ≤ 5)
     for seed in range(n):
         generation = pair.generate(prompt, sampling=sampling, seed=seed, max_tokens=room, draft_max=k,
                                    draft_mode=mode, verify=verify, draft_p_min=p_min, grammar=grammar)
-        for _ in generation:
-            pass
+        events = iter(generation)
+        for _ in events:
+            if len(generation.token_ids) >= 2 and not whole:
+                break
+        events.close()
         observed[tuple(generation.token_ids[:2])] += 1
         totals.merge(generation.stats)
     assert sum(observed.values()) == n

@@ -7,7 +7,7 @@ import logging
 import threading
 import time
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Callable, Iterator
 
 import httpx
 import openai
@@ -102,3 +102,19 @@ def slow_down(pair: Pair, monkeypatch: pytest.MonkeyPatch) -> None:
         return decode(self, *args, **kwargs)
 
     monkeypatch.setattr(pair.target_context, "decode", slowed.__get__(pair.target_context))
+
+
+def openai_error(response: httpx.Response, status: int) -> dict:
+    """The error of an answer that must be `status` with OpenAI's error shape."""
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    return error
+
+
+def wait_for(condition: Callable[[], bool], within_s: float = 10.0) -> None:
+    """Until `condition` holds, which it must within `within_s`."""
+    deadline = time.monotonic() + within_s
+    while not condition():
+        assert time.monotonic() < deadline, "the condition never held"
+        time.sleep(0.01)
