@@ -77,7 +77,7 @@ import sys
 
 import llama_cpp
 
-from spec_cli.models.reports import backends
+from spec_cli.reports.models import backends
 
 llama_cpp.llama_backend_init()
 info = llama_cpp.llama_print_system_info().decode("utf-8", errors="replace")

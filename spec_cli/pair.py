@@ -218,7 +218,7 @@ class Pair:
         drafter, draft_length = drafting.build(mode.name, request.draft_p_min, request.draft_max)
         seed = secrets.randbits(32) if request.seed is None else request.seed
         generation = Generation(target, drafter, tokens, request.sampling, seed, draft_length,
-                                request.max_tokens, request.verify, drafting.costs(mode.name), grammar,
+                                request.max_tokens, request.verify_rule, drafting.costs(mode.name), grammar,
                                 request.control_text)
         generation.stats.adaptive = request.adaptive and drafter is not None
         if isinstance(request.draft_max, int):  # the K asked, within the loop's cap (the hybrid's is its n-gram's)

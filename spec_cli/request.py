@@ -14,7 +14,7 @@ from typing import Mapping
 
 from spec_cli.decoding.reasoning import ReasoningBudget
 from spec_cli.decoding.sampling import SamplingParams
-from spec_cli.decoding.verification import DEFAULT_VERIFY, VERIFY_RULES
+from spec_cli.decoding.verification import DEFAULT_VERIFY, GUMBEL, VERIFY_RULES
 from spec_cli.drafting.modes import MODES
 from spec_cli.errors import SpecError
 
@@ -64,7 +64,7 @@ class GenerationRequest:
     a mode of `drafting.modes` (None: the pair's own drafting model, `Pair.mode_for`); `draft_p_min` the draft
     model's confidence stop; `verify` the rule sampled rounds are verified with ("block", Sun et al. 2025,
     "token", Leviathan et al. 2023, or "gumbel", Daliri et al. 2024, whose seeded text no draft can change;
-    greedy rounds need none); `stop` strings end the text where the server
+    greedy rounds need none; None: `verify_rule` chooses); `stop` strings end the text where the server
     cuts it; `seed` fixes the one random generator of a generation (None, or -1 as in llama.cpp: a random
     one); `grammar` is the grammar the output must follow: GBNF, Lark, or llguidance's JSON grammar (what
     `structured` makes from a JSON schema), compiled over the target's vocabulary once per grammar;
@@ -76,7 +76,7 @@ class GenerationRequest:
     draft_max: int | str = 4
     draft_mode: str | None = None
     draft_p_min: float = 0.0
-    verify: str = DEFAULT_VERIFY
+    verify: str | None = None
     max_tokens: int = 256
     stop: tuple[str, ...] = ()
     grammar: str | None = None
@@ -97,13 +97,20 @@ class GenerationRequest:
                                  f"unknown {{name}} {shown(self.draft_mode)}; choose one of: {', '.join(MODES)}")
         if not isinstance(self.draft_p_min, (int, float)) or not 0 <= self.draft_p_min < 1:
             raise InvalidRequest("draft_p_min", f"{{name}} must be in [0, 1), got {shown(self.draft_p_min)}")
-        if not isinstance(self.verify, str) or self.verify not in VERIFY_RULES:
+        if self.verify is not None and (not isinstance(self.verify, str) or self.verify not in VERIFY_RULES):
             raise InvalidRequest("verify",
                                  f"unknown {{name}} {shown(self.verify)}; choose one of: {', '.join(VERIFY_RULES)}")
         if self.grammar is not None and (not isinstance(self.grammar, str) or not self.grammar.strip()):
             raise InvalidRequest("grammar", f"{{name}} must be grammar text (GBNF or Lark), got {shown(self.grammar)}")
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
             raise InvalidRequest("max_tokens", f"{{name}} must be >= 1, got {shown(self.max_tokens)}")
+
+    @property
+    def verify_rule(self) -> str:
+        """The rule this request verifies with: the one it names, else the drafter-invariant one where it sets a
+        seed (the same seed, the same text, whatever the draft, K, batch or memory: what a llama-server user expects
+        of a seed), else the fastest exact one."""
+        return self.verify or (GUMBEL if self.seed is not None else DEFAULT_VERIFY)
 
     @property
     def adaptive(self) -> bool:

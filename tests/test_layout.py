@@ -9,6 +9,8 @@ and `server` and `batch` share the OpenAI request layer (`api`) without one impo
 from __future__ import annotations
 
 import ast
+import importlib.util
+import re
 from pathlib import Path
 
 import spec_cli
@@ -79,3 +81,15 @@ def test_a_back_up_import_is_caught_wherever_it_is_written() -> None:
     assert back_up_imports("models", "from spec_cli.drafting import cost_book\n") == ["drafting"]
     assert back_up_imports("batch", "from spec_cli.server import app\n") == ["server"]
     assert back_up_imports("server", "from spec_cli.api.errors import RequestError\n") == []
+
+
+def test_every_module_the_install_script_and_the_package_metadata_name_exists() -> None:
+    """install.sh checks the build through spec_cli's own modules: a module moved to another wing must be moved
+    there too (the CI caught one that was not)."""
+    root = PACKAGE.parent
+    named = set()
+    for name in ("install.sh", "pyproject.toml"):
+        named |= set(re.findall(r"\bspec_cli(?:\.\w+)+", (root / name).read_text(encoding="utf-8")))
+    assert named
+    missing = [module for module in sorted(named) if importlib.util.find_spec(module) is None]
+    assert missing == []

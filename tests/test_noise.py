@@ -22,7 +22,7 @@ SEEDS = range(200)
 # The whole law: a filter's edge is a float tie too (a top-k cut between two near-equal logits of the tiny model
 # falls one way in a lone row and the other in a row of a multi-sequence pass), which no rule can remove.
 SAMPLED = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
-BASE = GenerationRequest(sampling=SAMPLED, verify="gumbel", max_tokens=10)
+BASE = GenerationRequest(sampling=SAMPLED, max_tokens=10)  # no rule named: a seeded request verifies by gumbel
 # Every way of drafting the tiny pair allows, at several K: none may change a seed's text.
 DRAFTED = [dict(draft_mode="model", draft_max=2), dict(draft_mode="model", draft_max=5),
            dict(draft_mode="ngram", draft_max=3), dict(draft_mode="hybrid", draft_max=4)]

@@ -114,3 +114,13 @@ def test_a_temperature_too_small_for_float32_is_greedy_on_every_face(pair: Pair,
 def test_numbers_that_are_not_finite_are_refused_in_one_line(target_path, flag: str, value: str) -> None:
     result = CliRunner().invoke(app, ["run", "--target", str(target_path), "--no-draft", flag, value, "hi"])
     assert result.exit_code == 1 and result.stderr.strip().endswith(f"must be a finite number, got {value}")
+
+
+@pytest.mark.parametrize("fields, rule", [
+    ({}, "block"), ({"seed": -1}, "block"),  # no seed (or a random one): the fastest exact rule
+    ({"seed": 3}, "gumbel"), ({"seed": 0}, "gumbel"),  # a seed repeats its text whatever drafts it
+    ({"seed": 3, "verify": "block"}, "block"), ({"verify": "token"}, "token"),  # a rule named is the rule
+])
+def test_a_seeded_request_verifies_by_the_rule_no_draft_can_change(fields: dict, rule: str) -> None:
+    assert GenerationRequest(**fields).verify_rule == rule
+

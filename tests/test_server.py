@@ -8,6 +8,7 @@ import json
 import signal
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -170,3 +171,34 @@ def test_one_model_is_described_by_its_id(live: Running) -> None:
     assert live.client().models.retrieve(NAME).id == NAME
     error = openai_error(httpx.get(f"{live.url}/v1/models/gpt-4o"), 404)
     assert error["code"] == "model_not_found" and error["type"] == "not_found_error"
+
+
+def test_any_model_name_is_answered_under_the_name_it_was_asked_by(live: Running) -> None:
+    """As llama-server serving one model: clients send the name their user typed once, or a default such as
+    gpt-4o; the one pair answers, and `/v1/models` lists it under its own id."""
+    client = live.client()
+    answer = client.chat.completions.create(model="gpt-4o", messages=HELLO, max_tokens=3, temperature=0)
+    assert answer.model == "gpt-4o" and answer.choices[0].message.content
+    completion = client.completions.create(model="my-local-model", prompt="the cat", max_tokens=3, temperature=0)
+    assert completion.model == "my-local-model" and completion.choices[0].text
+    assert [model.id for model in client.models.list()] == [NAME]
+
+
+def test_a_seeded_request_repeats_its_text_whatever_drafts_it(chat_pair: Pair) -> None:
+    """The same seeded, sampled request gives one text: twice (the second drafted from the memory of the first),
+    with another K or way of drafting, with none, and in one verify pass beside other requests. With no rule
+    named, a seed verifies by the rule no draft, batch or memory can change."""
+    with running(chat_pair, parallel=3) as serving:
+        client = serving.client()
+
+        def text(**drafting: object) -> str:
+            return client.chat.completions.create(model=NAME, messages=HELLO, max_tokens=16, temperature=0.9, seed=11,
+                                                  extra_body=drafting).choices[0].message.content
+
+        texts = [text(), text(), text(draft_max=1), text(draft_mode="model", draft_max=5), text(draft_mode="none")]
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            others = [pool.submit(client.chat.completions.create, model=NAME, messages=HELLO, max_tokens=24,
+                                  temperature=0.9) for _ in range(2)]
+            texts.append(text())
+            [other.result() for other in others]
+    assert len(set(texts)) == 1, texts

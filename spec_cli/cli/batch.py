@@ -24,7 +24,6 @@ from spec_cli.cli.options import (DraftMaxOpt, DraftModeOpt, DraftPMinOpt, LoadO
 from spec_cli.cli.serve import DEFAULT_PARALLEL, default_name
 from spec_cli.decoding.scheduler import MAX_SEQUENCES
 from spec_cli.decoding.stats import Stats
-from spec_cli.decoding.verification import DEFAULT_VERIFY
 from spec_cli.errors import SpecError
 from spec_cli.request import AUTO
 from spec_cli.formats.structured import Constraint
@@ -69,7 +68,7 @@ def batch(
     sampling: Sampling = Sampling(),
     constraint: Constraint = Constraint(),
     memory: MemoryOptions = MemoryOptions(),
-    verify: VerifyOpt = DEFAULT_VERIFY,
+    verify: VerifyOpt = None,
     seed: SeedOpt = None,
     max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", min=1, help="Longest answer for lines that set no max_tokens.")] = 256,
     no_draft: NoDraftOpt = False,

@@ -13,7 +13,6 @@ from spec_cli.cli.common import user_errors
 from spec_cli.cli.options import (ChatFormatOpt, DraftMaxOpt, DraftModeOpt, DraftPMinOpt, LoadOptions, MemoryOptions,
                                   NoDraftOpt, QuietOpt, RequestFlags, Sampling, SeedOpt, VerifyOpt, constrains,
                                   loads_pair, open_pair, remembers, samples)
-from spec_cli.decoding.verification import DEFAULT_VERIFY
 from spec_cli.formats.structured import Constraint
 from spec_cli.terminal.chat_repl import chat_loop
 
@@ -50,7 +49,7 @@ def chat(
     sampling: Sampling = Sampling(),
     memory: MemoryOptions = MemoryOptions(),
     constraint: Constraint = Constraint(),
-    verify: VerifyOpt = DEFAULT_VERIFY,
+    verify: VerifyOpt = None,
     seed: SeedOpt = None,
     max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", min=1, help="Longest answer, in tokens.")] = 512,
     no_draft: NoDraftOpt = False,

@@ -36,7 +36,7 @@ PairOpt = Annotated[Optional[str], typer.Option("--pair", "-p", help="A named pa
 DraftMaxOpt = Annotated[Optional[str], typer.Option("--draft-max", "-k", help=f"Draft tokens per round, K: 0-{MAX_K}, or auto to choose K each round from measured acceptance and costs (default: the pair's tuned K; auto for files given with --target/--draft).", show_default=False)]
 DraftModeOpt = Annotated[Optional[str], typer.Option("--draft-mode", help=f"How drafts are made: {mode_help()} (default: hybrid, which chooses among them each round).", show_default=False)]
 DraftPMinOpt = Annotated[float, typer.Option("--draft-p-min", min=0.0, max=0.99, help="Confidence stop: the draft model stops a round when its top probability falls below this (0: off).")]
-VerifyOpt = Annotated[str, typer.Option("--verify", help="How sampled drafts are verified: block (Sun et al. 2025, keeps the most tokens), token (token by token) or gumbel (a seed gives the target alone's text whatever drafts; keeps fewer); all are exact.")]
+VerifyOpt = Annotated[Optional[str], typer.Option("--verify", help="How sampled drafts are verified: block (Sun et al. 2025, keeps the most tokens), token (token by token) or gumbel (a seed gives the target alone's text whatever drafts; keeps fewer); all are exact. Default: gumbel where a seed is set, so that a seed repeats its text whatever drafts it, else block.", show_default=False)]
 CtxOpt = Annotated[Optional[int], typer.Option("--ctx", min=16, help=f"Context size in tokens (default: the pair's, else {DEFAULT_CTX}).", show_default=False)]
 GpuLayersOpt = Annotated[Optional[int], typer.Option("--gpu-layers", min=-1, help="Target layers to put on devices (GPUs, RPC workers), -1: all; the rest run on this CPU (default: the pair's; else all with --rpc, 0 without).", show_default=False)]
 DraftGpuLayersOpt = Annotated[Optional[int], typer.Option("--draft-gpu-layers", min=-1, help="Draft layers to put on the GPU, -1: all (default: the pair's, else 0).", show_default=False)]
@@ -66,7 +66,7 @@ JsonSchemaFileOpt = Annotated[Optional[Path], typer.Option("--json-schema-file",
 MemoryOpt = Annotated[Optional[Path], typer.Option("--memory", help="File the memory of earlier outputs is read from at the start and saved to at the end, shared safely by processes at once (memory drafting; the hybrid default uses it).", show_default=False)]
 NoMemoryOpt = Annotated[bool, typer.Option("--no-memory", help="Neither read nor save a memory file: draft from this run's prompts and outputs alone.")]
 LookupCorpusOpt = Annotated[Optional[list[Path]], typer.Option("--lookup-corpus", help="Text files, or folders of them, to draft from as well (e.g. the repository the prompts are about); repeat for more.", show_default=False)]
-SeedOpt = Annotated[Optional[int], typer.Option("--seed", help="Random seed; the same seed gives the same text with the same draft and K, and with --verify gumbel whatever drafts it or none (default, or -1: random, as in llama.cpp).", show_default=False)]
+SeedOpt = Annotated[Optional[int], typer.Option("--seed", help="Random seed; the same seed gives the same text whatever drafts it, with any K, alone or batched (gumbel verification, unless --verify names another rule) (default, or -1: random, as in llama.cpp).", show_default=False)]
 
 
 @dataclass(frozen=True)

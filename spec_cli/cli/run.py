@@ -13,7 +13,6 @@ from spec_cli.cli.options import (DraftMaxOpt, DraftModeOpt, DraftPMinOpt, LoadO
                                   QuietOpt, RequestFlags, Sampling, SeedOpt, VerifyOpt, constrains, loads_pair,
                                   open_pair, remembers, samples)
 from spec_cli.decoding.engine import Generation
-from spec_cli.decoding.verification import DEFAULT_VERIFY
 from spec_cli.errors import SpecError
 from spec_cli.llama import rpc
 from spec_cli.llama.vision import read_image
@@ -70,7 +69,7 @@ def run(
     sampling: Sampling = Sampling(),
     constraint: Constraint = Constraint(),
     memory: MemoryOptions = MemoryOptions(),
-    verify: VerifyOpt = DEFAULT_VERIFY,
+    verify: VerifyOpt = None,
     seed: SeedOpt = None,
     max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", min=1, help="Stop after this many generated tokens.")] = 256,
     no_draft: NoDraftOpt = False,
@@ -81,7 +80,7 @@ def run(
 ) -> None:
     """Generate from a prompt with speculative decoding, streaming tokens and acceptance statistics.
 
-    Greedy output (the default, --temp 0) is token for token what the target alone would write, except where the target's two best tokens tie within float rounding between a batched and a one-row pass (llama.cpp's own speculative loop has the same property); sampled output follows the target's distribution exactly, and with --verify gumbel a seed gives the same text with any draft or none. On a terminal, draft tokens the target accepted are shown in cyan.
+    Greedy output (the default, --temp 0) is token for token what the target alone would write, except where the target's two best tokens tie within float rounding between a batched and a one-row pass (llama.cpp's own speculative loop has the same property); sampled output follows the target's distribution exactly, and a seed gives the same text with any draft or none (gumbel verification, the default where a seed is set). On a terminal, draft tokens the target accepted are shown in cyan.
 
     Sampling means what it means in llama.cpp, with its defaults: penalties → top-k → top-p → min-p → temperature. A grammar or JSON schema applies first, as llama.cpp's grammar sampler does: the chain runs on the tokens it allows. A JSON schema keyword that cannot be enforced is refused by name.
     """

@@ -14,7 +14,6 @@ from spec_cli.cli.common import EXIT_USAGE, csv_list, reachable_from_outside, us
 from spec_cli.cli.options import (ChatFormatOpt, DraftMaxOpt, DraftModeOpt, LoadOptions, MemoryOptions, NoDraftOpt,
                                   RequestFlags, VerifyOpt, loads_pair, open_pair, remembers)
 from spec_cli.decoding.scheduler import MAX_SEQUENCES
-from spec_cli.decoding.verification import DEFAULT_VERIFY
 from spec_cli.drafting.modes import FED_MODES
 from spec_cli.errors import SpecError
 from spec_cli.llama import rpc
@@ -63,7 +62,7 @@ def serve(
     draft_max: DraftMaxOpt = None,
     draft_mode: DraftModeOpt = None,
     memory: MemoryOptions = MemoryOptions(),
-    verify: VerifyOpt = DEFAULT_VERIFY,
+    verify: VerifyOpt = None,
     max_tokens: Annotated[Optional[int], typer.Option("--max-tokens", "-n", min=1, help="Longest answer for requests that set no max_tokens (default: until the context is full).", show_default=False)] = None,
     chat_format: ChatFormatOpt = None,
     no_draft: NoDraftOpt = False,

@@ -58,7 +58,7 @@ class Settings(GenerationRequest):
         """One line for the banner and a bare `/set`."""
         drafting = f"{self.draft_mode} K={self.draft_max}" if self.use_draft else "off"
         line = f"{self.sampling.describe()} · drafting {drafting}"
-        line = line if self.sampling.greedy else f"{line} · verify {self.verify}"
+        line = line if self.sampling.greedy else f"{line} · verify {self.verify_rule}"
         return line if self.grammar is None else f"{line} · output constrained by a grammar"
 
 

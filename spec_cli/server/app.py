@@ -113,8 +113,7 @@ async def completions(request: Request) -> Response:
 
 
 async def _answer(request: Request, api_request: ApiRequest, id_prefix: str) -> Response:
-    service: Service = request.app.state.service
-    service.check_model(api_request.model)
+    service: Service = request.app.state.service  # any model name is served, as llama-server serving one model
     api_request = await service.prepare(api_request)
     job = service.submit(api_request)
     try:
@@ -123,8 +122,8 @@ async def _answer(request: Request, api_request: ApiRequest, id_prefix: str) -> 
             if isinstance(first, Failed):
                 raise first.error
             assert isinstance(first, Started)
-            answer = Answer(f"{id_prefix}-{uuid.uuid4().hex}", int(time.time()), service.name, api_request.endpoint,
-                            api_request.unenforced)
+            answer = Answer(f"{id_prefix}-{uuid.uuid4().hex}", int(time.time()), api_request.model or service.name,
+                            api_request.endpoint, api_request.unenforced)
             # A chat's answer is read for a thought and tool calls; a completion's text is the answer.
             splitter = (AnswerSplitter(api_request.tools, first.thinking, service.dialect.convention)
                         if api_request.endpoint == "chat" else None)
@@ -221,7 +220,7 @@ async def list_models(request: Request) -> Response:
 
 async def one_model(request: Request) -> Response:
     service: Service = request.app.state.service
-    service.check_model(request.path_params["model"], status=404)
+    service.check_model(request.path_params["model"])
     return JSONResponse(_model_entry(service))
 
 

@@ -194,11 +194,12 @@ class Service:
             phases[slot] = {"slot": slot, **phase, "endpoint": active.job.request.endpoint}
         self._phases = phases
 
-    def check_model(self, model: str | None, status: int = 400) -> None:
-        if model is not None and model != self.name:
-            raise RequestError(f"model {shown(model)} is not served here; this server serves {self.name!r}",
-                               param="model", code="model_not_found", status=status,
-                               kind="not_found_error" if status == 404 else "invalid_request_error")
+    def check_model(self, model: str) -> None:
+        """`/v1/models/{model}` describes the one model listed; a generation answers to any name (`_answer`)."""
+        if model != self.name:
+            raise RequestError(f"model {shown(model)} is not listed here; this server lists {self.name!r} (and "
+                               "answers generation requests under any model name)",
+                               param="model", code="model_not_found", status=404, kind="not_found_error")
 
     def submit(self, request: ApiRequest) -> Job:
         """Queue a request, or refuse it at once when every slot is busy and `queue_size` already wait."""
