@@ -32,13 +32,14 @@ from spec_cli.llama.context import Context, common_prefix
 from spec_cli.llama.grammar import Constraints, Grammar, GrammarError
 from spec_cli.llama.heads import BlockContext, HeadContext
 from spec_cli.llama.model import Model
-from spec_cli.llama.placement import load_model
+from spec_cli.llama.placement import kv_room, load_model
 from spec_cli.llama.prompt_text import PromptText, with_images
 from spec_cli.llama.vision import KEPT_IMAGES, Image, Projector, has_images
 from spec_cli.drafting import vocab
 from spec_cli.request import GenerationRequest, InvalidConstraint, InvalidRequest
 
-DEFAULT_CTX = 2048
+DEFAULT_CTX = 2048  # the Python API's context, and the CLI's where a model does not say its trained one
+CONTEXT_STEP = 256  # a default context is a whole number of these
 _Memory = TypeVar("_Memory", Context, HeadContext, BlockContext)
 
 
@@ -125,6 +126,13 @@ class Pair:
     @property
     def n_ctx(self) -> int:
         return self.target_context.n_ctx
+
+    @property
+    def past_training(self) -> bool:
+        """Whether the context reaches past what the target was trained on, its GGUF declaring no RoPE scaling
+        that would stretch it: answers past the trained context are then garbage, which a user should be told."""
+        trained = self.target.n_ctx_train
+        return 0 < trained < self.n_ctx and not self.target.rope_scaled
 
     def memory(self) -> dict[str, dict[str, str]]:
         """Each loaded model's kind of memory and how it is rolled back, for reports and `--json`."""
@@ -363,8 +371,20 @@ class Slot:
         return [self.target] if draft is None else [self.target, draft]
 
 
+def trained_context(target: Model, draft: Model | None, sequences: int = 1) -> int:
+    """The target's trained context where `sequences` sequences' KV caches (the draft's beside each) fit the room
+    where the target runs (`placement.kv_room`), else the most that fits, in whole steps of 256 tokens: llama-server
+    reads its default context from the model, and an agent's first request is 8–19k tokens."""
+    if target.n_ctx_train <= 0:
+        return DEFAULT_CTX
+    per_token = sequences * (target.kv_bytes_per_token + (draft.kv_bytes_per_token if draft is not None else 0))
+    fits = kv_room(target) // max(per_token, 1) // CONTEXT_STEP * CONTEXT_STEP
+    return max(CONTEXT_STEP, min(target.n_ctx_train, fits))
+
+
 def load_pair(target: str | os.PathLike[str], draft: str | os.PathLike[str] | None = None, *,
-              n_ctx: int = DEFAULT_CTX, n_threads: int | None = None, gpu_layers: int | None = None,
+              n_ctx: int | None = DEFAULT_CTX, sequences: int = 1, n_threads: int | None = None,
+              gpu_layers: int | None = None,
               draft_gpu_layers: int | None = None, max_draft: int = AUTO_K_MAX, rpc: Sequence[str] = (),
               draft_rpc: Sequence[str] = (), tensor_split: Sequence[float] = (),
               mmproj: str | os.PathLike[str] | None = None, draft_mmproj: str | os.PathLike[str] | None = None) -> Pair:
@@ -381,8 +401,10 @@ def load_pair(target: str | os.PathLike[str], draft: str | os.PathLike[str] | No
 
     `mmproj`: the target's projector, for prompts with images (`vision`); `draft_mmproj`: the draft's, so that it
     sees the images too (without one a draft reads the text around them).
+
+    `n_ctx` None: the target's trained context where `sequences` sequences of it fit in memory (`trained_context`).
     """
-    if n_ctx < 16:
+    if n_ctx is not None and n_ctx < 16:
         raise SpecError(f"the context must hold at least 16 tokens, got {n_ctx}")
     if draft_mmproj is not None and draft is None:
         raise BadInput("--draft-mmproj is the draft model's projector: give the draft model too (--draft)")
@@ -399,6 +421,8 @@ def load_pair(target: str | os.PathLike[str], draft: str | os.PathLike[str] | No
         for i, (model, path) in enumerate(((target_model, mmproj), (draft_model, draft_mmproj))):
             if path is not None and model is not None:
                 projectors[i] = Projector(model, path, threads)
+        if n_ctx is None:
+            n_ctx = trained_context(target_model, draft_model, sequences)
         return Pair(target_model, draft_model, n_ctx, threads, max(max_draft, AUTO_K_MAX), translation,
                     (projectors[0], projectors[1]))
     except BaseException:

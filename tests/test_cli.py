@@ -298,7 +298,8 @@ def test_closed_pipe_exits_quietly(target_path: Path, tmp_path: Path) -> None:
                                text=True, timeout=120)
     assert completed.stdout.strip() == "0"
     assert len((tmp_path / "out").read_bytes()) == 20
-    assert (tmp_path / "err").read_text() == ""
+    said = (tmp_path / "err").read_text().splitlines()  # the tiny model's context of 60000 is past its 512: said
+    assert [line for line in said if "is past the 512 target.gguf was trained on" not in line] == []
 
 
 @pytest.fixture(scope="module")

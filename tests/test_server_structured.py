@@ -138,7 +138,7 @@ def test_a_template_that_takes_tools_gets_them_and_an_open_thought_is_reasoning(
     messages = [*HELLO, {"role": "assistant", "content": "", "tool_calls": [call]},
                 {"role": "tool", "tool_call_id": "c", "content": "woof"}]
     with load_pair(target, other_draft_path) as tools_pair, running(tools_pair) as serving:
-        prompt = serving.service._chat_prompt(parse_chat({"messages": messages, "tools": [LOOKUP]}))
+        prompt = serving.service.chat_prompt(parse_chat({"messages": messages, "tools": [LOOKUP]}))
         assert prompt.text.startswith("[tools] lookup</s>")
         assert '<call>lookup {"animal": "dog"}</call>' in prompt.text
         answer = serving.client().chat.completions.create(model=NAME, messages=HELLO, temperature=0,

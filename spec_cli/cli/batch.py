@@ -93,7 +93,8 @@ def batch(
                 note(f"all {len(tasks)} lines are in {output} already")
             return
         try:
-            with open_pair(load.for_request(flags, no_draft, quiet, images=True)) as loaded:
+            with open_pair(replace(load.for_request(flags, no_draft, quiet, images=True),
+                                   sequences=parallel + 1 if parallel > 1 else 1)) as loaded:
                 memory.apply(loaded.pair, default_file=False, quiet=quiet)
                 if form != OPENAI and not raw and not loaded.pair.has_chat_template:
                     if not quiet:

@@ -45,7 +45,8 @@ def models_show(name: Annotated[str, typer.Argument(help="Pair name (see spec mo
     """Show a pair's sources, local files, sizes, and what their GGUF metadata says."""
     with user_errors():
         spec = registry.load_registry().get(name)
-        settings = {"K": spec.draft_max, "ctx": spec.ctx, "gpu layers": spec.gpu_layers,
+        settings = {"K": spec.draft_max, "ctx": spec.ctx or "the target's trained context, where it fits",
+                    "gpu layers": spec.gpu_layers,
                     "draft gpu layers": spec.draft_gpu_layers, **({"RPC workers": ", ".join(spec.rpc)} if spec.rpc else {}),
                     "from": spec.origin}
         show_pair(spec.name, spec.description, settings, reports.member_reports(spec))

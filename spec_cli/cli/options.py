@@ -22,7 +22,7 @@ from spec_cli.llama import kernels, rpc
 from spec_cli.llama.model import supports_gpu_offload
 from spec_cli.models import registry
 from spec_cli.models.registry import mmproj_beside
-from spec_cli.pair import DEFAULT_CTX, Pair, load_pair
+from spec_cli.pair import Pair, load_pair
 from spec_cli.paths import cache_dir
 from spec_cli.request import AUTO, MAX_K, GenerationRequest, draft_max_from_text
 from spec_cli.formats.structured import Constraint
@@ -37,7 +37,7 @@ DraftMaxOpt = Annotated[Optional[str], typer.Option("--draft-max", "-k", help=f"
 DraftModeOpt = Annotated[Optional[str], typer.Option("--draft-mode", help=f"How drafts are made: {mode_help()} (default: hybrid, which chooses among them each round).", show_default=False)]
 DraftPMinOpt = Annotated[float, typer.Option("--draft-p-min", min=0.0, max=0.99, help="Confidence stop: the draft model stops a round when its top probability falls below this (0: off).")]
 VerifyOpt = Annotated[Optional[str], typer.Option("--verify", help="How sampled drafts are verified: block (Sun et al. 2025, keeps the most tokens), token (token by token) or gumbel (a seed gives the target alone's text whatever drafts; keeps fewer); all are exact. Default: gumbel where a seed is set, so that a seed repeats its text whatever drafts it, else block.", show_default=False)]
-CtxOpt = Annotated[Optional[int], typer.Option("--ctx", min=16, help=f"Context size in tokens (default: the pair's, else {DEFAULT_CTX}).", show_default=False)]
+CtxOpt = Annotated[Optional[int], typer.Option("--ctx", min=16, help="Context size in tokens, for each sequence (default: the pair's, else the target's trained context where it fits in memory, as llama-server reads it from the model).", show_default=False)]
 GpuLayersOpt = Annotated[Optional[int], typer.Option("--gpu-layers", min=-1, help="Target layers to put on devices (GPUs, RPC workers), -1: all; the rest run on this CPU (default: the pair's; else all with --rpc, 0 without).", show_default=False)]
 DraftGpuLayersOpt = Annotated[Optional[int], typer.Option("--draft-gpu-layers", min=-1, help="Draft layers to put on the GPU, -1: all (default: the pair's, else 0).", show_default=False)]
 RpcOpt = Annotated[Optional[str], typer.Option("--rpc", help="llama.cpp RPC workers to split the target over, HOST:PORT[,HOST:PORT…] (`spec worker` on each) (default: the pair's rpc, else none).", show_default=False)]
@@ -192,6 +192,7 @@ class LoadOptions:
     mmproj: Path | None = None
     draft_mmproj: Path | None = None
     images: bool = False  # prompts may hold images: the pair's projectors, or those beside the models, load too
+    sequences: int = 1  # generating at once, each with a context of its own: a default context fits them all
 
     def for_request(self, flags: RequestFlags, no_draft: bool = False, quiet: bool = False,
                     images: bool = False) -> LoadOptions:
@@ -228,7 +229,7 @@ def open_pair(options: LoadOptions) -> Iterator[Loaded]:
     if (options.gpu_layers and not workers) or (options.draft_gpu_layers and not draft_workers):
         _warn_cpu_only()
     load_draft = options.needs_draft and not options.no_draft
-    ctx = options.ctx or (spec.ctx if spec else DEFAULT_CTX)
+    ctx = options.ctx or (spec.ctx if spec else None)  # None: the target's trained context, where it fits
     # A pair's gpu_layers are for its own workers (or GPU): workers given here take every layer by default.
     gpu_layers = or_default(options.gpu_layers, spec.gpu_layers if spec and (spec.rpc or not options.rpc) else None)
     draft_gpu_layers = or_default(options.draft_gpu_layers, spec.draft_gpu_layers if spec else None)
@@ -236,10 +237,15 @@ def open_pair(options: LoadOptions) -> Iterator[Loaded]:
     if not kernels.known() and not options.quiet:
         note("trying which of llama.cpp's CPU kernels this machine runs (once, a few seconds)")
     mmproj, draft_mmproj = _projectors(options, spec, target, draft, load_draft)
-    with load_pair(target, draft if load_draft else None, n_ctx=ctx, n_threads=options.threads,
+    with load_pair(target, draft if load_draft else None, n_ctx=ctx, sequences=options.sequences,
+                   n_threads=options.threads,
                    gpu_layers=gpu_layers, draft_gpu_layers=draft_gpu_layers, rpc=workers, draft_rpc=draft_workers,
                    tensor_split=split, max_draft=max(options.max_draft, spec.draft_max if spec else 0),
                    mmproj=mmproj, draft_mmproj=draft_mmproj) as pair:
+        if pair.past_training and not options.quiet:
+            note(f"warning: a context of {pair.n_ctx} tokens is past the {pair.target.n_ctx_train} "
+                 f"{pair.target.path.name} was trained on, and its GGUF declares no RoPE scaling: text past "
+                 f"{pair.target.n_ctx_train} tokens will not make sense")
         if pair.translation is not None and pair.draft is not None and not options.quiet:
             note(f"{pair.draft.path.name} and {pair.target.path.name} have different vocabularies: "
                  "drafting goes through text (exact)")

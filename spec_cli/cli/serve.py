@@ -108,7 +108,9 @@ def serve(
         memory = memory.checked()
         template = conversation.chat_template(chat_format)
         sock = server.listen(host, port)  # before the models load: a port in use is said at once
-        with sock, open_pair(load.for_request(flags, no_draft, quiet, images=True)) as loaded:
+        sequences = (parallel or DEFAULT_PARALLEL) + 1 if parallel != 1 else 1  # the slots and the pair's own
+        with sock, open_pair(replace(load.for_request(flags, no_draft, quiet, images=True),
+                                     sequences=sequences)) as loaded:
             memory.apply(loaded.pair, default_file=False, quiet=quiet)
             slots = _slots(loaded.pair, flags, parallel)
             # Several at once: K by the batch's goodput, unless -k says otherwise.

@@ -281,6 +281,20 @@ class Model:
             llama_cpp.llama_model_meta_val_str(self._handle, key.encode(), buf, len(buf))
         return buf.value.decode("utf-8", errors="replace")
 
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """At most what one token of context holds in the KV cache: F16 keys and values in every layer, over the
+        key/value heads (a sliding-window or recurrent layer holds less)."""
+        n_head = llama_cpp.llama_model_n_head(self._handle)
+        n_head_kv = llama_cpp.llama_model_n_head_kv(self._handle)
+        return 2 * 2 * self.n_layer * self.n_embd * max(n_head_kv, 1) // max(n_head, 1)
+
+    @property
+    def rope_scaled(self) -> bool:
+        """Whether the GGUF declares RoPE scaling (YaRN, linear…): a context past the trained one is meant."""
+        scaling = self.metadata(f"{self.metadata('general.architecture')}.rope.scaling.type")
+        return (scaling not in (None, "none")) or llama_cpp.llama_model_rope_freq_scale_train(self._handle) != 1.0
+
     def metadata_under(self, prefix: str) -> dict[str, str]:
         """Every metadata key starting with `prefix` (e.g. "general.sampling."), without it, with its value."""
         found = {}

@@ -9,7 +9,7 @@ from typing import Sequence
 
 from spec_cli.errors import SpecError
 from spec_cli.llama.model import Model
-from spec_cli.llama.rpc import device_list, local_devices, local_gpu_names, parse_endpoints
+from spec_cli.llama.rpc import device_list, device_memory, local_devices, local_gpu_names, parse_endpoints
 
 
 def load_model(path: str | os.PathLike[str], gpu_layers: int | None, workers: Sequence[str],
@@ -50,3 +50,27 @@ def _check_split(weights: Sequence[float], n_devices: int) -> None:
                         "(one per RPC worker, in --rpc order, then one per local GPU)")
     if any(w < 0 for w in weights) or not any(weights):
         raise SpecError("--tensor-split weights must be >= 0 and not all 0")
+
+
+def kv_room(model: Model) -> int:
+    """Bytes a context's KV cache may take where `model` runs: half of what the local GPUs have free where its
+    layers went to devices, else half of this machine's available memory (the weights, the draft's cache and
+    everything else the machine runs keep the rest)."""
+    if model.placement != "CPU":
+        free = sum(device_memory(device)[0] for device in local_devices())
+        if free:
+            return free // 2
+    return available_memory() // 2
+
+
+def available_memory() -> int:
+    """This machine's available memory in bytes: MemAvailable where Linux says it, else its physical memory."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else 0
+

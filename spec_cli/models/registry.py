@@ -45,7 +45,7 @@ class PairSpec:
     target: dict[str, Any]
     draft: dict[str, Any]
     draft_max: int
-    ctx: int
+    ctx: int | None  # None: the target's trained context where it fits in memory
     gpu_layers: int
     draft_gpu_layers: int
     origin: str
@@ -141,7 +141,7 @@ def _parse_pair(name: str, entry: Any, where: str, origin: str) -> PairSpec:
         target=entry["target"],
         draft=entry["draft"],
         draft_max=_int(entry.get("draft_max", 4), f"{where}, field 'draft_max'", minimum=1),
-        ctx=_int(entry.get("ctx", 2048), f"{where}, field 'ctx'", minimum=16),
+        ctx=_int(entry["ctx"], f"{where}, field 'ctx'", minimum=16) if "ctx" in entry else None,
         gpu_layers=_int(entry.get("gpu_layers", -1 if "rpc" in entry else 0), f"{where}, field 'gpu_layers'",
                         minimum=-1),
         draft_gpu_layers=_int(entry.get("draft_gpu_layers", 0), f"{where}, field 'draft_gpu_layers'", minimum=-1),

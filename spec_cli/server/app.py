@@ -31,6 +31,7 @@ from spec_cli.api import openai_api
 from spec_cli.server.connections import MIB, GuardedH11Protocol, Limits
 from spec_cli.api.errors import RequestError, error_body
 from spec_cli.api.openai_api import Answer, ApiRequest
+from spec_cli.server import native
 from spec_cli.server.jobs import Failed, Finished, Job, Left, Started
 from spec_cli.server.service import Service
 from spec_cli.api.tool_calls import AnswerSplitter
@@ -231,6 +232,26 @@ def _model_entry(service: Service) -> dict[str, Any]:
             "draft": pair.draft.path.name if pair.draft else None, "context_length": pair.n_ctx}
 
 
+async def tokenize(request: Request) -> Response:
+    return JSONResponse(native.tokenize(request.app.state.service.pair.target, await _json_body(request)))
+
+
+async def detokenize(request: Request) -> Response:
+    return JSONResponse(native.detokenize(request.app.state.service.pair.target, await _json_body(request)))
+
+
+async def apply_template(request: Request) -> Response:
+    return JSONResponse(native.apply_template(request.app.state.service, await _json_body(request)))
+
+
+async def props(request: Request) -> Response:
+    return JSONResponse(native.props(request.app.state.service))
+
+
+async def slots(request: Request) -> Response:
+    return JSONResponse(native.slots(request.app.state.service))
+
+
 async def health(request: Request) -> Response:
     service: Service = request.app.state.service
     return JSONResponse({"status": "ok", "model": service.name, **service.health()})
@@ -271,6 +292,11 @@ def create_app(service: Service, api_key: str | None = None, cors: Sequence[str]
         Route("/v1/models/{model:path}", one_model, methods=["GET"]),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
+        Route("/tokenize", tokenize, methods=["POST"]),
+        Route("/detokenize", detokenize, methods=["POST"]),
+        Route("/apply-template", apply_template, methods=["POST"]),
+        Route("/props", props, methods=["GET"]),
+        Route("/slots", slots, methods=["GET"]),
     ], exception_handlers={RequestError: _request_error, HTTPException: _http_error, ClientGone: _client_gone})
     app.state.service, app.state.limits = service, limits
     guarded: ASGIApp = app if api_key is None else _RequireKey(app, api_key, service.log)

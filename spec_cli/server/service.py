@@ -422,7 +422,7 @@ class Service:
         tokens spelt in it are parsed."""
         model = self.pair.target
         if request.endpoint == "chat":
-            prompt: PromptText | None = self._chat_prompt(request)
+            prompt: PromptText | None = self.chat_prompt(request)
         else:
             prompt = PromptText(request.prompt) if isinstance(request.prompt, str) else None
         best: tuple[float, list[int], Slot] | None = None
@@ -438,7 +438,7 @@ class Service:
             self._store.load(best[2].contexts(), best[1])
         return prompt, best[1], best[2]
 
-    def _chat_prompt(self, request: ApiRequest) -> PromptText:
+    def chat_prompt(self, request: ApiRequest) -> PromptText:
         """The chat's prompt; with tools (or calls in the history), the template's own way of showing them when
         it has one, else the tools described in the system message (`tool_calls.spelt_out`)."""
         model, messages, tools = self.pair.target, request.messages, request.tools

@@ -172,7 +172,7 @@ def write_model(path: Path, seed: int, *, arch: str = "llama", vocab_size: int =
                 sliding_window: int = 4, n_embd: int = N_EMBD, n_layer: int = N_LAYER,
                 layer_scale: float = 1.0, sampling: dict[str, float] | None = None,
                 tokenizer: Tokenizer | None = None, plain_output: bool = False,
-                kept_layers: int | None = None) -> Path:
+                kept_layers: int | None = None, rope_scaling: float | None = None) -> Path:
     """Write a tiny random model of `arch` to `path`; `output_scale` widens the logits (fewer near-ties).
 
     `noise` > 0 perturbs every weight of the seed's model by that fraction (drawn from another seed): a
@@ -188,7 +188,7 @@ def write_model(path: Path, seed: int, *, arch: str = "llama", vocab_size: int =
     of the default vocabulary's byte and unused tokens, so the model writes mostly letters and words (text
     that two vocabularies can both spell) while byte-fallback tokens still spell what the prompt holds.
     `kept_layers`: write only the first layers of the seed's model, with its embeddings and output (a draft cut
-    from it).
+    from it). `rope_scaling`: declare linear RoPE scaling by that factor (a context past the trained one meant).
     """
     n_ff = 2 * n_embd
     rng = np.random.default_rng(seed)
@@ -199,6 +199,9 @@ def write_model(path: Path, seed: int, *, arch: str = "llama", vocab_size: int =
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_name(f"tiny-{arch}-{seed}")
     writer.add_context_length(N_CTX_TRAIN)
+    if rope_scaling is not None:
+        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(rope_scaling)
     for key, value in (sampling or {}).items():
         if key in ("top_k", "penalty_last_n"):
             writer.add_int32(f"general.sampling.{key}", int(value))
