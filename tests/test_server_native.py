@@ -3,11 +3,18 @@ written against llama-server call them: /tokenize, /detokenize, /apply-template,
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Iterator
+
 import httpx
 import pytest
+from support.exactness import finish
 from support.serving import HELLO, Running, openai_error, running
+from support.tiny_models import FIM_TOKENS, write_model
 
-from spec_cli import Pair
+from spec_cli import Pair, load_pair
+from spec_cli.server import native
 
 
 def test_tokenize_and_detokenize_are_the_targets_own(live: Running, chat_pair: Pair) -> None:
@@ -58,4 +65,81 @@ def test_props_and_slots_describe_the_server(chat_pair: Pair) -> None:
     ("/apply-template", {"messages": "hi"}, "messages"),
 ])
 def test_bad_input_is_a_shaped_400_naming_the_field(live: Running, path: str, body: dict, param: str) -> None:
+    assert openai_error(live.post(path, body), 400)["param"] == param
+
+
+# --- /completion and /infill -------------------------------------------------------------------------------------
+
+
+def test_completion_answers_in_llama_cpps_shape_with_the_target_alones_greedy_text(live: Running,
+                                                                                   chat_pair: Pair) -> None:
+    """Drafted as the server drafts, the text the target alone writes; llama-server's fields and the speculation."""
+    answer = live.post("/completion", {"prompt": "the cat", "n_predict": 12, "temperature": 0,
+                                       "return_tokens": True, "cache_prompt": True}).json()
+    alone = finish(chat_pair.generate("the cat", raw=True, max_tokens=12, draft_mode="none"))
+    assert answer["tokens"] == alone.token_ids and answer["content"] == alone.text
+    assert answer["stop"] is True and answer["stop_type"] in ("eos", "limit") and answer["tokens_predicted"] == 12
+    assert answer["tokens_evaluated"] == len(chat_pair.prompt_tokens("the cat", raw=True))
+    assert answer["timings"]["predicted_n"] == 12 and "drafted" in answer["speculation"]
+
+
+def test_a_streamed_completion_sends_pieces_then_the_whole_answer_and_no_done(live: Running) -> None:
+    with httpx.stream("POST", f"{live.url}/completion", timeout=30,
+                      json={"prompt": "the cat", "n_predict": 10, "temperature": 0, "stream": True}) as response:
+        events = [json.loads(line[len("data: "):]) for line in response.iter_lines() if line.startswith("data: ")]
+    whole = live.post("/completion", {"prompt": "the cat", "n_predict": 10, "temperature": 0}).json()
+    assert all(not event["stop"] for event in events[:-1]) and events[-1]["stop"] is True
+    assert "".join(event["content"] for event in events) == whole["content"]
+    assert events[-1]["tokens_predicted"] == 10
+
+
+def test_a_stop_word_ends_a_completion_and_says_so(live: Running) -> None:
+    free = live.post("/completion", {"prompt": "the cat", "n_predict": 24, "temperature": 0}).json()["content"]
+    word = free.strip().split()[1]
+    answer = live.post("/completion", {"prompt": "the cat", "n_predict": 24, "temperature": 0, "stop": [word]}).json()
+    assert answer["stop_type"] == "word" and word not in answer["content"]
+
+
+@pytest.fixture(scope="module")
+def fim_pair(models_dir: Path) -> Iterator[Pair]:
+    """A code model's fill-in-the-middle tokens in the tiny vocabulary, drafted by a noisy copy of itself."""
+    target = write_model(models_dir / "fim-target.gguf", seed=1, fim=True)
+    draft = write_model(models_dir / "fim-draft.gguf", seed=1, fim=True, noise=0.1)
+    with load_pair(target, draft) as pair:
+        yield pair
+
+
+def test_infill_places_prefix_suffix_and_extra_as_llama_server_and_drafts_the_target_alones_text(
+        fim_pair: Pair) -> None:
+    body = {"input_prefix": "def add(a, b):\n    return ", "input_suffix": "\n\nprint(add(1, 2))\n",
+            "input_extra": [{"filename": "util.py", "text": "def sub(a, b):\n    return a - b\n"}],
+            "prompt": "a", "n_predict": 16, "temperature": 0, "return_tokens": True}
+    target, fim = fim_pair.target, FIM_TOKENS
+    prompt = native.infill_prompt(target, body, fim_pair.target_context.n_batch, fim_pair.n_ctx, 16)
+    spelt = [target.tokenize_bytes(text.encode(), False, False) for text in
+             ("\n\n--- snippet ---\n\n", "def sub(a, b):\n    return a - b\n", body["input_prefix"], "a",
+              body["input_suffix"])]
+    assert prompt == [*spelt[0], *spelt[1], target.vocab_info().bos, fim["pre"][0], *spelt[2], *spelt[3],
+                      fim["suf"][0], *spelt[4], fim["mid"][0]]
+    alone = finish(fim_pair.generate(prompt, max_tokens=16, draft_mode="none"))
+    with running(fim_pair) as serving:
+        answer = serving.post("/infill", body).json()
+    assert answer["tokens"] == alone.token_ids and answer["content"] == alone.text
+    assert answer["speculation"]["drafted"] > 0
+
+
+def test_infill_on_a_model_without_fim_tokens_is_a_400_that_says_so(live: Running) -> None:
+    error = openai_error(live.post("/infill", {"input_prefix": "def f(", "input_suffix": ")"}), 400)
+    assert "no fill-in-the-middle tokens" in error["message"] and error["param"] == "input_prefix"
+
+
+@pytest.mark.parametrize("path, body, param", [
+    ("/completion", {"prompt": "x", "n_predict": 0}, "n_predict"),
+    ("/completion", {"prompt": "x", "n_predict": "ten"}, "n_predict"),
+    ("/completion", {"prompt": "x", "n_probs": 5}, "n_probs"),
+    ("/completion", {}, "prompt"),
+    ("/completion", {"prompt": "x", "temperature": "hot"}, "temperature"),
+])
+def test_bad_completion_input_is_a_shaped_400_naming_the_field(live: Running, path: str, body: dict,
+                                                                param: str) -> None:
     assert openai_error(live.post(path, body), 400)["param"] == param

@@ -281,6 +281,14 @@ class Model:
             llama_cpp.llama_model_meta_val_str(self._handle, key.encode(), buf, len(buf))
         return buf.value.decode("utf-8", errors="replace")
 
+    @functools.cached_property
+    def fim_tokens(self) -> dict[str, int]:
+        """The fill-in-the-middle tokens the vocabulary names, by llama.cpp's names: pre, suf and mid, and rep and
+        sep where it has the repo-level pattern's (those it lacks are left out)."""
+        found = {name: getattr(llama_cpp, f"llama_vocab_fim_{name}")(self._vocab)
+                 for name in ("pre", "suf", "mid", "rep", "sep")}
+        return {name: token for name, token in found.items() if token != llama_cpp.LLAMA_TOKEN_NULL}
+
     @property
     def kv_bytes_per_token(self) -> int:
         """At most what one token of context holds in the KV cache: F16 keys and values in every layer, over the

@@ -13,6 +13,7 @@ import json
 import socket
 import time
 import uuid
+from dataclasses import replace
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator, Callable, Sequence
 
@@ -232,6 +233,72 @@ def _model_entry(service: Service) -> dict[str, Any]:
             "draft": pair.draft.path.name if pair.draft else None, "context_length": pair.n_ctx}
 
 
+async def native_completion(request: Request) -> Response:
+    """llama-server's `/completion`: the completions route's generation, in llama.cpp's own shape."""
+    body = native.completion_body(await _json_body(request))
+    return await _native_answer(request, openai_api.parse_completion(body), body.get("return_tokens") is True)
+
+
+async def infill(request: Request) -> Response:
+    """llama-server's `/infill`: the code between a prefix and a suffix, through the model's own FIM tokens."""
+    service: Service = request.app.state.service
+    body = native.completion_body(await _json_body(request))
+    api_request = openai_api.parse_completion({**body, "prompt": [0]})  # its fields; the prompt is made here
+    target = service.pair.target_context
+    prompt = native.infill_prompt(service.pair.target, body, target.n_batch, service.pair.n_ctx,
+                                  api_request.max_tokens or -1)
+    return await _native_answer(request, replace(api_request, prompt=prompt), body.get("return_tokens") is True)
+
+
+async def _native_answer(request: Request, api_request: ApiRequest, return_tokens: bool) -> Response:
+    service: Service = request.app.state.service
+    api_request = await service.prepare(api_request)
+    job = service.submit(api_request)
+    name = api_request.model or service.name
+    try:
+        async with _watching(request, job):
+            first = await _next(job)
+            if isinstance(first, Failed):
+                raise first.error
+            assert isinstance(first, Started)
+            if api_request.stream:
+                return StreamingResponse(_native_stream(job, first, name), media_type="text/event-stream",
+                                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+            pieces: list[str] = []
+            while not isinstance(item := await _next(job), Finished):
+                if isinstance(item, Failed):
+                    raise item.error
+                pieces.append(item)
+        generation = first.generation
+        return JSONResponse(native.completion_answer(name, "".join(pieces),
+                                                     generation.token_ids if return_tokens else None, item,
+                                                     generation.stats, openai_api.speculation(generation.stats)))
+    except BaseException:
+        job.cancel()
+        raise
+
+
+async def _native_stream(job: Job, started: Started, name: str) -> AsyncIterator[str]:
+    """llama-server's stream of `/completion`: a piece of text an event (`stop` false), then the whole answer's
+    fields with `stop` true; no `[DONE]`."""
+    stats = started.generation.stats
+    try:
+        while True:
+            item = await job.items.get()
+            if isinstance(item, str):
+                yield _event(native.completion_answer(name, item, None, None, stats, {}))
+            elif isinstance(item, Failed):
+                yield _event(item.error.body())
+                return
+            elif isinstance(item, Finished):
+                yield _event(native.completion_answer(name, "", None, item, stats, openai_api.speculation(stats)))
+                return
+            elif isinstance(item, Left):
+                return
+    finally:
+        job.cancel()
+
+
 async def tokenize(request: Request) -> Response:
     return JSONResponse(native.tokenize(request.app.state.service.pair.target, await _json_body(request)))
 
@@ -292,6 +359,9 @@ def create_app(service: Service, api_key: str | None = None, cors: Sequence[str]
         Route("/v1/models/{model:path}", one_model, methods=["GET"]),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
+        Route("/completion", native_completion, methods=["POST"]),
+        Route("/completions", native_completion, methods=["POST"]),
+        Route("/infill", infill, methods=["POST"]),
         Route("/tokenize", tokenize, methods=["POST"]),
         Route("/detokenize", detokenize, methods=["POST"]),
         Route("/apply-template", apply_template, methods=["POST"]),

@@ -22,7 +22,10 @@ class Started:
 
 @dataclass(frozen=True)
 class Finished:
+    """The generation ended: OpenAI's finish `reason`, and whether one of the request's stop strings ended it."""
+
     reason: str
+    by_stop_string: bool = False
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,7 @@
-"""llama.cpp's own routes beside OpenAI's, in llama-server's shapes (its `tools/server/README.md`): what front ends
-and scripts written against llama-server call to count tokens, turn ids back into text, render a chat's prompt and
-read the server's settings and slots. Plain functions of a parsed body; `app` reads the body and answers."""
+"""llama.cpp's own routes beside OpenAI's, in llama-server's shapes (its `tools/server/README.md`): what front ends,
+editor plugins and scripts written against llama-server call to complete text (`/completion`), fill in the middle
+of code (`/infill`), count tokens, turn ids back into text, render a chat's prompt and read the server's settings
+and slots. Plain functions of a parsed body; `app` reads the body and answers on the same loop as OpenAI's routes."""
 
 from __future__ import annotations
 
@@ -10,8 +11,14 @@ from typing import Any
 from spec_cli import __version__
 from spec_cli.api import openai_api
 from spec_cli.api.errors import RequestError, unicode_text
+from spec_cli.decoding.stats import Stats
 from spec_cli.llama.model import Model
+from spec_cli.server.jobs import Finished
 from spec_cli.server.service import Service
+
+REPO_NAME = "myproject\n"  # llama-server's repo-level FIM pattern names the project so
+FILE_NAME = "filename\n"  # and the file being completed
+SNIPPET = "\n\n--- snippet ---\n\n"  # an extra chunk's separator where the vocabulary has no FIM_SEP
 
 
 def tokenize(model: Model, body: object) -> dict[str, Any]:
@@ -95,3 +102,82 @@ def _piece(data: bytes) -> str | list[int]:
         return data.decode("utf-8")
     except UnicodeDecodeError:
         return list(data)
+
+
+def completion_body(body: object) -> dict[str, Any]:
+    """A `/completion` body as the `/v1/completions` body it asks for: llama-server's `n_predict` (-1: until the
+    context is full) is `max_tokens`; its other fields (`prompt`, sampling, `seed`, `stop`, `grammar`,
+    `json_schema`, `stream`) are named alike; what spec-cli does not do (`n_probs`) is a 400 naming it."""
+    fields = dict(_fields(body))
+    n_predict = fields.pop("n_predict", None)
+    if n_predict is not None and (not isinstance(n_predict, int) or isinstance(n_predict, bool)
+                                  or not (n_predict == -1 or n_predict >= 1)):
+        raise RequestError(f"'n_predict' must be -1 (until the context is full) or >= 1, got {n_predict!r}",
+                           param="n_predict")
+    if fields.get("n_probs"):
+        raise RequestError("'n_probs' is not supported by this server", param="n_probs",
+                           code="unsupported_parameter")
+    if n_predict not in (None, -1):
+        fields["max_tokens"] = n_predict
+    return fields
+
+
+def infill_prompt(model: Model, body: dict[str, Any], n_batch: int, n_ctx: int, n_predict: int) -> list[int]:
+    """`/infill`'s prompt as llama-server's `format_prompt_infill` makes it: the extra chunks (after FIM_REP and
+    each behind FIM_SEP and its file name where the vocabulary has them, else behind a snippet line), then
+    FIM_PRE, the prefix's last tokens and `prompt`, FIM_SUF, the suffix's first tokens, FIM_MID; the prefix and
+    the suffix share one batch 3:1, the chunks what the context leaves."""
+    fim = model.fim_tokens
+    missing = [name for name in ("pre", "suf", "mid") if name not in fim]
+    if missing:
+        raise RequestError(f"{model.path.name} has no fill-in-the-middle tokens (FIM_{missing[0].upper()} is "
+                           "missing): /infill needs a code model trained for it", param="input_prefix")
+
+    def text(name: str, default: str = "") -> list[int]:
+        value = body.get(name, default)
+        if not isinstance(value, str):
+            raise RequestError(f"'{name}' must be a string", param=name)
+        return model.tokenize_bytes(unicode_text(value, name).encode("utf-8"), False, False)
+
+    extra: list[int] = [fim["rep"], *model.tokenize_bytes(REPO_NAME.encode(), False, False)] if "rep" in fim else []
+    chunks = body.get("input_extra") or []
+    if not isinstance(chunks, list) or not all(isinstance(chunk, dict) for chunk in chunks):
+        raise RequestError("'input_extra' must be a list of {\"filename\", \"text\"} objects", param="input_extra")
+    for i, chunk in enumerate(chunks):
+        where = f"input_extra[{i}]"
+        if not isinstance(chunk.get("text", ""), str) or not isinstance(chunk.get("filename", "tmp"), str):
+            raise RequestError(f"'{where}' must hold a string 'filename' and 'text'", param=where)
+        if "sep" in fim:
+            extra += [fim["sep"], *model.tokenize_bytes(f"{chunk.get('filename', 'tmp')}\n".encode(), False, False)]
+        else:
+            extra += model.tokenize_bytes(SNIPPET.encode(), False, False)
+        extra += model.tokenize_bytes(unicode_text(chunk.get("text", ""), where).encode("utf-8"), False, False)
+    if "sep" in fim:
+        extra += [fim["sep"], *model.tokenize_bytes(FILE_NAME.encode(), False, False)]
+    prefix, suffix, prompt = text("input_prefix"), text("input_suffix"), text("prompt")
+    prefix = prefix[len(prefix) - min(len(prefix), 3 * (n_batch // 4)):]
+    suffix = suffix[:min(len(suffix), max(0, n_batch // 4 - (2 + len(prompt))))]
+    n_extra = min(max(0, n_ctx - n_batch - 2 * n_predict), len(extra))
+    bos = [model.vocab_info().bos] if model.vocab_info().add_bos else []
+    return [*extra[len(extra) - n_extra:], *bos, fim["pre"], *prefix, *prompt, fim["suf"], *suffix, fim["mid"]]
+
+
+def completion_answer(model_name: str, content: str, tokens: list[int] | None, finished: Finished | None,
+                      stats: Stats, speculation: dict[str, Any]) -> dict[str, Any]:
+    """`/completion`'s answer, whole or (with `finished` None) a streamed piece: llama-server's fields, and
+    spec-cli's `speculation` beside them."""
+    piece = {"content": content, "tokens": tokens or [], "stop": finished is not None}
+    if finished is None:
+        return piece
+    stop_type = "word" if finished.by_stop_string else "eos" if finished.reason == "stop" else "limit"
+    prompt_ms, predicted_ms = 1000 * stats.prompt_s, 1000 * stats.decode_s
+    return {**piece, "model": model_name, "stop_type": stop_type, "stopping_word": "",
+            "tokens_predicted": stats.generated_tokens, "tokens_evaluated": stats.prompt_tokens,
+            "tokens_cached": stats.prompt_cached, "truncated": False,
+            "timings": {"prompt_n": stats.prompt_tokens - stats.prompt_cached, "prompt_ms": prompt_ms,
+                        "prompt_per_second": stats.prompt_tokens_per_second,
+                        "predicted_n": stats.generated_tokens, "predicted_ms": predicted_ms,
+                        "predicted_per_second": stats.tokens_per_second,
+                        "draft_n": stats.drafted, "draft_n_accepted": stats.accepted},
+            "speculation": speculation}
+

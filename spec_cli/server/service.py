@@ -393,7 +393,7 @@ class Service:
             self._caches[id(active.slot)].remember(active.prompt.text + generation.text,
                                                    active.tokens + generation.token_ids)
         reason = openai_api.finish_reason(generation.finish_reason or "stop", active.stops.stopped)
-        job.post(Finished(reason))
+        job.post(Finished(reason, active.stops.stopped))
         self.log(f"{endpoint}: {summary_line(stats, reason)}")
 
     def _request(self, request: ApiRequest) -> GenerationRequest:

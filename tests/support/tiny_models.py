@@ -23,6 +23,7 @@ N_HEAD = 4
 N_HEAD_KV = 2
 N_LAYER = 2
 N_CTX_TRAIN = 512
+FIM_TOKENS = {"pre": (316, "<|fim_prefix|>"), "suf": (317, "<|fim_suffix|>"), "mid": (318, "<|fim_middle|>")}
 UNKNOWN, CONTROL, NORMAL, BYTE = 2, 3, 1, 6
 
 CHAT_TEMPLATE = (
@@ -172,7 +173,7 @@ def write_model(path: Path, seed: int, *, arch: str = "llama", vocab_size: int =
                 sliding_window: int = 4, n_embd: int = N_EMBD, n_layer: int = N_LAYER,
                 layer_scale: float = 1.0, sampling: dict[str, float] | None = None,
                 tokenizer: Tokenizer | None = None, plain_output: bool = False,
-                kept_layers: int | None = None, rope_scaling: float | None = None) -> Path:
+                kept_layers: int | None = None, rope_scaling: float | None = None, fim: bool = False) -> Path:
     """Write a tiny random model of `arch` to `path`; `output_scale` widens the logits (fewer near-ties).
 
     `noise` > 0 perturbs every weight of the seed's model by that fraction (drawn from another seed): a
@@ -189,16 +190,22 @@ def write_model(path: Path, seed: int, *, arch: str = "llama", vocab_size: int =
     that two vocabularies can both spell) while byte-fallback tokens still spell what the prompt holds.
     `kept_layers`: write only the first layers of the seed's model, with its embeddings and output (a draft cut
     from it). `rope_scaling`: declare linear RoPE scaling by that factor (a context past the trained one meant).
+    `fim`: three unused tokens become a code model's fill-in-the-middle tokens (`FIM_TOKENS`), as the GGUF names them.
     """
     n_ff = 2 * n_embd
     rng = np.random.default_rng(seed)
     noise_rng = np.random.default_rng(seed + 10_000)
     own = default_tokenizer(vocab_size, eos)
+    if fim:
+        for token, text in FIM_TOKENS.values():
+            own.tokens[token], own.types[token] = text, CONTROL
     if rename_token is not None:
         own.tokens[rename_token] = own.tokens[rename_token] + "_renamed"
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_name(f"tiny-{arch}-{seed}")
     writer.add_context_length(N_CTX_TRAIN)
+    for name, (token, _text) in FIM_TOKENS.items() if fim else ():
+        writer.add_uint32(f"tokenizer.ggml.fim_{name}_token_id", token)
     if rope_scaling is not None:
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(rope_scaling)
