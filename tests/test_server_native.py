@@ -143,3 +143,40 @@ def test_infill_on_a_model_without_fim_tokens_is_a_400_that_says_so(live: Runnin
 def test_bad_completion_input_is_a_shaped_400_naming_the_field(live: Running, path: str, body: dict,
                                                                 param: str) -> None:
     assert openai_error(live.post(path, body), 400)["param"] == param
+
+
+# --- /metrics ----------------------------------------------------------------------------------------------------
+
+
+def samples(text: str) -> dict[str, float]:
+    """Prometheus text's samples by name and labels, its HELP and TYPE lines checked to precede them."""
+    found, typed = {}, set()
+    for line in text.splitlines():
+        if line.startswith("# TYPE "):
+            typed.add(line.split()[2])
+        elif line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            assert name.split("{")[0] in typed, name
+            found[name] = float(value)
+    return found
+
+
+def test_metrics_count_tokens_requests_and_drafts_as_llama_server_names_them(chat_pair: Pair) -> None:
+    with running(chat_pair, metrics=True) as serving:
+        before = samples(httpx.get(f"{serving.url}/metrics").text)
+        answers = [serving.post("/v1/completions", {"prompt": "the cat", "max_tokens": 12, "temperature": 0}).json()
+                   for _ in range(2)]
+        after = samples(httpx.get(f"{serving.url}/metrics").text)
+    generated = sum(answer["usage"]["completion_tokens"] for answer in answers)
+    drafted = sum(answer["speculation"]["drafted"] for answer in answers)
+    assert before["llamacpp:tokens_predicted_total"] == 0 and after["llamacpp:tokens_predicted_total"] == generated
+    assert after["llamacpp:prompt_tokens_total"] == sum(answer["usage"]["prompt_tokens"] for answer in answers)
+    assert after["llamacpp:spec_decode_num_draft_tokens_total"] == drafted > 0
+    assert after["llamacpp:spec_decode_num_accepted_tokens_total"] == sum(
+        answer["speculation"]["accepted"] for answer in answers)
+    assert after['llamacpp:spec_decode_num_draft_tokens_per_pos_total{position="1"}'] > 0
+    assert after["llamacpp:requests_processing"] == 0 and after["llamacpp:requests_deferred"] == 0
+
+
+def test_metrics_are_off_unless_asked_for(live: Running) -> None:
+    assert httpx.get(f"{live.url}/metrics").status_code == 404

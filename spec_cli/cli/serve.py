@@ -80,6 +80,7 @@ def serve(
     body_timeout: Annotated[float, typer.Option("--body-timeout", min=0.1, metavar="S", help="Seconds a request's body may take to arrive after its headers; then 408.")] = Limits.body_timeout_s,
     max_connections: Annotated[int, typer.Option("--max-connections", min=1, help="Connections open at once; one more closes the longest idle one, or is answered 503 when none is idle.")] = Limits.connections,
     allow_image_urls: Annotated[bool, typer.Option("--allow-image-urls", help="Fetch images that chats give as http(s) URLs (at most 32 MiB and 10 s each); without it only data: URLs are taken.")] = False,
+    metrics: Annotated[bool, typer.Option("--metrics", help="Serve GET /metrics: Prometheus text with llama-server's metric names (tokens, seconds, requests, drafted and accepted tokens by position) and each way of drafting's share.")] = False,
     model_name: Annotated[Optional[str], typer.Option("--model-name", help="The model id clients send and /v1/models lists (default: the pair's name, or the target file's).", show_default=False)] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No line per answer on stderr (the line that says where it listens stays).")] = False,
 ) -> None:
@@ -131,7 +132,7 @@ def serve(
                      "(--api-key requires a key)")
             try:
                 with rpc.on_worker_lost(error):
-                    app = server.create_app(service, api_key, origins, limits)
+                    app = server.create_app(service, api_key, origins, limits, metrics_route=metrics)
                     server.http_server(app, limits, log).run(sockets=[sock])
             except KeyboardInterrupt:
                 pass

@@ -23,7 +23,7 @@ from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -319,6 +319,10 @@ async def slots(request: Request) -> Response:
     return JSONResponse(native.slots(request.app.state.service))
 
 
+async def metrics(request: Request) -> Response:
+    return PlainTextResponse(request.app.state.service.metrics(), media_type="text/plain; version=0.0.4")
+
+
 async def health(request: Request) -> Response:
     service: Service = request.app.state.service
     return JSONResponse({"status": "ok", "model": service.name, **service.health()})
@@ -350,9 +354,10 @@ async def _client_gone(_request: Request, _exc: Exception) -> Response:
 
 
 def create_app(service: Service, api_key: str | None = None, cors: Sequence[str] = (),
-               limits: Limits = Limits()) -> ASGIApp:
-    """The ASGI app: OpenAI's endpoints, errors in OpenAI's shape, the body read within `limits`, the API key
-    checked when one is set, and CORS answers for the browser origins `cors` names ("*": any)."""
+               limits: Limits = Limits(), metrics_route: bool = False) -> ASGIApp:
+    """The ASGI app: OpenAI's endpoints and llama.cpp's own, errors in OpenAI's shape, the body read within
+    `limits`, the API key checked when one is set, CORS answers for the browser origins `cors` names ("*": any),
+    and with `metrics_route` Prometheus' `/metrics` (off by default, as llama-server's `--metrics`)."""
     app = Starlette(routes=[
         Route("/health", health, methods=["GET"]),
         Route("/v1/models", list_models, methods=["GET"]),
@@ -367,6 +372,7 @@ def create_app(service: Service, api_key: str | None = None, cors: Sequence[str]
         Route("/apply-template", apply_template, methods=["POST"]),
         Route("/props", props, methods=["GET"]),
         Route("/slots", slots, methods=["GET"]),
+        *([Route("/metrics", metrics, methods=["GET"])] if metrics_route else []),
     ], exception_handlers={RequestError: _request_error, HTTPException: _http_error, ClientGone: _client_gone})
     app.state.service, app.state.limits = service, limits
     guarded: ASGIApp = app if api_key is None else _RequireKey(app, api_key, service.log)

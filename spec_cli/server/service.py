@@ -35,7 +35,9 @@ from spec_cli.request import GenerationRequest, InvalidRequest, ReasoningBudget,
 from spec_cli.api import images, openai_api
 from spec_cli.api.errors import RequestError
 from spec_cli.api.images import ImageUrl
+from spec_cli.decoding.stats import Stats
 from spec_cli.server.jobs import Failed, Finished, Job, Started
+from spec_cli.server.metrics import exposition
 from spec_cli.api.openai_api import PARAMS, ApiRequest
 from spec_cli.api.stop_strings import StopStrings
 from spec_cli.api.tool_calls import spelt_out, template_messages
@@ -103,7 +105,8 @@ class Service:
         self._emitted: collections.deque[tuple[float, int]] = collections.deque()  # (when, tokens) of recent steps
         self._busy = False  # the worker is starting requests or running a step
         self._phases: list[dict[str, object]] = self._idle_phases()  # each slot's, as the worker last saw them
-        self._drafted = self._accepted = 0  # over finished generations
+        self._finished = Stats(draft_max=0)  # every finished generation's counts: /health's acceptance, /metrics
+        self._n_tokens_max = 0  # the most tokens a sequence has held
         self._worker = threading.Thread(target=self._work, name="spec-serve", daemon=True)
         self._worker.start()
         self._compilers = concurrent.futures.ThreadPoolExecutor(COMPILERS, thread_name_prefix="spec-compile",
@@ -171,14 +174,26 @@ class Service:
             waiting = sum(not job.cancelled.is_set() for job in self._waiting)
             now = time.monotonic()
             recent = sum(n for when, n in self._emitted if when >= now - RATE_WINDOW_S)
-            drafted = self._drafted + sum(a.generation.stats.drafted for a in self._active.values())
-            accepted = self._accepted + sum(a.generation.stats.accepted for a in self._active.values())
+            drafted = self._finished.drafted + sum(a.generation.stats.drafted for a in self._active.values())
+            accepted = self._finished.accepted + sum(a.generation.stats.accepted for a in self._active.values())
             busy = self._busy or bool(self._active)
         active = sum(phase["phase"] != "idle" for phase in phases)
         return {"busy": busy, "generating": any(phase["phase"] == "generating" for phase in phases),
                 "waiting": waiting, "slots": self.parallel, "active": active, "phases": phases,
                 "tokens_per_second": recent / RATE_WINDOW_S, "acceptance": accepted / drafted if drafted else None,
                 **({"cache_ram": self._store.report()} if self._store is not None else {})}
+
+    def metrics(self) -> str:
+        """`/metrics`' text: the counts of every generation so far, finished and running, and the requests now."""
+        with self._lock:
+            totals = Stats(draft_max=0)
+            for stats in (self._finished, *(a.generation.stats for a in self._active.values())):
+                totals.merge(stats)
+            processing = len(self._active)
+            deferred = sum(not job.cancelled.is_set() for job in self._waiting)
+            n_tokens_max = max([self._n_tokens_max, *(len(a.generation.token_ids) + a.generation.stats.prompt_tokens
+                                                     for a in self._active.values())])
+        return exposition(totals, processing, deferred, n_tokens_max)
 
     def _idle_phases(self) -> list[dict[str, object]]:
         return [{"slot": i, "phase": "idle"} for i in range(self.parallel)]
@@ -377,7 +392,8 @@ class Service:
             del self._active[id(generation)]
             self._free.append(active.slot)
             self._jobs.discard(job)
-            self._drafted, self._accepted = self._drafted + stats.drafted, self._accepted + stats.accepted
+            self._finished.merge(stats)
+            self._n_tokens_max = max(self._n_tokens_max, stats.prompt_tokens + stats.generated_tokens)
         endpoint = job.request.endpoint
         if answered:
             return

@@ -31,7 +31,7 @@ class Running:
                  defaults: GenerationRequest = GenerationRequest(draft_max=3, draft_mode="model"),
                  cors: tuple[str, ...] = (), limits: Limits = Limits(), max_tokens: int | None = None,
                  parallel: int = 1, template: str | None = None, cache_ram: int = 0,
-                 allow_image_urls: bool = False) -> None:
+                 allow_image_urls: bool = False, metrics: bool = False) -> None:
         self.lines: list[str] = []
         self.service = Service(pair, NAME, defaults, max_tokens=max_tokens, queue_size=queue_size,
                                log=self.lines.append, parallel=parallel, template=template,
@@ -40,7 +40,7 @@ class Running:
         self.port = sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         self.uvicorn = Collected()
-        self._http = server.http_server(server.create_app(self.service, api_key, cors, limits), limits)
+        self._http = server.http_server(server.create_app(self.service, api_key, cors, limits, metrics), limits)
         self._thread = threading.Thread(target=self._http.run, kwargs={"sockets": [sock]}, daemon=True)
         self._thread.start()
         deadline = time.monotonic() + 10
