@@ -28,7 +28,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from spec_cli.errors import SpecError
-from spec_cli.api import openai_api
+from spec_cli.api import anthropic_api, openai_api
 from spec_cli.server.connections import MIB, GuardedH11Protocol, Limits
 from spec_cli.api.errors import RequestError, error_body
 from spec_cli.api.openai_api import Answer, ApiRequest
@@ -233,6 +233,82 @@ def _model_entry(service: Service) -> dict[str, Any]:
             "draft": pair.draft.path.name if pair.draft else None, "context_length": pair.n_ctx}
 
 
+async def messages(request: Request) -> Response:
+    """Anthropic's Messages API: the chat route's generation, as a message of content blocks or its events."""
+    return await _messages_answer(request, anthropic_api.parse_messages(await _json_body(request)))
+
+
+async def count_tokens(request: Request) -> Response:
+    """Anthropic's count_tokens: the tokens the Messages body's prompt takes under the server's template."""
+    service: Service = request.app.state.service
+    api_request = anthropic_api.parse_messages(await _json_body(request), counting=True)
+    return JSONResponse({"input_tokens": len(service.pair.target.tokenize_prompt(service.chat_prompt(api_request)))})
+
+
+async def _messages_answer(request: Request, api_request: ApiRequest) -> Response:
+    service: Service = request.app.state.service
+    api_request = await service.prepare(api_request)
+    job = service.submit(api_request)
+    answer_id, name = f"msg_{uuid.uuid4().hex}", api_request.model or service.name
+    try:
+        async with _watching(request, job):
+            first = await _next(job)
+            if isinstance(first, Failed):
+                raise first.error
+            assert isinstance(first, Started)
+            splitter = AnswerSplitter(api_request.tools, first.thinking, service.dialect.convention)
+            if api_request.stream:
+                return StreamingResponse(_messages_stream(job, first, splitter,
+                                                          anthropic_api.EventWriter(answer_id, name)),
+                                         media_type="text/event-stream",
+                                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+            deltas: list[dict[str, Any]] = []
+            while not isinstance(item := await _next(job), Finished):
+                if isinstance(item, Failed):
+                    raise item.error
+                deltas += splitter.feed(item)
+                if splitter.full:
+                    item = _enough(job)
+                    break
+        message = _message([*deltas, *splitter.flush(cut=item.reason == "length")])
+        reason = anthropic_api.stop_reason(openai_api.called(item.reason, splitter.calls), item.by_stop_string)
+        return JSONResponse(anthropic_api.message(answer_id, name, message, reason, None, first.generation.stats))
+    except BaseException:
+        job.cancel()
+        raise
+
+
+async def _messages_stream(job: Job, started: Started, splitter: AnswerSplitter,
+                           writer: anthropic_api.EventWriter) -> AsyncIterator[str]:
+    """The Messages API's events for one answer (`EventWriter`), as the text comes."""
+    stats = started.generation.stats
+    try:
+        for line in writer.start(stats):
+            yield line
+        while True:
+            item = await job.items.get()
+            if isinstance(item, str):
+                for line in writer.deltas(splitter.feed(item)):
+                    yield line
+                if splitter.full:
+                    item = _enough(job)
+            if isinstance(item, Failed):
+                yield anthropic_api.event("error", {"error": anthropic_api.error(item.error)["error"]})
+                return
+            if isinstance(item, Finished):
+                for line in writer.deltas(splitter.flush(cut=item.reason == "length")):
+                    yield line
+                reason = anthropic_api.stop_reason(openai_api.called(item.reason, splitter.calls),
+                                                   item.by_stop_string)
+                for line in writer.finish(reason, None, stats):
+                    yield line
+                return
+            if isinstance(item, Left):
+                return
+    finally:
+        job.cancel()
+
+
 async def native_completion(request: Request) -> Response:
     """llama-server's `/completion`: the completions route's generation, in llama.cpp's own shape."""
     body = native.completion_body(await _json_body(request))
@@ -339,7 +415,8 @@ async def _request_error(request: Request, exc: Exception) -> Response:
     headers = {"Retry-After": "1"} if exc.status == 503 else {}
     if exc.status in (408, 413):  # a body left unread: the connection cannot carry another request
         headers["Connection"] = "close"
-    return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
+    body = anthropic_api.error(exc) if request.url.path.startswith("/v1/messages") else exc.body()
+    return JSONResponse(body, status_code=exc.status, headers=headers)
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
@@ -364,6 +441,8 @@ def create_app(service: Service, api_key: str | None = None, cors: Sequence[str]
         Route("/v1/models/{model:path}", one_model, methods=["GET"]),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/messages", messages, methods=["POST"]),
+        Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
         Route("/completion", native_completion, methods=["POST"]),
         Route("/completions", native_completion, methods=["POST"]),
         Route("/infill", infill, methods=["POST"]),
