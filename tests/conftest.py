@@ -138,6 +138,13 @@ def live(chat_pair: Pair) -> Iterator[Running]:
         yield serving
 
 
+@pytest.fixture(scope="module")
+def served(chat_pair: Pair) -> Iterator[Running]:
+    """`spec serve`'s app over `chat_pair` with two slots, for a module's tests of one API."""
+    with running(chat_pair, parallel=2) as serving:
+        yield serving
+
+
 @pytest.fixture()
 def slow(chat_pair: Pair, monkeypatch: pytest.MonkeyPatch) -> None:
     """`chat_pair`'s steps slowed down, so that a test can act while a generation is under way."""

@@ -4,26 +4,18 @@ Anthropic's shape; greedy answers are the target alone's with drafting on."""
 
 from __future__ import annotations
 
-from typing import Iterator
 
 import anthropic
 import jsonschema
 import pytest
-from support.serving import NAME, Running, running
+from support.serving import NAME, Running
 
-from spec_cli import Pair
 
 LOOKUP = {"name": "lookup", "description": "Look an animal up.",
           "input_schema": {"type": "object", "properties": {"animal": {"enum": ["cat", "dog"]},
                                                             "legs": {"enum": [2, 4]}},
                            "required": ["animal", "legs"], "additionalProperties": False}}
 HELLO = [{"role": "user", "content": "hello there"}]
-
-
-@pytest.fixture(scope="module")
-def served(chat_pair: Pair) -> Iterator[Running]:
-    with running(chat_pair, parallel=2) as serving:
-        yield serving
 
 
 @pytest.fixture()

@@ -195,11 +195,15 @@ class EventWriter:
                                             "partial_json": call["function"]["arguments"]}))
         return out
 
-    def finish(self, reason: str, stop_sequence: str | None, stats: Stats) -> list[str]:
-        delta = {"stop_reason": reason, "stop_sequence": stop_sequence}
+    def finish(self, reason: str, by_stop_string: bool, stats: Stats) -> list[str]:
+        """The last events, for an answer that ended with OpenAI's finish `reason`."""
+        delta = {"stop_reason": stop_reason(reason, by_stop_string), "stop_sequence": None}
         return [*self._close(), event("message_delta", {"delta": delta,
                                                         "usage": {"output_tokens": stats.generated_tokens}}),
                 event("message_stop", {})]
+
+    def error(self, exc: RequestError) -> str:
+        return event("error", {"error": error(exc)["error"]})
 
     def _block(self, kind: str, start: dict[str, Any], new: bool = False) -> list[str]:
         if self._open == kind and not new:

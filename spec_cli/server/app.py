@@ -15,7 +15,7 @@ import time
 import uuid
 from dataclasses import replace
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator, Callable, Sequence
+from typing import Any, AsyncIterator, Callable, Protocol, Sequence
 
 import uvicorn
 from starlette.applications import Starlette
@@ -28,7 +28,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from spec_cli.errors import SpecError
-from spec_cli.api import anthropic_api, openai_api
+from spec_cli.api import anthropic_api, openai_api, responses_api
 from spec_cli.server.connections import MIB, GuardedH11Protocol, Limits
 from spec_cli.api.errors import RequestError, error_body
 from spec_cli.api.openai_api import Answer, ApiRequest
@@ -36,6 +36,7 @@ from spec_cli.server import native
 from spec_cli.server.jobs import Failed, Finished, Job, Left, Started
 from spec_cli.server.service import Service
 from spec_cli.api.tool_calls import AnswerSplitter
+from spec_cli.decoding.stats import Stats
 
 DEFAULT_PORT = 8080
 
@@ -233,6 +234,19 @@ def _model_entry(service: Service) -> dict[str, Any]:
             "draft": pair.draft.path.name if pair.draft else None, "context_length": pair.n_ctx}
 
 
+class EventWriter(Protocol):
+    """Another API's streamed events for one chat generation, from the chat route's deltas (Anthropic's Messages,
+    OpenAI's Responses): what the stream opens with, each delta's events, the last ones, an error's."""
+
+    def start(self, stats: Stats) -> list[str]: ...
+
+    def deltas(self, deltas: list[dict[str, Any]]) -> list[str]: ...
+
+    def finish(self, reason: str, by_stop_string: bool, stats: Stats) -> list[str]: ...
+
+    def error(self, exc: RequestError) -> str: ...
+
+
 async def messages(request: Request) -> Response:
     """Anthropic's Messages API: the chat route's generation, as a message of content blocks or its events."""
     return await _messages_answer(request, anthropic_api.parse_messages(await _json_body(request)))
@@ -246,10 +260,35 @@ async def count_tokens(request: Request) -> Response:
 
 
 async def _messages_answer(request: Request, api_request: ApiRequest) -> Response:
+    answer_id, name = f"msg_{uuid.uuid4().hex}", api_request.model or request.app.state.service.name
+
+    def whole(message: dict[str, Any], reason: str, by_stop_string: bool, stats: Stats) -> dict[str, Any]:
+        return anthropic_api.message(answer_id, name, message,
+                                     anthropic_api.stop_reason(reason, by_stop_string), None, stats)
+
+    return await _split_answer(request, api_request, anthropic_api.EventWriter(answer_id, name), whole)
+
+
+async def responses(request: Request) -> Response:
+    """OpenAI's Responses API: the chat route's generation, as a response of output items or its events."""
+    service: Service = request.app.state.service
+    api_request = responses_api.parse_responses(await _json_body(request))
+    writer = responses_api.ResponseWriter(api_request.model or service.name, int(time.time()))
+
+    def whole(message: dict[str, Any], reason: str, _by_stop_string: bool, stats: Stats) -> dict[str, Any]:
+        return writer.whole(message, stats, cut=reason == "length")
+
+    return await _split_answer(request, api_request, writer, whole)
+
+
+async def _split_answer(request: Request, api_request: ApiRequest, writer: EventWriter,
+                        whole: Callable[[dict[str, Any], str, bool, Stats], dict[str, Any]]) -> Response:
+    """A chat generation read through an `AnswerSplitter` (a thought, text, tool calls), answered in another API's
+    shape: streamed by `writer`'s events, or `whole` (the chat message, the finish reason, whether a stop string
+    ended it, the statistics)."""
     service: Service = request.app.state.service
     api_request = await service.prepare(api_request)
     job = service.submit(api_request)
-    answer_id, name = f"msg_{uuid.uuid4().hex}", api_request.model or service.name
     try:
         async with _watching(request, job):
             first = await _next(job)
@@ -258,9 +297,7 @@ async def _messages_answer(request: Request, api_request: ApiRequest) -> Respons
             assert isinstance(first, Started)
             splitter = AnswerSplitter(api_request.tools, first.thinking, service.dialect.convention)
             if api_request.stream:
-                return StreamingResponse(_messages_stream(job, first, splitter,
-                                                          anthropic_api.EventWriter(answer_id, name)),
-                                         media_type="text/event-stream",
+                return StreamingResponse(_events(job, first, splitter, writer), media_type="text/event-stream",
                                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
             deltas: list[dict[str, Any]] = []
             while not isinstance(item := await _next(job), Finished):
@@ -271,16 +308,15 @@ async def _messages_answer(request: Request, api_request: ApiRequest) -> Respons
                     item = _enough(job)
                     break
         message = _message([*deltas, *splitter.flush(cut=item.reason == "length")])
-        reason = anthropic_api.stop_reason(openai_api.called(item.reason, splitter.calls), item.by_stop_string)
-        return JSONResponse(anthropic_api.message(answer_id, name, message, reason, None, first.generation.stats))
+        return JSONResponse(whole(message, openai_api.called(item.reason, splitter.calls), item.by_stop_string,
+                                  first.generation.stats))
     except BaseException:
         job.cancel()
         raise
 
 
-async def _messages_stream(job: Job, started: Started, splitter: AnswerSplitter,
-                           writer: anthropic_api.EventWriter) -> AsyncIterator[str]:
-    """The Messages API's events for one answer (`EventWriter`), as the text comes."""
+async def _events(job: Job, started: Started, splitter: AnswerSplitter, writer: EventWriter) -> AsyncIterator[str]:
+    """Another API's streamed events for one chat generation (`writer`'s), as the text comes."""
     stats = started.generation.stats
     try:
         for line in writer.start(stats):
@@ -293,14 +329,12 @@ async def _messages_stream(job: Job, started: Started, splitter: AnswerSplitter,
                 if splitter.full:
                     item = _enough(job)
             if isinstance(item, Failed):
-                yield anthropic_api.event("error", {"error": anthropic_api.error(item.error)["error"]})
+                yield writer.error(item.error)
                 return
             if isinstance(item, Finished):
                 for line in writer.deltas(splitter.flush(cut=item.reason == "length")):
                     yield line
-                reason = anthropic_api.stop_reason(openai_api.called(item.reason, splitter.calls),
-                                                   item.by_stop_string)
-                for line in writer.finish(reason, None, stats):
+                for line in writer.finish(openai_api.called(item.reason, splitter.calls), item.by_stop_string, stats):
                     yield line
                 return
             if isinstance(item, Left):
@@ -441,6 +475,7 @@ def create_app(service: Service, api_key: str | None = None, cors: Sequence[str]
         Route("/v1/models/{model:path}", one_model, methods=["GET"]),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/responses", responses, methods=["POST"]),
         Route("/v1/messages", messages, methods=["POST"]),
         Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
         Route("/completion", native_completion, methods=["POST"]),
