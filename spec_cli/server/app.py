@@ -1,4 +1,5 @@
-"""`spec serve`'s HTTP layer: OpenAI's endpoints over one `Service`, as a thin layer like the CLI.
+"""`spec serve`'s HTTP layer: OpenAI's endpoints over one `Service` (and the routes of `chat_apis` and
+`native_routes`), as a thin layer like the CLI.
 
 Starlette routes the requests and uvicorn serves them: a small, well-kept ASGI stack whose streaming responses
 are cancelled when the client goes away, which is what lets a disconnect stop its generation. Requests are
@@ -7,174 +8,62 @@ checked by `openai_api`, queued on the `Service`, and the text it posts becomes 
 
 from __future__ import annotations
 
-import asyncio
 import hmac
-import json
 import socket
 import time
 import uuid
-from dataclasses import replace
-from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator, Callable, Protocol, Sequence
+from typing import Any, AsyncIterator, Callable, Sequence
 
 import uvicorn
 from starlette.applications import Starlette
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.middleware.cors import CORSMiddleware
-from starlette.requests import ClientDisconnect, Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from spec_cli.errors import SpecError
-from spec_cli.api import anthropic_api, openai_api, responses_api
-from spec_cli.server.connections import MIB, GuardedH11Protocol, Limits
+from spec_cli.api import anthropic_api, openai_api
 from spec_cli.api.errors import RequestError, error_body
 from spec_cli.api.openai_api import Answer, ApiRequest
-from spec_cli.server import native
+from spec_cli.api.tool_calls import AnswerSplitter
+from spec_cli.errors import SpecError
+from spec_cli.server import chat_apis, native_routes
+from spec_cli.server.connections import GuardedH11Protocol, Limits
+from spec_cli.server.exchange import (STREAM_HEADERS, ClientGone, chat_message, collected, enough, json_body, sse,
+                                      started)
 from spec_cli.server.jobs import Failed, Finished, Job, Left, Started
 from spec_cli.server.service import Service
-from spec_cli.api.tool_calls import AnswerSplitter
-from spec_cli.decoding.stats import Stats
 
 DEFAULT_PORT = 8080
 
 
-class ClientGone(Exception):
-    """The client closed its connection before its answer was sent."""
-
-
-@asynccontextmanager
-async def _watching(request: Request, job: Job) -> AsyncIterator[None]:
-    """While a job waits for its turn or makes a whole answer, a client that closes its connection cancels it at
-    once: the worker stops at its next token, and the request's task at the job's next item (`Left`). A stream
-    needs no watch of its own: Starlette cancels it when the client goes away."""
-
-    async def watch() -> None:
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
-        job.leave()
-
-    watcher = asyncio.create_task(watch())
-    try:
-        yield
-    finally:
-        watcher.cancel()
-
-
-async def _next(job: Job) -> Started | str | Finished | Failed:
-    item = await job.items.get()
-    if isinstance(item, Left):
-        raise ClientGone
-    return item
-
-
-async def _json_body(request: Request) -> object:
-    """The body as JSON, read within the server's limits: 413 past its size (at once when Content-Length says
-    so), 408 when it does not arrive in time; a client that leaves halfway is gone, not wrong."""
-    limits: Limits = request.app.state.limits
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limits.body_bytes:
-        raise _too_large(limits)
-    try:
-        body = await asyncio.wait_for(_read(request, limits), limits.body_timeout_s)
-    except asyncio.TimeoutError:
-        raise RequestError(f"the request body did not arrive within {limits.body_timeout_s:g} s",
-                           code="request_timeout", status=408) from None
-    except ClientDisconnect:
-        raise ClientGone from None
-    try:
-        return json.loads(body)
-    except (ValueError, UnicodeDecodeError):
-        raise RequestError("the request body is not valid JSON") from None
-    except RecursionError:
-        raise RequestError("the request body nests its JSON too deeply") from None
-
-
-async def _read(request: Request, limits: Limits) -> bytes:
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limits.body_bytes:
-            raise _too_large(limits)
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-def _too_large(limits: Limits) -> RequestError:
-    return RequestError(f"the request body is larger than this server takes ({limits.body_bytes / MIB:g} MiB)",
-                        code="request_too_large", status=413)
-
-
 async def chat_completions(request: Request) -> Response:
-    return await _answer(request, openai_api.parse_chat(await _json_body(request)), "chatcmpl")
+    return await _answer(request, openai_api.parse_chat(await json_body(request)), "chatcmpl")
 
 
 async def completions(request: Request) -> Response:
-    return await _answer(request, openai_api.parse_completion(await _json_body(request)), "cmpl")
+    return await _answer(request, openai_api.parse_completion(await json_body(request)), "cmpl")
 
 
 async def _answer(request: Request, api_request: ApiRequest, id_prefix: str) -> Response:
     service: Service = request.app.state.service  # any model name is served, as llama-server serving one model
-    api_request = await service.prepare(api_request)
-    job = service.submit(api_request)
-    try:
-        async with _watching(request, job):
-            first = await _next(job)
-            if isinstance(first, Failed):
-                raise first.error
-            assert isinstance(first, Started)
-            answer = Answer(f"{id_prefix}-{uuid.uuid4().hex}", int(time.time()), api_request.model or service.name,
-                            api_request.endpoint, api_request.unenforced)
-            # A chat's answer is read for a thought and tool calls; a completion's text is the answer.
-            splitter = (AnswerSplitter(api_request.tools, first.thinking, service.dialect.convention)
-                        if api_request.endpoint == "chat" else None)
-            if api_request.stream:
-                return StreamingResponse(_stream(job, answer, first, splitter), media_type="text/event-stream",
-                                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-            deltas: list[dict[str, Any]] = []
-            while not isinstance(item := await _next(job), Finished):
-                if isinstance(item, Failed):
-                    raise item.error
-                deltas += splitter.feed(item) if splitter is not None else [{"content": item}]
-                if splitter is not None and splitter.full:
-                    item = _enough(job)
-                    break
-        stats = first.generation.stats
-        if splitter is None:
-            return JSONResponse(answer.whole("".join(d["content"] for d in deltas), item.reason, stats))
-        message = _message([*deltas, *splitter.flush(cut=item.reason == "length")])
-        return JSONResponse(answer.whole(message, openai_api.called(item.reason, splitter.calls), stats))
-    except BaseException:
-        job.cancel()
-        raise
-
-
-def _enough(job: Job) -> Finished:
-    """The answer holds a turn's most tool calls: its generation stops, and it ends as a model's own stop would."""
-    job.stop()
-    return Finished("stop")
-
-
-def _message(deltas: list[dict[str, Any]]) -> dict[str, Any]:
-    """A chat message's fields from its deltas: content (null when the answer is only tool calls), the thought
-    as reasoning_content, the tool calls."""
-    def joined(name: str) -> str:
-        return "".join(delta[name] for delta in deltas if name in delta)
-
-    calls: list[dict[str, Any]] = []  # a call's first delta names it, and the next ones add to its arguments
-    for call in (call for delta in deltas for call in delta.get("tool_calls", [])):
-        if "id" in call:
-            calls.append({"id": call["id"], "type": call["type"], "function": dict(call["function"])})
-        else:
-            calls[call["index"]]["function"]["arguments"] += call["function"]["arguments"]
-    message: dict[str, Any] = {"content": joined("content") or (None if calls else "")}
-    if joined("reasoning_content"):
-        message["reasoning_content"] = joined("reasoning_content")
-    if calls:
-        message["tool_calls"] = calls
-    return message
+    async with started(request, api_request) as (api_request, job, first):
+        answer = Answer(f"{id_prefix}-{uuid.uuid4().hex}", int(time.time()), api_request.model or service.name,
+                        api_request.endpoint, api_request.unenforced)
+        # A chat's answer is read for a thought and tool calls; a completion's text is the answer.
+        splitter = (AnswerSplitter(api_request.tools, first.thinking, service.dialect.convention)
+                    if api_request.endpoint == "chat" else None)
+        if api_request.stream:
+            return StreamingResponse(_stream(job, answer, first, splitter), media_type="text/event-stream",
+                                     headers=STREAM_HEADERS)
+        deltas, item = await collected(job, splitter)
+    stats = first.generation.stats
+    if splitter is None:
+        return JSONResponse(answer.whole("".join(d["content"] for d in deltas), item.reason, stats))
+    message = chat_message([*deltas, *splitter.flush(cut=item.reason == "length")])
+    return JSONResponse(answer.whole(message, openai_api.called(item.reason, splitter.calls), stats))
 
 
 async def _stream(job: Job, answer: Answer, started: Started, splitter: AnswerSplitter | None) -> AsyncIterator[str]:
@@ -185,36 +74,32 @@ async def _stream(job: Job, answer: Answer, started: Started, splitter: AnswerSp
     stats = started.generation.stats
     try:
         if answer.endpoint == "chat":
-            yield _event(answer.chunk(None, None))
+            yield sse(answer.chunk(None, None))
         while True:
             item = await job.items.get()
             if isinstance(item, str):
                 for delta in splitter.feed(item) if splitter is not None else [item]:
-                    yield _event(answer.chunk(delta, None, stats))
+                    yield sse(answer.chunk(delta, None, stats))
                 if splitter is not None and splitter.full:
-                    item = _enough(job)
+                    item = enough(job)
             if isinstance(item, Failed):
-                yield _event(item.error.body())
+                yield sse(item.error.body())
                 break
             elif isinstance(item, Finished):
                 reason = item.reason
                 if splitter is not None:
                     for delta in splitter.flush(cut=reason == "length"):
-                        yield _event(answer.chunk(delta, None, stats))
+                        yield sse(answer.chunk(delta, None, stats))
                     reason = openai_api.called(reason, splitter.calls)
-                yield _event(answer.chunk("", reason, stats))
+                yield sse(answer.chunk("", reason, stats))
                 if job.request.include_usage:
-                    yield _event(answer.usage_chunk(stats))
+                    yield sse(answer.usage_chunk(stats))
                 break
             elif isinstance(item, Left):
                 return
         yield "data: [DONE]\n\n"
     finally:
         job.cancel()
-
-
-def _event(payload: dict[str, Any]) -> str:
-    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
 
 
 async def list_models(request: Request) -> Response:
@@ -232,205 +117,6 @@ def _model_entry(service: Service) -> dict[str, Any]:
     return {"id": service.name, "object": "model", "created": int(pair.target.path.stat().st_mtime),
             "owned_by": "spec-cli", "target": pair.target.path.name,
             "draft": pair.draft.path.name if pair.draft else None, "context_length": pair.n_ctx}
-
-
-class EventWriter(Protocol):
-    """Another API's streamed events for one chat generation, from the chat route's deltas (Anthropic's Messages,
-    OpenAI's Responses): what the stream opens with, each delta's events, the last ones, an error's."""
-
-    def start(self, stats: Stats) -> list[str]: ...
-
-    def deltas(self, deltas: list[dict[str, Any]]) -> list[str]: ...
-
-    def finish(self, reason: str, by_stop_string: bool, stats: Stats) -> list[str]: ...
-
-    def error(self, exc: RequestError) -> str: ...
-
-
-async def messages(request: Request) -> Response:
-    """Anthropic's Messages API: the chat route's generation, as a message of content blocks or its events."""
-    return await _messages_answer(request, anthropic_api.parse_messages(await _json_body(request)))
-
-
-async def count_tokens(request: Request) -> Response:
-    """Anthropic's count_tokens: the tokens the Messages body's prompt takes under the server's template."""
-    service: Service = request.app.state.service
-    api_request = anthropic_api.parse_messages(await _json_body(request), counting=True)
-    return JSONResponse({"input_tokens": len(service.pair.target.tokenize_prompt(service.chat_prompt(api_request)))})
-
-
-async def _messages_answer(request: Request, api_request: ApiRequest) -> Response:
-    answer_id, name = f"msg_{uuid.uuid4().hex}", api_request.model or request.app.state.service.name
-
-    def whole(message: dict[str, Any], reason: str, by_stop_string: bool, stats: Stats) -> dict[str, Any]:
-        return anthropic_api.message(answer_id, name, message,
-                                     anthropic_api.stop_reason(reason, by_stop_string), None, stats)
-
-    return await _split_answer(request, api_request, anthropic_api.EventWriter(answer_id, name), whole)
-
-
-async def responses(request: Request) -> Response:
-    """OpenAI's Responses API: the chat route's generation, as a response of output items or its events."""
-    service: Service = request.app.state.service
-    api_request = responses_api.parse_responses(await _json_body(request))
-    writer = responses_api.ResponseWriter(api_request.model or service.name, int(time.time()))
-
-    def whole(message: dict[str, Any], reason: str, _by_stop_string: bool, stats: Stats) -> dict[str, Any]:
-        return writer.whole(message, stats, cut=reason == "length")
-
-    return await _split_answer(request, api_request, writer, whole)
-
-
-async def _split_answer(request: Request, api_request: ApiRequest, writer: EventWriter,
-                        whole: Callable[[dict[str, Any], str, bool, Stats], dict[str, Any]]) -> Response:
-    """A chat generation read through an `AnswerSplitter` (a thought, text, tool calls), answered in another API's
-    shape: streamed by `writer`'s events, or `whole` (the chat message, the finish reason, whether a stop string
-    ended it, the statistics)."""
-    service: Service = request.app.state.service
-    api_request = await service.prepare(api_request)
-    job = service.submit(api_request)
-    try:
-        async with _watching(request, job):
-            first = await _next(job)
-            if isinstance(first, Failed):
-                raise first.error
-            assert isinstance(first, Started)
-            splitter = AnswerSplitter(api_request.tools, first.thinking, service.dialect.convention)
-            if api_request.stream:
-                return StreamingResponse(_events(job, first, splitter, writer), media_type="text/event-stream",
-                                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-            deltas: list[dict[str, Any]] = []
-            while not isinstance(item := await _next(job), Finished):
-                if isinstance(item, Failed):
-                    raise item.error
-                deltas += splitter.feed(item)
-                if splitter.full:
-                    item = _enough(job)
-                    break
-        message = _message([*deltas, *splitter.flush(cut=item.reason == "length")])
-        return JSONResponse(whole(message, openai_api.called(item.reason, splitter.calls), item.by_stop_string,
-                                  first.generation.stats))
-    except BaseException:
-        job.cancel()
-        raise
-
-
-async def _events(job: Job, started: Started, splitter: AnswerSplitter, writer: EventWriter) -> AsyncIterator[str]:
-    """Another API's streamed events for one chat generation (`writer`'s), as the text comes."""
-    stats = started.generation.stats
-    try:
-        for line in writer.start(stats):
-            yield line
-        while True:
-            item = await job.items.get()
-            if isinstance(item, str):
-                for line in writer.deltas(splitter.feed(item)):
-                    yield line
-                if splitter.full:
-                    item = _enough(job)
-            if isinstance(item, Failed):
-                yield writer.error(item.error)
-                return
-            if isinstance(item, Finished):
-                for line in writer.deltas(splitter.flush(cut=item.reason == "length")):
-                    yield line
-                for line in writer.finish(openai_api.called(item.reason, splitter.calls), item.by_stop_string, stats):
-                    yield line
-                return
-            if isinstance(item, Left):
-                return
-    finally:
-        job.cancel()
-
-
-async def native_completion(request: Request) -> Response:
-    """llama-server's `/completion`: the completions route's generation, in llama.cpp's own shape."""
-    body = native.completion_body(await _json_body(request))
-    return await _native_answer(request, openai_api.parse_completion(body), body.get("return_tokens") is True)
-
-
-async def infill(request: Request) -> Response:
-    """llama-server's `/infill`: the code between a prefix and a suffix, through the model's own FIM tokens."""
-    service: Service = request.app.state.service
-    body = native.completion_body(await _json_body(request))
-    api_request = openai_api.parse_completion({**body, "prompt": [0]})  # its fields; the prompt is made here
-    target = service.pair.target_context
-    prompt = native.infill_prompt(service.pair.target, body, target.n_batch, service.pair.n_ctx,
-                                  api_request.max_tokens or -1)
-    return await _native_answer(request, replace(api_request, prompt=prompt), body.get("return_tokens") is True)
-
-
-async def _native_answer(request: Request, api_request: ApiRequest, return_tokens: bool) -> Response:
-    service: Service = request.app.state.service
-    api_request = await service.prepare(api_request)
-    job = service.submit(api_request)
-    name = api_request.model or service.name
-    try:
-        async with _watching(request, job):
-            first = await _next(job)
-            if isinstance(first, Failed):
-                raise first.error
-            assert isinstance(first, Started)
-            if api_request.stream:
-                return StreamingResponse(_native_stream(job, first, name), media_type="text/event-stream",
-                                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-            pieces: list[str] = []
-            while not isinstance(item := await _next(job), Finished):
-                if isinstance(item, Failed):
-                    raise item.error
-                pieces.append(item)
-        generation = first.generation
-        return JSONResponse(native.completion_answer(name, "".join(pieces),
-                                                     generation.token_ids if return_tokens else None, item,
-                                                     generation.stats, openai_api.speculation(generation.stats)))
-    except BaseException:
-        job.cancel()
-        raise
-
-
-async def _native_stream(job: Job, started: Started, name: str) -> AsyncIterator[str]:
-    """llama-server's stream of `/completion`: a piece of text an event (`stop` false), then the whole answer's
-    fields with `stop` true; no `[DONE]`."""
-    stats = started.generation.stats
-    try:
-        while True:
-            item = await job.items.get()
-            if isinstance(item, str):
-                yield _event(native.completion_answer(name, item, None, None, stats, {}))
-            elif isinstance(item, Failed):
-                yield _event(item.error.body())
-                return
-            elif isinstance(item, Finished):
-                yield _event(native.completion_answer(name, "", None, item, stats, openai_api.speculation(stats)))
-                return
-            elif isinstance(item, Left):
-                return
-    finally:
-        job.cancel()
-
-
-async def tokenize(request: Request) -> Response:
-    return JSONResponse(native.tokenize(request.app.state.service.pair.target, await _json_body(request)))
-
-
-async def detokenize(request: Request) -> Response:
-    return JSONResponse(native.detokenize(request.app.state.service.pair.target, await _json_body(request)))
-
-
-async def apply_template(request: Request) -> Response:
-    return JSONResponse(native.apply_template(request.app.state.service, await _json_body(request)))
-
-
-async def props(request: Request) -> Response:
-    return JSONResponse(native.props(request.app.state.service))
-
-
-async def slots(request: Request) -> Response:
-    return JSONResponse(native.slots(request.app.state.service))
-
-
-async def metrics(request: Request) -> Response:
-    return PlainTextResponse(request.app.state.service.metrics(), media_type="text/plain; version=0.0.4")
 
 
 async def health(request: Request) -> Response:
@@ -475,18 +161,18 @@ def create_app(service: Service, api_key: str | None = None, cors: Sequence[str]
         Route("/v1/models/{model:path}", one_model, methods=["GET"]),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
-        Route("/v1/responses", responses, methods=["POST"]),
-        Route("/v1/messages", messages, methods=["POST"]),
-        Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
-        Route("/completion", native_completion, methods=["POST"]),
-        Route("/completions", native_completion, methods=["POST"]),
-        Route("/infill", infill, methods=["POST"]),
-        Route("/tokenize", tokenize, methods=["POST"]),
-        Route("/detokenize", detokenize, methods=["POST"]),
-        Route("/apply-template", apply_template, methods=["POST"]),
-        Route("/props", props, methods=["GET"]),
-        Route("/slots", slots, methods=["GET"]),
-        *([Route("/metrics", metrics, methods=["GET"])] if metrics_route else []),
+        Route("/v1/responses", chat_apis.responses, methods=["POST"]),
+        Route("/v1/messages", chat_apis.messages, methods=["POST"]),
+        Route("/v1/messages/count_tokens", chat_apis.count_tokens, methods=["POST"]),
+        Route("/completion", native_routes.native_completion, methods=["POST"]),
+        Route("/completions", native_routes.native_completion, methods=["POST"]),
+        Route("/infill", native_routes.infill, methods=["POST"]),
+        Route("/tokenize", native_routes.tokenize, methods=["POST"]),
+        Route("/detokenize", native_routes.detokenize, methods=["POST"]),
+        Route("/apply-template", native_routes.apply_template, methods=["POST"]),
+        Route("/props", native_routes.props, methods=["GET"]),
+        Route("/slots", native_routes.slots, methods=["GET"]),
+        *([Route("/metrics", native_routes.metrics, methods=["GET"])] if metrics_route else []),
     ], exception_handlers={RequestError: _request_error, HTTPException: _http_error, ClientGone: _client_gone})
     app.state.service, app.state.limits = service, limits
     guarded: ASGIApp = app if api_key is None else _RequireKey(app, api_key, service.log)
