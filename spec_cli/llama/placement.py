@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Sequence
 
 from spec_cli.errors import SpecError
+from spec_cli.llama.kernels import machine_memory
 from spec_cli.llama.model import Model
 from spec_cli.llama.rpc import device_list, device_memory, local_devices, local_gpu_names, parse_endpoints
 
@@ -72,5 +73,5 @@ def available_memory() -> int:
                     return int(line.split()[1]) * 1024
     except OSError:
         pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else 0
+    return machine_memory()
 

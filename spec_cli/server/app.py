@@ -66,12 +66,12 @@ async def _answer(request: Request, api_request: ApiRequest, id_prefix: str) -> 
     return JSONResponse(answer.whole(message, openai_api.called(item.reason, splitter.calls), stats))
 
 
-async def _stream(job: Job, answer: Answer, started: Started, splitter: AnswerSplitter | None) -> AsyncIterator[str]:
+async def _stream(job: Job, answer: Answer, first: Started, splitter: AnswerSplitter | None) -> AsyncIterator[str]:
     """Server-sent events: a chunk of text (a round's) with the speculation so far, the finish reason, the
     usage when asked for, then `[DONE]`. A chat's text goes out as the deltas `splitter` makes of it (a tool
     call named first, then its arguments as they are written). Starlette cancels this when the client goes
     away, and so the job."""
-    stats = started.generation.stats
+    stats = first.generation.stats
     try:
         if answer.endpoint == "chat":
             yield sse(answer.chunk(None, None))

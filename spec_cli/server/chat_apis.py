@@ -86,9 +86,9 @@ async def _split_answer(request: Request, api_request: ApiRequest, writer: Event
                               first.generation.stats))
 
 
-async def _events(job: Job, started: Started, splitter: AnswerSplitter, writer: EventWriter) -> AsyncIterator[str]:
+async def _events(job: Job, first: Started, splitter: AnswerSplitter, writer: EventWriter) -> AsyncIterator[str]:
     """Another API's streamed events for one chat generation (`writer`'s), as the text comes."""
-    stats = started.generation.stats
+    stats = first.generation.stats
     try:
         for line in writer.start(stats):
             yield line

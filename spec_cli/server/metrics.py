@@ -20,7 +20,8 @@ def exposition(totals: Stats, processing: int, deferred: int, n_tokens_max: int)
         if header:
             lines.extend([f"# HELP {PREFIX}{name} {about}", f"# TYPE {PREFIX}{name} {kind}"])
         shown = ",".join(f'{key}="{label}"' for key, label in (labels or {}).items())
-        lines.append(f"{PREFIX}{name}{{{shown}}} {value:g}" if shown else f"{PREFIX}{name} {value:g}")
+        number = repr(float(value)) if isinstance(value, float) else str(value)  # a counter in full, never rounded
+        lines.append(f"{PREFIX}{name}{{{shown}}} {number}" if shown else f"{PREFIX}{name} {number}")
 
     metric("prompt_tokens_total", "counter", "Number of prompt tokens processed.", totals.prompt_tokens)
     metric("prompt_seconds_total", "counter", "Prompt process time in seconds.", totals.prompt_s)
@@ -47,10 +48,10 @@ def exposition(totals: Stats, processing: int, deferred: int, n_tokens_max: int)
     for i, drafted in enumerate(totals.drafted_at):
         metric("spec_decode_num_draft_tokens_per_pos_total", "counter", "Drafted tokens per draft position.",
                drafted, {"position": str(i + 1)}, header=i == 0)
-    for i, (way, (rounds, drafted, accepted)) in enumerate(sorted(totals.ways.items())):
+    for i, (way, (rounds, _drafted, _accepted)) in enumerate(sorted(totals.ways.items())):
         metric("spec_decode_way_rounds_total", "counter", "Rounds each way of drafting drafted (none: no draft).",
                rounds, {"way": way}, header=i == 0)
-    for i, (way, (rounds, drafted, accepted)) in enumerate(sorted(totals.ways.items())):
+    for i, (way, (_rounds, _drafted, accepted)) in enumerate(sorted(totals.ways.items())):
         metric("spec_decode_way_accepted_tokens_total", "counter", "Draft tokens each way had accepted.",
                accepted, {"way": way}, header=i == 0)
     return "\n".join(lines) + "\n"

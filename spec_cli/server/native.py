@@ -75,12 +75,12 @@ def slots(service: Service) -> list[dict[str, Any]]:
 
 def _slot(service: Service, slot: int, busy: bool) -> dict[str, Any]:
     defaults = service.defaults
-    sampling = asdict(defaults.sampling)
-    return {"id": slot, "id_task": -1, "n_ctx": service.pair.n_ctx, "speculative": service.pair.draft is not None
-            or defaults.draft_mode not in (None, "none"), "is_processing": busy,
-            "params": {**sampling, "n_predict": service.max_tokens or -1,
+    mode = service.pair.mode_for(defaults)
+    return {"id": slot, "id_task": -1, "n_ctx": service.pair.n_ctx, "speculative": mode != "none",
+            "is_processing": busy,
+            "params": {**asdict(defaults.sampling), "n_predict": service.max_tokens or -1,
                        "seed": defaults.seed if defaults.seed is not None else -1,
-                       "speculative.n_max": defaults.draft_max, "speculative.mode": defaults.draft_mode or "default",
+                       "speculative.n_max": defaults.draft_max, "speculative.mode": mode,
                        "verify": defaults.verify_rule}}
 
 

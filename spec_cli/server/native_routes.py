@@ -49,10 +49,10 @@ async def _native_answer(request: Request, api_request: ApiRequest, return_token
                                                  generation.stats, openai_api.speculation(generation.stats)))
 
 
-async def _native_stream(job: Job, started: Started, name: str) -> AsyncIterator[str]:
+async def _native_stream(job: Job, first: Started, name: str) -> AsyncIterator[str]:
     """llama-server's stream of `/completion`: a piece of text an event (`stop` false), then the whole answer's
     fields with `stop` true; no `[DONE]`."""
-    stats = started.generation.stats
+    stats = first.generation.stats
     try:
         while True:
             item = await job.items.get()
