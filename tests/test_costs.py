@@ -57,6 +57,26 @@ def test_a_size_not_measured_for_a_while_is_read_off_the_line() -> None:
     assert costs.mean(8) == pytest.approx(0.100)  # the call itself is kept, weighing less and less
 
 
+def test_aging_is_the_same_however_long_the_machine_runs() -> None:
+    """Aged lazily, every call weighs decay^(calls since) over tens of thousands of calls (past the point where
+    the scale is brought back), with means kept; a size gone for so long that its weight is no number is
+    forgotten, as if never seen."""
+    costs = BatchCosts(decay=0.95)
+    costs.record(4, 0.040)
+    for _ in range(10):
+        costs.record(1, 0.010)
+    assert costs.calls(4) == pytest.approx(0.95 ** 10) and costs.mean(4) == pytest.approx(0.040)
+    assert costs.calls(1) == pytest.approx(sum(0.95 ** i for i in range(10)))
+    for _ in range(20_000):
+        costs.record(1, 0.010)
+    assert costs.calls(1) == pytest.approx(1 / (1 - 0.95)) and costs.seconds(1) == pytest.approx(0.010)
+    assert costs.mean(4) is None
+    costs.record(2, 0.015)
+    merged = BatchCosts(decay=0.95)
+    merged.merge(costs)
+    assert merged.calls(2) == pytest.approx(1.0) and merged.mean(2) == pytest.approx(0.015)
+
+
 def test_one_size_seen_guesses_cheap_on_both_sides() -> None:
     """Optimism gets the other sizes tried: cheaper below (in proportion to n + 1), no dearer above."""
     costs = BatchCosts()

@@ -29,6 +29,7 @@ DECAY = 0.95  # a call of a size weighs 5% less at the next of that size: the co
 REFIT_EVERY = 16  # calls of sizes already seen between two fits of `BatchCosts`' line
 STALE = 0.5  # the weight (in calls) below which a size measured long ago is read off `BatchCosts`' line
 FITTED = 1e-3  # the weight below which a size is left out of the line's fit (it would only make it ill-conditioned)
+RESCALE = 1e150  # `BatchCosts`' scale past which its weights are brought back to real calls (the rest forgotten)
 PROBE_SHARE = 0.015  # the most a probe of an idle drafter may cost, as a share of the idle rounds' time
 PROBE_ROUNDS = 32  # the fewest idle rounds before a probe; doubled after each probe that did not pay
 STEADY_BACKLOG = 2  # the most a drafter lacks after a round it drafted: [d_K, bonus] after a full acceptance
@@ -56,6 +57,10 @@ class BatchCosts:
     whatever depends on it gets tried and measured: proportional to n + 1 below n0, the same as n0 above (as
     if batching were free). What `seconds` read is kept until the next call is recorded: a round's planning reads
     the same few sizes many times.
+
+    Aging is lazy: `weight` and `total` hold calls × `_scale`, and a call adds `_scale`, which grows by 1/decay at
+    each one, so a call costs the same whatever the number of sizes (`calls(n)` is the real weight). A cost book
+    or a test that seeds 128 sizes made every recorded call age all of them: ~15 µs a call.
     """
 
     def __init__(self, decay: float = 1.0) -> None:
@@ -66,23 +71,37 @@ class BatchCosts:
         self._since_fit = 0  # calls recorded since the line was fitted
         self._read: dict[int, float | None] = {}  # what `seconds` read since the last call recorded
         self._sizes: tuple[dict[int, float], dict[int, float], list[int]] | None = None  # `_means`', until a call
+        self._scale = 1.0  # decay^-(calls recorded since the last rescale)
 
     def record(self, n: int, seconds: float) -> None:
         if n not in self.weight or self._since_fit >= REFIT_EVERY:
             self._line = None
         if self.decay < 1.0:
-            for size in self.weight:
-                self.weight[size] *= self.decay
-                self.total[size] *= self.decay
-        self.weight[n] = self.weight.get(n, 0.0) + 1.0
-        self.total[n] = self.total.get(n, 0.0) + seconds
+            self._scale /= self.decay
+            if self._scale > RESCALE:
+                self._rescale()
+        self.weight[n] = self.weight.get(n, 0.0) + self._scale
+        self.total[n] = self.total.get(n, 0.0) + self._scale * seconds
         self._since_fit += 1
         self._read, self._sizes = {}, None
 
+    def calls(self, n: int) -> float:
+        """How many calls of size n the mean weighs, each aged by `decay` at every call since."""
+        return self.weight[n] / self._scale
+
+    def _rescale(self) -> None:
+        """Weights back to real calls; a size whose weight would no longer be a number is forgotten."""
+        for size in list(self.weight):
+            self.weight[size] /= self._scale
+            self.total[size] /= self._scale
+            if self.weight[size] < 1e-200:
+                del self.weight[size], self.total[size]
+        self._scale = 1.0
+
     def merge(self, other: BatchCosts) -> None:
-        for n, weight in other.weight.items():
-            self.weight[n] = self.weight.get(n, 0.0) + weight
-            self.total[n] = self.total.get(n, 0.0) + other.total[n]
+        for n in other.weight:
+            self.weight[n] = self.weight.get(n, 0.0) + other.calls(n) * self._scale
+            self.total[n] = self.total.get(n, 0.0) + other.total[n] / other._scale * self._scale
         self._line, self._read, self._sizes = None, {}, None
 
     def mean(self, n: int) -> float | None:
@@ -99,8 +118,8 @@ class BatchCosts:
         once between two calls recorded: a round's planning reads many sizes."""
         if self._sizes is None:
             means = {m: self.total[m] / weight for m, weight in self.weight.items()}
-            fresh = {m: mean for m, mean in means.items() if self.weight[m] >= STALE}
-            self._sizes = means, fresh, [m for m in means if self.weight[m] >= FITTED]
+            fresh = {m: mean for m, mean in means.items() if self.calls(m) >= STALE}
+            self._sizes = means, fresh, [m for m in means if self.calls(m) >= FITTED]
         return self._sizes
 
     def _seconds(self, n: int) -> float | None:
@@ -114,7 +133,7 @@ class BatchCosts:
             return means[size] * min(1.0, (n + 1) / (size + 1))
         if self._line is None:
             slope, intercept = np.polyfit(fitted, [means[m] for m in fitted], 1,
-                                          w=np.sqrt([self.weight[m] for m in fitted]))
+                                          w=np.sqrt([self.calls(m) for m in fitted]))
             self._line, self._since_fit = (max(float(slope), 0.0), float(intercept)), 0
         slope, intercept = self._line
         return max(intercept + slope * n, self._floor(n, fresh or means))
@@ -156,8 +175,8 @@ class BatchCosts:
         """Start from means measured before (`as_dict`'s form, as a cost book keeps them), each counting as
         `weight` calls: the first calls measured now soon outweigh them."""
         for n, seconds in means.items():
-            self.weight[int(n)] = weight
-            self.total[int(n)] = weight * float(seconds)
+            self.weight[int(n)] = weight * self._scale
+            self.total[int(n)] = weight * self._scale * float(seconds)
         self._line, self._read, self._sizes = None, {}, None
 
 
