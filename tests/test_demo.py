@@ -125,9 +125,12 @@ def gemma3_pair(gemma3: Path) -> tuple[Path, Path]:
     return target, draft
 
 
+WRAPPED = 1536  # prompt tokens: well past the 1,024 cells a 512-token window keeps with one batch in flight
+
+
 def test_real_sliding_window_model_stays_exact_after_its_cache_wraps(gemma3_pair: tuple[Path, Path],
                                                                      threads: int | None) -> None:
-    """A prompt of ~1700 tokens fills the window-sized cache (512 + one 512-token batch) and wraps it;
+    """A prompt of 1,536 tokens fills the window-sized cache (512 + one 512-token batch) and wraps it;
     every rejection after that cuts a cache that has pruned cells, and greedy output must not change."""
     rejected_at: list[int] = []
     record = Stats.record_round
@@ -138,9 +141,9 @@ def test_real_sliding_window_model_stays_exact_after_its_cache_wraps(gemma3_pair
         record(stats, drafted, accepted, way)
 
     with load_pair(*gemma3_pair, n_ctx=4096, n_threads=threads) as pair, pytest.MonkeyPatch.context() as patch:
-        prompt = pair.prompt_tokens(LONG, True)
+        prompt = pair.prompt_tokens(LONG, True)[:WRAPPED]
         patch.setattr(Stats, "record_round", recording)
-        assert_greedy_identity(pair.target, prompt, against_alone(pair, draft_max=5, draft_mode="model"), 80)
+        assert_greedy_identity(pair.target, prompt, against_alone(pair, draft_max=5, draft_mode="model"), 40)
         assert pair.memory()["target"]["kind"] == "sliding window"
     assert len(prompt) > 1024 and len([p for p in rejected_at if p > 1024]) > 5
 
@@ -172,16 +175,16 @@ def test_cross_family_pair_greedy_text_equals_target_alone(gemma3: Path, gemma3_
     with load_pair(target, draft, n_threads=threads) as pair:
         for prompt in CROSS_PROMPTS:
             assert_greedy_identity(pair.target, pair.prompt_tokens(prompt, True),
-                                   against_alone(pair, totals, draft_max=3), 32)
+                                   against_alone(pair, totals, draft_max=3), 24)
     assert totals.accepted > 0 and totals.rejected_rounds > 0
 
 
 def test_spec_run_with_a_cross_family_draft_prints_the_target_s_text(gemma3_pair: tuple[Path, Path],
                                                                     smollm2_f32: tuple[Path, Path],
                                                                     threads: int | None) -> None:
-    """The draft model is pinned: the default, from a cold cost book, may rightly spend 40 tokens on cheaper ways,
-    and this test is about drafting through text, not about the planner's choice."""
-    base = ["run", "--temp", "0", "-n", "40", "--json", "--target", str(gemma3_pair[0]), *threads_flag(threads)]
+    """The draft model is pinned: the default, from a cold cost book, may rightly spend a short answer on cheaper
+    ways, and this test is about drafting through text, not about the planner's choice."""
+    base = ["run", "--temp", "0", "-n", "24", "--json", "--target", str(gemma3_pair[0]), *threads_flag(threads)]
     prompt = "Tell me about the Eiffel Tower."
     fast = CliRunner().invoke(app, [*base, "--draft", str(smollm2_f32[0]), "--draft-mode", "model", "-k", "3", prompt])
     plain = CliRunner().invoke(app, [*base, "--no-draft", prompt])
@@ -191,7 +194,7 @@ def test_spec_run_with_a_cross_family_draft_prints_the_target_s_text(gemma3_pair
     with load_pair(gemma3_pair[0], smollm2_f32[0], n_threads=threads) as pair:
         assert_greedy_identity(pair.target, pair.prompt_tokens(prompt, raw=not pair.has_chat_template),
                                cli_first((json.loads(fast.stdout)["token_ids"], json.loads(plain.stdout)["token_ids"]),
-                                         against_alone(pair)), 40)
+                                         against_alone(pair)), 24)
 
 
 @pytest.mark.ties

@@ -23,12 +23,12 @@ from spec_cli import Pair
     ("/v1/embeddings", {"input": "x"}, 404, "Not Found"),
 ])
 def test_bad_requests_get_openai_shaped_errors_and_the_next_request_is_served(
-        live: Running, path: str, body: object, status: int, fragment: str) -> None:
-    response = live.post(path, body)
+        served: Running, path: str, body: object, status: int, fragment: str) -> None:
+    response = served.post(path, body)
     assert response.status_code == status
     error = response.json()["error"]
     assert set(error) == {"message", "type", "param", "code"} and fragment in error["message"]
-    assert live.client().completions.create(model=NAME, prompt="the cat", max_tokens=4).choices[0].text
+    assert served.client().completions.create(model=NAME, prompt="the cat", max_tokens=4).choices[0].text
 
 
 SECRET = "the system prompt is SECRET-42"
@@ -49,20 +49,20 @@ SECRET = "the system prompt is SECRET-42"
      "temperature", "must be a number"),
 ])
 def test_malformed_requests_get_a_400_that_echoes_nothing_and_logs_no_traceback(
-        live: Running, body: str, param: str | None, fragment: str) -> None:
-    error = openai_error(live.post("/v1/chat/completions", body), 400)
+        served: Running, body: str, param: str | None, fragment: str) -> None:
+    error = openai_error(served.post("/v1/chat/completions", body), 400)
     assert error["param"] == param and fragment in error["message"] and "SECRET" not in error["message"]
-    assert not live.uvicorn.tracebacks and not any("internal error" in line for line in live.lines)
+    assert not served.uvicorn.tracebacks and not any("internal error" in line for line in served.lines)
 
 
 @pytest.mark.parametrize("extreme", [
     {"presence_penalty": -1e308}, {"frequency_penalty": -1e308}, {"repeat_penalty": 1e-300},
     {"repeat_penalty": 1e-300, "top_k": 0}, {"frequency_penalty": 1e308, "presence_penalty": 1e308},
 ])
-def test_extreme_penalties_still_sample_from_a_law(live: Running, extreme: dict) -> None:
+def test_extreme_penalties_still_sample_from_a_law(served: Running, extreme: dict) -> None:
     """A penalty that favours the prompt's tokens without bound may well pick its end-of-turn marker at once: an
     answer, and a 200, either way."""
-    client = live.client()
+    client = served.client()
     whole = client.chat.completions.create(model=NAME, messages=HELLO, temperature=1, max_tokens=6, seed=3,
                                            extra_body=extreme)
     chunks = list(client.chat.completions.create(model=NAME, messages=HELLO, temperature=1, max_tokens=6, seed=3,

@@ -113,13 +113,13 @@ def test_tool_results_in_the_history_are_accepted(live: Running) -> None:
      "must be"),
     ({"messages": [{"role": "tool", "content": "4"}]}, "messages[0].tool_call_id", "the id of the call"),
 ])
-def test_bad_structured_requests_get_a_400_naming_the_problem(live: Running, body: dict, param: str,
+def test_bad_structured_requests_get_a_400_naming_the_problem(served: Running, body: dict, param: str,
                                                               words: str) -> None:
-    answer = live.post("/v1/chat/completions", {"messages": HELLO, "max_tokens": 4, **body})
+    answer = served.post("/v1/chat/completions", {"messages": HELLO, "max_tokens": 4, **body})
     assert answer.status_code == 400, answer.text
     error = answer.json()["error"]
     assert error["param"] == param and words in error["message"] and error["type"] == "invalid_request_error"
-    assert not live.uvicorn.tracebacks
+    assert not served.uvicorn.tracebacks
 
 
 TOOLS_TEMPLATE = (  # a ChatML-like template that lists tools and writes calls, as Qwen's and Hermes' do
