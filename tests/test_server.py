@@ -202,3 +202,35 @@ def test_a_seeded_request_repeats_its_text_whatever_drafts_it(chat_pair: Pair) -
             texts.append(text())
             [other.result() for other in others]
     assert len(set(texts)) == 1, texts
+
+
+SEEDED = {  # each route's sampled, seeded request, and where its answer's text is
+    "/v1/chat/completions": ({"messages": HELLO, "max_tokens": 12}, lambda a: a["choices"][0]["message"]["content"]),
+    "/v1/completions": ({"prompt": "the cat", "max_tokens": 12}, lambda a: a["choices"][0]["text"]),
+    "/completion": ({"prompt": "the cat", "n_predict": 12}, lambda a: a["content"]),
+    "/v1/messages": ({"messages": HELLO, "max_tokens": 12}, lambda a: a["content"][0]["text"]),
+    "/v1/responses": ({"input": "hello there", "max_output_tokens": 12},
+                      lambda a: a["output"][0]["content"][0]["text"]),
+}
+
+
+def test_a_seeded_request_gives_one_text_on_every_route_quiet_or_beside_drafting_clients(chat_pair: Pair) -> None:
+    """The issue's check on each route: the same seeded request twice to a quiet server (the second drafted from
+    the memory of the first), then six times while two clients draft beside it in the same verify passes."""
+    with running(chat_pair, parallel=3) as serving:
+        def others() -> None:
+            for _ in range(3):
+                serving.post("/v1/chat/completions", {"messages": HELLO, "max_tokens": 24, "temperature": 0.9})
+
+        for path, (body, text_of) in SEEDED.items():
+            def text() -> str:
+                answer = serving.post(path, {**body, "temperature": 0.9, "seed": 11})
+                assert answer.status_code == 200, answer.text
+                return text_of(answer.json())
+
+            texts = [text(), text()]
+            with ThreadPoolExecutor(max_workers=2) as pool:
+                beside = [pool.submit(others) for _ in range(2)]
+                texts += [text() for _ in range(6)]
+                [other.result() for other in beside]
+            assert len(set(texts)) == 1, (path, texts)

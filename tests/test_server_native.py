@@ -4,12 +4,14 @@ written against llama-server call them: /tokenize, /detokenize, /apply-template,
 from __future__ import annotations
 
 import json
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Iterator
 
 import httpx
 import pytest
-from support.exactness import finish
+from support.exactness import SAMPLED, SIGNIFICANCE, chi_square_p_value, exact_pair_distribution, finish
 from support.serving import HELLO, Running, openai_error, running
 from support.tiny_models import FIM_TOKENS, write_model
 
@@ -64,8 +66,8 @@ def test_props_and_slots_describe_the_server(chat_pair: Pair) -> None:
     ("/detokenize", {"tokens": [1, 99999]}, "tokens"),
     ("/apply-template", {"messages": "hi"}, "messages"),
 ])
-def test_bad_input_is_a_shaped_400_naming_the_field(live: Running, path: str, body: dict, param: str) -> None:
-    assert openai_error(live.post(path, body), 400)["param"] == param
+def test_bad_input_is_a_shaped_400_naming_the_field(served: Running, path: str, body: dict, param: str) -> None:
+    assert openai_error(served.post(path, body), 400)["param"] == param
 
 
 # --- /completion and /infill -------------------------------------------------------------------------------------
@@ -81,6 +83,30 @@ def test_completion_answers_in_llama_cpps_shape_with_the_target_alones_greedy_te
     assert answer["stop"] is True and answer["stop_type"] in ("eos", "limit") and answer["tokens_predicted"] == 12
     assert answer["tokens_evaluated"] == len(chat_pair.prompt_tokens("the cat", raw=True))
     assert answer["timings"]["predicted_n"] == 12 and "drafted" in answer["speculation"]
+
+
+HTTP_SAMPLES = 1000  # requests of the χ² test over HTTP; the engine's own tests take 2,000 at the same α
+
+
+def test_sampled_completions_over_http_follow_the_target_law(chat_pair: Pair) -> None:
+    """χ² at α = 0.001: the first two tokens /completion samples, four requests at a time into one verify pass,
+    drafted by unrelated weights (so often rejected) under the default unseeded rule (block verification, named
+    here because a seed alone would pick gumbel), follow the target alone's p(x1, x2 | prompt)."""
+    prompt = chat_pair.prompt_tokens("the cat", raw=True)
+    expected = exact_pair_distribution(chat_pair, prompt, SAMPLED)
+    with running(chat_pair, parallel=4) as serving, httpx.Client(base_url=serving.url, timeout=30) as client:
+        def sample(seed: int) -> tuple[tuple[int, ...], int]:
+            answer = client.post("/completion", json={
+                "prompt": prompt, "n_predict": 2, "temperature": SAMPLED.temperature, "top_k": SAMPLED.top_k,
+                "seed": seed, "verify": "block", "return_tokens": True}).json()
+            timings = answer["timings"]
+            return tuple(answer["tokens"]), timings["draft_n"] - timings["draft_n_accepted"]
+
+        with ThreadPoolExecutor(4) as clients:
+            answers = list(clients.map(sample, range(HTTP_SAMPLES)))
+    assert sum(rejected for _, rejected in answers) > HTTP_SAMPLES / 10  # the rule is at work
+    observed = Counter(tokens for tokens, _ in answers)
+    assert chi_square_p_value(observed, expected, HTTP_SAMPLES) > SIGNIFICANCE
 
 
 def test_a_streamed_completion_sends_pieces_then_the_whole_answer_and_no_done(live: Running) -> None:
@@ -140,9 +166,9 @@ def test_infill_on_a_model_without_fim_tokens_is_a_400_that_says_so(live: Runnin
     ("/completion", {}, "prompt"),
     ("/completion", {"prompt": "x", "temperature": "hot"}, "temperature"),
 ])
-def test_bad_completion_input_is_a_shaped_400_naming_the_field(live: Running, path: str, body: dict,
+def test_bad_completion_input_is_a_shaped_400_naming_the_field(served: Running, path: str, body: dict,
                                                                 param: str) -> None:
-    assert openai_error(live.post(path, body), 400)["param"] == param
+    assert openai_error(served.post(path, body), 400)["param"] == param
 
 
 # --- /metrics ----------------------------------------------------------------------------------------------------

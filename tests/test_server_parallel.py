@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Iterator
 
+import anthropic
 import httpx
 import pytest
 from support.exactness import finish, greedy_agreement
@@ -188,7 +189,8 @@ def test_four_clients_on_the_demo_pair_each_get_their_lone_greedy_text() -> None
     """The issue's check: four openai clients at once against --parallel 4, each answer token for token what
     `spec run` (Pair.generate with the pair's K) writes alone, the four verified together, up to the target's
     float ties: an answer whose text differs is taken back to tokens and must part from the lone one on a tie
-    (a row of a four-sequence pass rounds like a row of a verify pass)."""
+    (a row of a four-sequence pass rounds like a row of a verify pass). Then the same on the Messages and
+    Responses APIs and llama.cpp's /completion, drafted as the server drafts."""
     models = registry.load_registry()
     entry = models.get(models.default)
     target, draft = registry.resolve(entry)
@@ -209,8 +211,29 @@ def test_four_clients_on_the_demo_pair_each_get_their_lone_greedy_text() -> None
 
             with ThreadPoolExecutor(len(questions)) as clients:
                 answers = list(clients.map(ask, questions))
+            routes = other_routes(serving, questions[1], RAW)
         for (text, _), lone, question in zip(answers, alone, questions):
             if text != lone.text:
                 greedy_agreement(demo.target, demo.prompt_tokens(question, False),
                                  demo.target.tokenize(text, add_special=False), lone.token_ids)
+        raw = finish(demo.generate(RAW, raw=True, sampling=SamplingParams(), max_tokens=24, draft_mode="none"))
+        for route, text in routes.items():
+            question, lone = (RAW, raw) if route == "/completion" else (questions[1], alone[1])
+            if text != lone.text:
+                    greedy_agreement(demo.target, demo.prompt_tokens(question, question == RAW),
+                                 demo.target.tokenize(text, add_special=False), lone.token_ids)
     assert max(batch for _, batch in answers) > 2
+
+
+RAW = "def fibonacci(n):\n    "
+
+
+def other_routes(serving: Running, question: str, raw: str) -> dict[str, str]:
+    """Greedy answers of 24 tokens from the Messages and Responses APIs (through the official clients) and
+    llama.cpp's /completion: each route's text, for the tie-aware comparison with the target alone."""
+    messages = anthropic.Anthropic(base_url=serving.url, api_key="unused", max_retries=0).messages.create(
+        model=NAME, max_tokens=24, messages=[{"role": "user", "content": question}], extra_body={"temperature": 0})
+    response = serving.client().responses.create(model=NAME, input=question, max_output_tokens=24, temperature=0)
+    completion = serving.post("/completion", {"prompt": raw, "n_predict": 24, "temperature": 0}).json()
+    return {"/v1/messages": messages.content[0].text, "/v1/responses": response.output_text,
+            "/completion": completion["content"]}
