@@ -77,7 +77,7 @@ def test_an_agent_turn_in_each_convention(demo: Pair, convention: str) -> None:
         history = [*EARLIER, *ASK, {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
                    {"role": "tool", "tool_call_id": call.id, "content": "18 degrees and sunny"}]
         second = client.chat.completions.create(model=NAME, messages=history, tools=[WEATHER, CLOCK],
-                                                temperature=0, max_tokens=40)
+                                                temperature=0, max_tokens=16)
         answer = second.choices[0]  # an answer, or another call (whole unless cut by max_tokens)
         assert answer.message.content or answer.message.tool_calls
         if answer.finish_reason == "tool_calls":

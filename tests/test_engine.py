@@ -262,23 +262,24 @@ def accepted_mean_and_variance(stats: Stats) -> tuple[float, float]:
 
 
 def test_block_verification_keeps_more_tokens_per_round(target_path: Path, tmp_path: Path) -> None:
-    """The paper's theorem on the real loop: with a draft accepted about half the time, block verification
-    keeps more tokens per round than token-wise verification (one-sided z-test, α = SIGNIFICANCE; with
-    these seeds the gain is about 5%, some 4.5 standard errors)."""
+    """The paper's theorem on the real loop: with a draft whose tokens are accepted a third of the time or so,
+    block verification keeps more tokens per round than token-wise verification (one-sided z-test, α =
+    SIGNIFICANCE). At K = 8 the gain is about 17% (some 4.4 standard errors with these seeds): K = 4 gained 8%,
+    3.9 standard errors from twice the seeds."""
     noisy = write_model(tmp_path / "noisy.gguf", seed=1, noise=0.1)
     totals = {}
     with load_pair(target_path, noisy) as pair:
         for verify in ("token", "block"):
             totals[verify] = Stats(draft_max=0)
-            for seed in range(300):
+            for seed in range(150):
                 generation = finish(pair.generate(PROMPT, raw=True, sampling=SamplingParams(temperature=1.0),
-                                                  seed=seed, max_tokens=40, draft_max=4, verify=verify,
+                                                  seed=seed, max_tokens=40, draft_max=8, verify=verify,
                                                   draft_mode="model"))
                 totals[verify].merge(generation.stats)
     token, block = totals["token"], totals["block"]
     (token_mean, token_var), (block_mean, block_var) = accepted_mean_and_variance(token), \
         accepted_mean_and_variance(block)
-    assert 0.3 < token.acceptance_rate < 0.7
+    assert 0.2 < token.acceptance_rate < 0.7
     z = (block_mean - token_mean) / math.sqrt(token_var / token.rounds + block_var / block.rounds)
     assert z > NormalDist().inv_cdf(1 - SIGNIFICANCE), z
 
