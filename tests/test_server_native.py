@@ -19,29 +19,29 @@ from spec_cli import Pair, load_pair
 from spec_cli.server import native
 
 
-def test_tokenize_and_detokenize_are_the_targets_own(live: Running, chat_pair: Pair) -> None:
+def test_tokenize_and_detokenize_are_the_targets_own(served: Running, chat_pair: Pair) -> None:
     target = chat_pair.target
     text = "the cat sat on the mat"
-    ids = live.post("/tokenize", {"content": text}).json()["tokens"]
+    ids = served.post("/tokenize", {"content": text}).json()["tokens"]
     assert ids == target.tokenize(text, add_special=False)
-    assert live.post("/tokenize", {"content": text, "add_special": True}).json()["tokens"] == target.tokenize(text)
+    assert served.post("/tokenize", {"content": text, "add_special": True}).json()["tokens"] == target.tokenize(text)
     spelt = b"".join(target.piece(token, special=True) for token in ids).decode()
     assert spelt.strip() == text  # the tiny vocabulary writes a space before the first word, as SentencePiece's
-    pieces = live.post("/tokenize", {"content": text, "with_pieces": True}).json()["tokens"]
+    pieces = served.post("/tokenize", {"content": text, "with_pieces": True}).json()["tokens"]
     assert [piece["id"] for piece in pieces] == ids and "".join(piece["piece"] for piece in pieces) == spelt
-    assert live.post("/detokenize", {"tokens": ids}).json() == {"content": spelt}  # the pieces, as llama-server's
+    assert served.post("/detokenize", {"tokens": ids}).json() == {"content": spelt}  # the pieces, as llama-server's
 
 
-def test_a_piece_that_is_not_whole_utf8_is_its_bytes(live: Running, chat_pair: Pair) -> None:
+def test_a_piece_that_is_not_whole_utf8_is_its_bytes(served: Running, chat_pair: Pair) -> None:
     """As llama-server's: 'á' in a vocabulary of bytes is two pieces, each a list of one byte."""
-    pieces = live.post("/tokenize", {"content": "á", "with_pieces": True}).json()["tokens"]
+    pieces = served.post("/tokenize", {"content": "á", "with_pieces": True}).json()["tokens"]
     assert b"".join(bytes(p["piece"]) if isinstance(p["piece"], list) else p["piece"].encode() for p in pieces) \
         .strip() == "á".encode()
     assert any(isinstance(p["piece"], list) for p in pieces)
 
 
-def test_apply_template_renders_the_prompt_a_chat_generates_from(live: Running, chat_pair: Pair) -> None:
-    prompt = live.post("/apply-template", {"messages": HELLO}).json()["prompt"]
+def test_apply_template_renders_the_prompt_a_chat_generates_from(served: Running, chat_pair: Pair) -> None:
+    prompt = served.post("/apply-template", {"messages": HELLO}).json()["prompt"]
     assert prompt == chat_pair.target.format_chat(HELLO).text
     assert "hello there" in prompt
 
@@ -73,10 +73,10 @@ def test_bad_input_is_a_shaped_400_naming_the_field(served: Running, path: str, 
 # --- /completion and /infill -------------------------------------------------------------------------------------
 
 
-def test_completion_answers_in_llama_cpps_shape_with_the_target_alones_greedy_text(live: Running,
+def test_completion_answers_in_llama_cpps_shape_with_the_target_alones_greedy_text(served: Running,
                                                                                    chat_pair: Pair) -> None:
     """Drafted as the server drafts, the text the target alone writes; llama-server's fields and the speculation."""
-    answer = live.post("/completion", {"prompt": "the cat", "n_predict": 12, "temperature": 0,
+    answer = served.post("/completion", {"prompt": "the cat", "n_predict": 12, "temperature": 0,
                                        "return_tokens": True, "cache_prompt": True}).json()
     alone = finish(chat_pair.generate("the cat", raw=True, max_tokens=12, draft_mode="none"))
     assert answer["tokens"] == alone.token_ids and answer["content"] == alone.text
@@ -109,20 +109,20 @@ def test_sampled_completions_over_http_follow_the_target_law(chat_pair: Pair) ->
     assert chi_square_p_value(observed, expected, HTTP_SAMPLES) > SIGNIFICANCE
 
 
-def test_a_streamed_completion_sends_pieces_then_the_whole_answer_and_no_done(live: Running) -> None:
-    with httpx.stream("POST", f"{live.url}/completion", timeout=30,
+def test_a_streamed_completion_sends_pieces_then_the_whole_answer_and_no_done(served: Running) -> None:
+    with httpx.stream("POST", f"{served.url}/completion", timeout=30,
                       json={"prompt": "the cat", "n_predict": 10, "temperature": 0, "stream": True}) as response:
         events = [json.loads(line[len("data: "):]) for line in response.iter_lines() if line.startswith("data: ")]
-    whole = live.post("/completion", {"prompt": "the cat", "n_predict": 10, "temperature": 0}).json()
+    whole = served.post("/completion", {"prompt": "the cat", "n_predict": 10, "temperature": 0}).json()
     assert all(not event["stop"] for event in events[:-1]) and events[-1]["stop"] is True
     assert "".join(event["content"] for event in events) == whole["content"]
     assert events[-1]["tokens_predicted"] == 10
 
 
-def test_a_stop_word_ends_a_completion_and_says_so(live: Running) -> None:
-    free = live.post("/completion", {"prompt": "the cat", "n_predict": 24, "temperature": 0}).json()["content"]
+def test_a_stop_word_ends_a_completion_and_says_so(served: Running) -> None:
+    free = served.post("/completion", {"prompt": "the cat", "n_predict": 24, "temperature": 0}).json()["content"]
     word = free.strip().split()[1]
-    answer = live.post("/completion", {"prompt": "the cat", "n_predict": 24, "temperature": 0, "stop": [word]}).json()
+    answer = served.post("/completion", {"prompt": "the cat", "n_predict": 24, "temperature": 0, "stop": [word]}).json()
     assert answer["stop_type"] == "word" and word not in answer["content"]
 
 
@@ -154,8 +154,8 @@ def test_infill_places_prefix_suffix_and_extra_as_llama_server_and_drafts_the_ta
     assert answer["speculation"]["drafted"] > 0
 
 
-def test_infill_on_a_model_without_fim_tokens_is_a_400_that_says_so(live: Running) -> None:
-    error = openai_error(live.post("/infill", {"input_prefix": "def f(", "input_suffix": ")"}), 400)
+def test_infill_on_a_model_without_fim_tokens_is_a_400_that_says_so(served: Running) -> None:
+    error = openai_error(served.post("/infill", {"input_prefix": "def f(", "input_suffix": ")"}), 400)
     assert "no fill-in-the-middle tokens" in error["message"] and error["param"] == "input_prefix"
 
 
@@ -204,5 +204,5 @@ def test_metrics_count_tokens_requests_and_drafts_as_llama_server_names_them(cha
     assert after["llamacpp:requests_processing"] == 0 and after["llamacpp:requests_deferred"] == 0
 
 
-def test_metrics_are_off_unless_asked_for(live: Running) -> None:
-    assert httpx.get(f"{live.url}/metrics").status_code == 404
+def test_metrics_are_off_unless_asked_for(served: Running) -> None:
+    assert httpx.get(f"{served.url}/metrics").status_code == 404

@@ -30,8 +30,8 @@ def calls_of(message: openai.types.chat.ChatCompletionMessage) -> list[tuple[str
     return [(call.function.name, json.loads(call.function.arguments)) for call in message.tool_calls or []]
 
 
-def test_a_json_schema_response_format_gives_json_that_validates(live: Running) -> None:
-    client = live.client()
+def test_a_json_schema_response_format_gives_json_that_validates(served: Running) -> None:
+    client = served.client()
     for strict in (True, False):
         answer = client.chat.completions.create(
             model=NAME, messages=HELLO, temperature=0, max_tokens=60,
@@ -42,8 +42,8 @@ def test_a_json_schema_response_format_gives_json_that_validates(live: Running) 
         assert answer.model_extra["speculation"]["drafted"] > 0
 
 
-def test_json_object_gives_an_object_or_runs_out_of_tokens_keeping_its_text(live: Running) -> None:
-    client = live.client()
+def test_json_object_gives_an_object_or_runs_out_of_tokens_keeping_its_text(served: Running) -> None:
+    client = served.client()
     whole = client.chat.completions.create(model=NAME, messages=HELLO, temperature=0, max_tokens=60,
                                            response_format={"type": "json_object"})
     assert whole.choices[0].finish_reason == "stop"
@@ -54,8 +54,8 @@ def test_json_object_gives_an_object_or_runs_out_of_tokens_keeping_its_text(live
 
 
 @pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "lookup"}}])
-def test_a_forced_call_parses_and_matches_its_schema(live: Running, choice: object) -> None:
-    answer = live.client().chat.completions.create(model=NAME, messages=HELLO, temperature=0, max_tokens=150,
+def test_a_forced_call_parses_and_matches_its_schema(served: Running, choice: object) -> None:
+    answer = served.client().chat.completions.create(model=NAME, messages=HELLO, temperature=0, max_tokens=150,
                                                    tools=[LOOKUP, CLOCK], tool_choice=choice,
                                                    parallel_tool_calls=False)
     message = answer.choices[0].message
@@ -68,8 +68,8 @@ def test_a_forced_call_parses_and_matches_its_schema(live: Running, choice: obje
     assert message.content is None and message.tool_calls[0].id.startswith("call_")
 
 
-def test_streamed_tool_calls_come_as_deltas_the_client_assembles(live: Running) -> None:
-    client = live.client()
+def test_streamed_tool_calls_come_as_deltas_the_client_assembles(served: Running) -> None:
+    client = served.client()
     options = dict(model=NAME, messages=HELLO, temperature=0, max_tokens=150, tools=[LOOKUP],
                    tool_choice={"type": "function", "function": {"name": "lookup"}})
     whole = client.chat.completions.create(**options)
@@ -83,11 +83,11 @@ def test_streamed_tool_calls_come_as_deltas_the_client_assembles(live: Running) 
     assert not any(chunk.choices[0].delta.content for chunk in chunks if chunk.choices)
 
 
-def test_tool_results_in_the_history_are_accepted(live: Running) -> None:
+def test_tool_results_in_the_history_are_accepted(served: Running) -> None:
     call = {"id": "call_1", "type": "function", "function": {"name": "lookup", "arguments": '{"animal": "cat"}'}}
     messages = [*HELLO, {"role": "assistant", "content": None, "tool_calls": [call]},
                 {"role": "tool", "tool_call_id": "call_1", "content": "a cat has 4 legs"}]
-    answer = live.client().chat.completions.create(model=NAME, messages=messages, temperature=0, max_tokens=8,
+    answer = served.client().chat.completions.create(model=NAME, messages=messages, temperature=0, max_tokens=8,
                                                    tools=[LOOKUP], tool_choice="none")
     assert answer.choices[0].message.content and answer.choices[0].message.tool_calls is None
 
