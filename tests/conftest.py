@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import pytest
 from support import children
@@ -10,6 +10,7 @@ from support.tiny_models import CHAT_TEMPLATE, write_model
 
 from spec_cli import Pair, load_pair
 from spec_cli.llama import context, heads, kernels
+from spec_cli.llama.model import Model
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -52,11 +53,11 @@ GENERATED_WIDTH = 256  # the generated models' n_embd is at most 128; the real G
 def generated_models_on_one_thread() -> Iterator[None]:
     """Contexts over the generated models decode on one thread: their steps are so small that a second thread
     adds mostly its synchronisation (a one-row decode ~45 µs against ~60 µs on two threads here; test_engine
-    11% faster). Each row of a matrix product is one thread's, so the logits are the same; the real GGUFs keep
-    the thread count their tests ask for."""
+    11% faster). Each row of a matrix product is one thread's: the logits are bit for bit those of two threads. The
+    real GGUFs keep the thread count their tests ask for."""
     made = context.new_context
 
-    def on_one_thread(model, n_ctx, n_batch, n_threads, *args, **settings):  # type: ignore[no-untyped-def]
+    def on_one_thread(model: Model, n_ctx: int, n_batch: int, n_threads: int, *args: Any, **settings: Any) -> Any:
         return made(model, n_ctx, n_batch, 1 if model.n_embd <= GENERATED_WIDTH else n_threads, *args, **settings)
 
     with pytest.MonkeyPatch.context() as patch:
