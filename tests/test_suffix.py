@@ -41,6 +41,18 @@ def test_the_most_frequent_branch_is_followed_while_likely_enough() -> None:
     assert found.score == pytest.approx(3 / 4 + 3 / 4 * 2 / 3)
 
 
+def test_of_equally_frequent_branches_the_smallest_token_is_followed_and_an_end_first() -> None:
+    index = SuffixIndex()
+    for document in ([1, 2, 9, 4], [1, 2, 5, 4]):
+        index.add_document(document)
+    found = index.match([1, 2], k=2)
+    assert found.tokens == [5, 4] and found.score == pytest.approx(0.5 + 0.5)
+    ended = SuffixIndex()
+    for document in ([1, 2], [1, 2, 5]):  # one occurrence's document ends where the other goes on
+        ended.add_document(document)
+    assert ended.match([1, 2], k=2).tokens == []
+
+
 def test_an_unlikely_path_is_not_drafted() -> None:
     index = SuffixIndex()
     for tail in range(20):  # twenty different continuations of [1, 2, 3, 4]

@@ -17,6 +17,7 @@ rebuild are in a small dict, so appending costs O(new tokens) and a query O(log 
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -30,6 +31,7 @@ SPEC_FACTOR = 1.0  # α: a match of m tokens drafts at most α·m (SuffixDecodin
 MIN_PROB = 0.1  # a path whose probability falls below this is not drafted further (its min_token_prob)
 REBUILD = 4096  # tokens added before the NumPy index is rebuilt
 _MULTIPLIER = np.uint64(0x9E3779B97F4A7C15)
+_MULTIPLIER_INT, _MASK = int(_MULTIPLIER), (1 << 64) - 1
 
 
 @dataclass(frozen=True)
@@ -135,7 +137,7 @@ class SuffixIndex:
         found: list[int] = []
         if self._indexed:
             hashes, positions = self._hashes[len(gram)]
-            key = _hash(np.asarray(gram, dtype=np.int64))
+            key = np.uint64(_gram_hash(gram))
             lo, hi = np.searchsorted(hashes, key, "left"), np.searchsorted(hashes, key, "right")
             found = positions[lo:hi].tolist()
         return found + self._recent.get(tuple(gram), [])
@@ -149,27 +151,31 @@ class SuffixIndex:
         return np.where(same.all(axis=1), len(tail), same.argmin(axis=1))
 
     def _walk(self, starts: np.ndarray, m: int, most: int) -> Match:
-        """Follow the most frequent continuation of `starts` (documents that end count as branches)."""
+        """Follow the most frequent continuation of `starts` (documents that end count as branches; of equally
+        frequent ones the smallest token, an end first). In Python: a few dozen positions, where each NumPy call
+        costs more than the counting (`np.unique` per token was most of a lookup)."""
         if len(starts) == 1:  # one occurrence: its continuation, to the end of its document
             run = self._array[int(starts[0]):min(int(starts[0]) + most, self._n)]
             stop = np.flatnonzero(run == END)
             tokens = run[:stop[0] if len(stop) else len(run)].tolist()
             return Match(tokens, m, float(len(tokens)))
+        positions = starts[:, None] + np.arange(most)
+        alive = np.where(positions < self._n, self._array[np.minimum(positions, self._n - 1)], END)
         tokens: list[int] = []
         probability, score = 1.0, 0.0
-        alive = starts
-        while len(tokens) < most and len(alive):
-            following = np.where(alive < self._n, self._array[np.minimum(alive, self._n - 1)], END)
-            values, counts = np.unique(following, return_counts=True)
-            top = int(np.argmax(counts))
-            if values[top] == END:
+        for step in range(most):  # each row is one occurrence's continuation; the rows off the path drop out
+            column = alive[:, step]
+            counts = Counter(column.tolist())
+            most_often = max(counts.values())
+            top = min(token for token, count in counts.items() if count == most_often)
+            if top == END:
                 break
-            probability *= counts[top] / len(alive)
+            probability *= most_often / len(alive)
             if probability < MIN_PROB:
                 break
             score += probability
-            tokens.append(int(values[top]))
-            alive = alive[following == values[top]] + 1
+            tokens.append(top)
+            alive = alive[column == top]
         return Match(tokens, m, score)
 
     def _rebuild(self) -> None:
@@ -190,11 +196,20 @@ class SuffixIndex:
         self._indexed = self._n
 
 
-def _hash(grams: np.ndarray) -> np.ndarray | np.uint64:
-    """A 64-bit hash of each n-gram (the last axis), the same for one gram as for an array of them; collisions
-    only cost a comparison, which `match` makes anyway."""
+def _hash(grams: np.ndarray) -> np.ndarray:
+    """A 64-bit hash of each n-gram (the last axis); collisions only cost a comparison, which `match` makes
+    anyway."""
     h = np.zeros(grams.shape[:-1], dtype=np.uint64)
     with np.errstate(over="ignore"):
         for i in range(grams.shape[-1]):
             h = (h ^ grams[..., i].astype(np.uint64)) * _MULTIPLIER
+    return h
+
+
+def _gram_hash(gram: Sequence[int]) -> int:
+    """`_hash` of one gram, in Python integers: a query hashes a gram of at most 8 tokens, where each NumPy
+    operation on a scalar costs more than the whole loop here."""
+    h = 0
+    for token in gram:
+        h = ((h ^ token) * _MULTIPLIER_INT) & _MASK
     return h
