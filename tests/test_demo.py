@@ -59,9 +59,11 @@ def test_demo_pair_greedy_speculative_text_equals_target_alone(threads: int | No
     assert "(first use only)" not in plain.stderr  # the derived target is reused
     fast_data, plain_data = json.loads(fast.stdout), json.loads(plain.stdout)
     assert fast_data["text"].strip() and fast_data["stats"]["acceptance_rate"] > 0.5
+    if fast_data["token_ids"] == plain_data["token_ids"]:
+        return
     models = registry.load_registry()
     entry = models.get(models.default)
-    with load_pair(*registry.resolve(entry), n_threads=threads) as pair:
+    with load_pair(*registry.resolve(entry), n_threads=threads) as pair:  # they may part on a float tie only
         assert_greedy_identity(pair.target, pair.prompt_tokens(prompt, False),
                                cli_first((fast_data["token_ids"], plain_data["token_ids"]),
                                          against_alone(pair, draft_max=entry.draft_max)), 48)
@@ -191,10 +193,12 @@ def test_spec_run_with_a_cross_family_draft_prints_the_target_s_text(gemma3_pair
     assert fast.exit_code == 0 and plain.exit_code == 0, fast.output + plain.output
     assert json.loads(fast.stdout)["stats"]["accepted"] > 0
     assert "drafting goes through text (exact)" in fast.stderr
-    with load_pair(gemma3_pair[0], smollm2_f32[0], n_threads=threads) as pair:
+    ours, alone = json.loads(fast.stdout)["token_ids"], json.loads(plain.stdout)["token_ids"]
+    if ours == alone:
+        return
+    with load_pair(gemma3_pair[0], smollm2_f32[0], n_threads=threads) as pair:  # they may part on a float tie only
         assert_greedy_identity(pair.target, pair.prompt_tokens(prompt, raw=not pair.has_chat_template),
-                               cli_first((json.loads(fast.stdout)["token_ids"], json.loads(plain.stdout)["token_ids"]),
-                                         against_alone(pair)), 24)
+                               cli_first((ours, alone), against_alone(pair)), 24)
 
 
 @pytest.mark.ties
