@@ -77,7 +77,7 @@ def test_completion_answers_in_llama_cpps_shape_with_the_target_alones_greedy_te
                                                                                    chat_pair: Pair) -> None:
     """Drafted as the server drafts, the text the target alone writes; llama-server's fields and the speculation."""
     answer = served.post("/completion", {"prompt": "the cat", "n_predict": 12, "temperature": 0,
-                                       "return_tokens": True, "cache_prompt": True}).json()
+                                         "return_tokens": True, "cache_prompt": True}).json()
     alone = finish(chat_pair.generate("the cat", raw=True, max_tokens=12, draft_mode="none"))
     assert answer["tokens"] == alone.token_ids and answer["content"] == alone.text
     assert answer["stop"] is True and answer["stop_type"] in ("eos", "limit") and answer["tokens_predicted"] == 12

@@ -56,8 +56,8 @@ def test_json_object_gives_an_object_or_runs_out_of_tokens_keeping_its_text(serv
 @pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "lookup"}}])
 def test_a_forced_call_parses_and_matches_its_schema(served: Running, choice: object) -> None:
     answer = served.client().chat.completions.create(model=NAME, messages=HELLO, temperature=0, max_tokens=150,
-                                                   tools=[LOOKUP, CLOCK], tool_choice=choice,
-                                                   parallel_tool_calls=False)
+                                                     tools=[LOOKUP, CLOCK], tool_choice=choice,
+                                                     parallel_tool_calls=False)
     message = answer.choices[0].message
     assert answer.choices[0].finish_reason == "tool_calls"
     (name, arguments), = calls_of(message)
@@ -88,7 +88,7 @@ def test_tool_results_in_the_history_are_accepted(served: Running) -> None:
     messages = [*HELLO, {"role": "assistant", "content": None, "tool_calls": [call]},
                 {"role": "tool", "tool_call_id": "call_1", "content": "a cat has 4 legs"}]
     answer = served.client().chat.completions.create(model=NAME, messages=messages, temperature=0, max_tokens=8,
-                                                   tools=[LOOKUP], tool_choice="none")
+                                                     tools=[LOOKUP], tool_choice="none")
     assert answer.choices[0].message.content and answer.choices[0].message.tool_calls is None
 
 
