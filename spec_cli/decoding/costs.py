@@ -25,7 +25,7 @@ import numpy as np
 # How a round's drafting cost grows with K (`LoopCosts.draft_seconds`): a lookup costs host time only, no decode;
 # a draft model or a head takes a step per drafted token; a block drafter (DFlash) one pass per round.
 HOST, PER_TOKEN, PER_ROUND = "host", "per token", "per round"
-DECAY = 0.95  # a call of a size weighs 5% less at the next of that size: the costs follow the machine's load
+DECAY = 0.95  # every call weighs 5% less at each call recorded after it: the costs follow the machine's load
 REFIT_EVERY = 16  # calls of sizes already seen between two fits of `BatchCosts`' line
 STALE = 0.5  # the weight (in calls) below which a size measured long ago is read off `BatchCosts`' line
 FITTED = 1e-3  # the weight below which a size is left out of the line's fit (it would only make it ill-conditioned)
@@ -100,8 +100,9 @@ class BatchCosts:
 
     def merge(self, other: BatchCosts) -> None:
         for n in other.weight:
-            self.weight[n] = self.weight.get(n, 0.0) + other.calls(n) * self._scale
-            self.total[n] = self.total.get(n, 0.0) + other.total[n] / other._scale * self._scale
+            calls = other.calls(n) * self._scale
+            self.weight[n] = self.weight.get(n, 0.0) + calls
+            self.total[n] = self.total.get(n, 0.0) + calls * other.total[n] / other.weight[n]
         self._line, self._read, self._sizes = None, {}, None
 
     def mean(self, n: int) -> float | None:

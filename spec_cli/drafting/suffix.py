@@ -152,8 +152,8 @@ class SuffixIndex:
 
     def _walk(self, starts: np.ndarray, m: int, most: int) -> Match:
         """Follow the most frequent continuation of `starts` (documents that end count as branches; of equally
-        frequent ones the smallest token, an end first). In Python: a few dozen positions, where each NumPy call
-        costs more than the counting (`np.unique` per token was most of a lookup)."""
+        frequent ones the smallest token, an end first). The occurrences' next tokens are read in one block and
+        counted in Python: on a few dozen of them `np.unique` per drafted token was most of a lookup."""
         if len(starts) == 1:  # one occurrence: its continuation, to the end of its document
             run = self._array[int(starts[0]):min(int(starts[0]) + most, self._n)]
             stop = np.flatnonzero(run == END)
