@@ -12,11 +12,12 @@ How c_d grows with K is the drafter's cost shape, which each drafter declares in
 per round (a block drafter). `round_seconds` and `step_costs` put them together; the hybrid drafter's regimes, the
 planner's goodput choice, the cost book's reading and `spec bench`'s prediction all read them, so the bench's
 predicted column checks the very model the loop optimises. So does the one rule for when an idle drafter is
-tried again (`probe_pays`).
+tried again (`probe_rounds`).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Iterable, Protocol
 
@@ -28,7 +29,7 @@ HOST, PER_TOKEN, PER_ROUND = "host", "per token", "per round"
 DECAY = 0.95  # every call weighs 5% less at each call recorded after it: the costs follow the machine's load
 REFIT_EVERY = 16  # calls of sizes already seen between two fits of `BatchCosts`' line
 STALE = 0.5  # the weight (in calls) below which a size measured long ago is read off `BatchCosts`' line
-FITTED = 1e-3  # the weight below which a size is left out of the line's fit (it would only make it ill-conditioned)
+FLOOR = 0.01  # the least weight (in calls) a size measured long ago keeps in the line's fit: its shape stays known
 RESCALE = 1e150  # `BatchCosts`' scale past which its weights are brought back to real calls (the rest forgotten)
 PROBE_SHARE = 0.015  # the most a probe of an idle drafter may cost, as a share of the idle rounds' time
 PROBE_ROUNDS = 32  # the fewest idle rounds before a probe; doubled after each probe that did not pay
@@ -50,8 +51,10 @@ class BatchCosts:
     a size not called for a while (its calls weigh less than `STALE`) is read off the line like a size never seen:
     a pass of 8 rows measured once on a busy machine priced every 8-row pass since, kept the planner from choosing
     one again, and so was never measured again. A size never seen is read off a least-squares line through the
-    sizes seen (weighted by how much each was seen), refitted when a new size is seen and every `REFIT_EVERY` calls
-    otherwise: a loop that records a
+    sizes seen (weighted by how much each was seen, a size seen long ago as `FLOOR` calls: where one size is fresh,
+    the old ones still give the line its slope; forgotten, they left one size, read as if batching were free, and
+    on a tiny model whose 2-row pass costs three 1-row ones the planner drafted 7 rows every ~135 rounds),
+    refitted when a new size is seen and every `REFIT_EVERY` calls otherwise: a loop that records a
     call every round and reads an unseen size every round (`-k auto` at K = 0, the scheduler) would otherwise
     fit a line a round, ~0.3 ms of Python. With one size n0 seen, the guess errs cheap on both sides, so that
     whatever depends on it gets tried and measured: proportional to n + 1 below n0, the same as n0 above (as
@@ -70,7 +73,7 @@ class BatchCosts:
         self._line: tuple[float, float] | None = None  # (slope, intercept), fitted when first needed
         self._since_fit = 0  # calls recorded since the line was fitted
         self._read: dict[int, float | None] = {}  # what `seconds` read since the last call recorded
-        self._sizes: tuple[dict[int, float], dict[int, float], list[int]] | None = None  # `_means`', until a call
+        self._sizes: tuple[dict[int, float], dict[int, float]] | None = None  # `_means`', until a call
         self._scale = 1.0  # decay^-(calls recorded since the last rescale)
 
     def record(self, n: int, seconds: float) -> None:
@@ -114,27 +117,26 @@ class BatchCosts:
             self._read[n] = self._seconds(n)
         return self._read[n]
 
-    def _means(self) -> tuple[dict[int, float], dict[int, float], list[int]]:
-        """(every size's mean, those of the sizes measured lately, the sizes the line is fitted through), computed
-        once between two calls recorded: a round's planning reads many sizes."""
+    def _means(self) -> tuple[dict[int, float], dict[int, float]]:
+        """(every size's mean, those of the sizes measured lately), computed once between two calls recorded: a
+        round's planning reads many sizes."""
         if self._sizes is None:
             means = {m: self.total[m] / weight for m, weight in self.weight.items()}
-            fresh = {m: mean for m, mean in means.items() if self.calls(m) >= STALE}
-            self._sizes = means, fresh, [m for m in means if self.calls(m) >= FITTED]
+            self._sizes = means, {m: mean for m, mean in means.items() if self.calls(m) >= STALE}
         return self._sizes
 
     def _seconds(self, n: int) -> float | None:
         if not self.weight:
             return None
-        means, fresh, fitted = self._means()
+        means, fresh = self._means()
         if n in fresh:
             return fresh[n]
-        if len(fitted) < 2:  # one size to go by: the one measured most
-            size = max(means, key=lambda m: self.weight[m])
-            return means[size] * min(1.0, (n + 1) / (size + 1))
+        if len(means) < 2:  # one size to go by
+            size, mean = next(iter(means.items()))
+            return mean * min(1.0, (n + 1) / (size + 1))
         if self._line is None:
-            slope, intercept = np.polyfit(fitted, [means[m] for m in fitted], 1,
-                                          w=np.sqrt([self.calls(m) for m in fitted]))
+            slope, intercept = np.polyfit(list(means), list(means.values()), 1,
+                                          w=np.sqrt([max(self.calls(m), FLOOR) for m in means]))
             self._line, self._since_fit = (max(float(slope), 0.0), float(intercept)), 0
         slope, intercept = self._line
         return max(intercept + slope * n, self._floor(n, fresh or means))
@@ -280,8 +282,9 @@ class LoopCosts:
                 "other_per_token_s": self.per_token}
 
 
-def probe_pays(price: float, idle_rounds: int, round_s: float) -> bool:
+def probe_rounds(price: float, round_s: float) -> int:
     """The one rule for trying an option the loop has stopped choosing: a probe is made once its price is at most
-    `PROBE_SHARE` of the `idle_rounds` it sat out, each `round_s` seconds (a round alone, or a sequence's share of a
-    batch's pass), so that probes cost at most that share whatever the drafter."""
-    return price <= PROBE_SHARE * idle_rounds * round_s
+    `PROBE_SHARE` of the idle rounds it sat out, each `round_s` seconds (a round alone, or a sequence's share of a
+    batch's pass), so that probes cost at most that share whatever the drafter. Returns how many idle rounds that
+    takes."""
+    return math.ceil(price / (PROBE_SHARE * round_s)) if round_s > 0 else 0

@@ -160,13 +160,12 @@ class Generation:
         time, booked as its decodes); True: this round drafts nothing (`Drafter.catch_up`)."""
         if self.drafter is None:
             return False
-        self._timer.begin_step()
+        started = time.perf_counter()
         done = self.drafter.catch_up(self._seq, chunk)
         self.catching_up = done.left if done is not None else 0
         if done is None:
             return False
-        self._timer.end_step("draft_s")
-        self._timer.catch_up_steps(done.steps)
+        self._timer.caught_up(time.perf_counter() - started, done.steps)
         self.stats.caught_up += sum(n for n, _ in done.steps)
         return True
 

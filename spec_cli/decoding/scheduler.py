@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Callable, TypeVar
 
 import numpy as np
 
-from spec_cli.decoding.costs import DECAY, PROBE_ROUNDS, STEADY_BACKLOG, BatchCosts, probe_pays
+from spec_cli.decoding.costs import DECAY, PROBE_ROUNDS, STEADY_BACKLOG, BatchCosts, probe_rounds
 from spec_cli.decoding.draft_length import AdaptiveK, PositionAcceptance
 from spec_cli.decoding.drafter import Draft, DraftSteps, Offer
 from spec_cli.decoding.goodput import Candidate, choose
@@ -47,7 +47,8 @@ MAX_SEQUENCES = 64  # the most sequences at once we offer (llama.cpp takes up to
 @dataclass
 class _Running:
     """A generation under the scheduler: the prompt tokens the target still lacks, and how long its drafter has
-    been idle (K = 0) and may stay so before the next probe."""
+    been idle (K = 0) and may stay so before the next probe (`probe_after`, and `priced_after`: the idle rounds its
+    probe's price needs, as last read, so that an idle step does not price it again)."""
 
     generation: Generation
     prompt: list[int]
@@ -55,6 +56,7 @@ class _Running:
     lacked: int = 0  # the prompt tokens the target lacked when it joined
     idle: int = 0
     probe_after: int = PROBE_ROUNDS
+    priced_after: int = 0
     probing: bool = False
     offers: list[str] = field(default_factory=list)  # the ways its drafter offered this step, its preferred first
 
@@ -259,65 +261,71 @@ class Scheduler:
     def _planned_ks(self, generating: list[_Running]) -> list[int | None]:
         """`_ks`, its seconds shared among the sequences' planning figures (`Stats.plan_s`), less what their drafters
         spent choosing their ways, which each drafter counts itself, and their proposals made to offer them (drafting
-        time, `Generation.offer`). Without a drafter there is nothing to choose."""
+        time, `Generation.offer`). Without a drafter there is nothing to choose; a quiet step (`_stays_quiet`) asks
+        no drafter and only counts down."""
         drafting = [r.generation.drafter for r in generating if r.generation.drafter is not None]
         if not drafting:
             return [None] * len(generating)
+        started = time.perf_counter()
+        chosen = [self._chooses_k(r) for r in generating]
+        if self._stays_quiet(generating, chosen):
+            share = (time.perf_counter() - started) / len(generating)
+            for running in generating:
+                running.generation.stats.plan_s += share
+            return [0 if adaptive else None for adaptive in chosen]
+
         def choosing() -> float:
             return sum(drafter.plan_s for drafter in drafting)
 
         def proposing() -> float:
             return sum(r.generation.stats.draft_s for r in generating)
 
-        started, chose, proposed = time.perf_counter(), choosing(), proposing()
-        chooses = not (self._quiet and self._quiet[1] == [id(r) for r in generating])  # a quiet step only counts down
-        ks = self._ks(generating)
+        chose, proposed = choosing(), proposing()
+        ks = self._ks(generating, chosen)
         seconds, proposed = time.perf_counter() - started, proposing() - proposed
-        if chooses:  # the choosing a quiet step saves: not the proposals it made (a cold drafter's first trial
-            # made in one step stood for 64 quiet steps, and the default never drafted a 40-token answer)
-            planning = seconds - proposed
-            self._plan_s = planning if not self._plan_s else 0.8 * self._plan_s + 0.2 * planning
+        # The choosing a quiet step saves: not the proposals it made (a cold drafter's first trial made in one step
+        # stood for 64 quiet steps, and the default never drafted a 40-token answer).
+        planning = seconds - proposed
+        self._plan_s = planning if not self._plan_s else 0.8 * self._plan_s + 0.2 * planning
         share = (seconds - proposed - (choosing() - chose)) / max(1, len(generating))
         for running in generating:
             running.generation.stats.plan_s += share
         return ks
 
-    def _ks(self, generating: list[_Running]) -> list[int | None]:
-        """K for each generating sequence: a fixed K as its request asked (None: its own), and for `-k auto`
-        the batch's choice by goodput, with a probe (K = 1) for a drafter idle for long enough.
+    def _stays_quiet(self, generating: list[_Running], chosen: list[bool]) -> bool:
+        """Whether this step goes on with a choice of no drafts at all (`_quiet_steps`): the same sequences, none of
+        whose drafters is due a probe. It counts the step down, and each chosen drafter's idle rounds up."""
+        if not self._quiet or self._quiet[1] != [id(r) for r in generating] or any(
+                adaptive and r.idle >= max(r.probe_after, r.priced_after) for r, adaptive in zip(generating, chosen)):
+            return False
+        self._quiet = (self._quiet[0] - 1, self._quiet[1]) if self._quiet[0] > 1 else None
+        for running, adaptive in zip(generating, chosen):
+            running.idle += adaptive
+        return True
 
-        A choice of no drafts at all stands for some steps of the same sequences (`_quiet_steps`)."""
-        chosen = [self._chooses_k(r) for r in generating]
-        members = [id(r) for r in generating]
-        candidates: dict[int, Candidate] = {}  # each sequence's, made once a step (a drafter's offer decides its way)
-
-        def candidate(i: int) -> Candidate:
-            if i not in candidates:
-                candidates[i] = self._candidate(generating[i])
-            return candidates[i]
-
-        ks: list[int | None]
-        if self._quiet and self._quiet[1] == members:
-            ks = [0 if adaptive else None for adaptive in chosen]
-            self._quiet = (self._quiet[0] - 1, members) if self._quiet[0] > 1 else None
-        else:
-            choices = choose([candidate(i) for i in range(len(generating))], self.pass_costs, self.host_s)
-            for running, (k, way) in zip(generating, choices):
-                if k and way:  # another way than its drafter's preferred one pays best in this pass
-                    running.generation.take(running.offers[way])
-            ks = [k if adaptive else None for (k, _way), adaptive in zip(choices, chosen)]
-            quiet = self._quiet_steps(len(generating)) if not any(ks) else 0
-            self._quiet = (quiet, members) if quiet else None
-        for i, running in enumerate(generating):
-            if not chosen[i]:
+    def _ks(self, generating: list[_Running], chosen: list[bool]) -> list[int | None]:
+        """K for each generating sequence: a fixed K as its request asked (None: its own; `chosen` False), and for
+        `-k auto` the batch's choice by goodput, with a probe (K = 1) for a drafter idle for long enough. A choice of
+        no drafts at all stands for some steps of the same sequences (`_quiet_steps`)."""
+        candidates = [self._candidate(r) for r in generating]  # made once a step (a drafter's offer decides its way)
+        choices = choose(candidates, self.pass_costs, self.host_s)
+        for running, (k, way) in zip(generating, choices):
+            if k and way:  # another way than its drafter's preferred one pays best in this pass
+                running.generation.take(running.offers[way])
+        ks = [k if adaptive else None for (k, _way), adaptive in zip(choices, chosen)]
+        quiet = self._quiet_steps(len(generating)) if not any(ks) else 0
+        self._quiet = (quiet, [id(r) for r in generating]) if quiet else None
+        for running, candidate, adaptive, i in zip(generating, candidates, chosen, range(len(ks))):
+            if not adaptive:
                 continue
-            running.probing = ks[i] == 0 and running.idle >= running.probe_after and \
-                self._probe_due(running, candidate(i), len(generating))
+            running.probing = ks[i] == 0 and running.idle >= max(running.probe_after, running.priced_after) and \
+                self._probe_due(running, candidate, len(generating))
             if running.probing:
                 ks[i] = 1
             elif ks[i]:
                 running.probe_after = PROBE_ROUNDS
             running.idle = running.idle + 1 if ks[i] == 0 else 0
+            running.priced_after = running.priced_after if ks[i] == 0 else 0
         return ks
 
     def _quiet_steps(self, sequences: int) -> int:
@@ -342,7 +350,9 @@ class Scheduler:
     def _probe_due(self, running: _Running, candidate: Candidate, sequences: int) -> bool:
         """Whether an idle drafter that has sat out enough rounds should draft one token now: the probe (its
         catch-up, a step, a row) pays against its share of the passes it sat out (the cost model's rule,
-        `probe_pays`)."""
+        `probe_rounds`). Where it does not yet, it is priced again halfway to the idle rounds it needs
+        (`priced_after`; its catch-up grows as it sits out): pricing a probe asks a drafter of several ways for its
+        offers, a lookup each, which every idle step of a tiny model paid (a third of the rounds' host work)."""
         rows = sequences + 1
         pass_s = self.pass_costs.seconds(sequences)
         if pass_s is None:
@@ -353,7 +363,9 @@ class Scheduler:
         if isinstance(length, AdaptiveK):  # a probe pays the drafter's whole catch-up on the rounds it sat out
             costs = length.costs.step_costs(running.generation.drafter_backlog())
             drafting_s = sum(costs) if costs is not None else drafting_s
-        return probe_pays(drafting_s + row_s, running.idle, pass_s / sequences)
+        rounds = probe_rounds(drafting_s + row_s, pass_s / sequences)
+        running.priced_after = running.idle + (rounds - running.idle + 1) // 2  # halfway: a catch-up's price grows
+        return running.idle >= rounds
 
     def _candidate(self, running: _Running) -> Candidate:
         """What the goodput choice needs of a sequence: its acceptance by position, and what its drafter's steps and

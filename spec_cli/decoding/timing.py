@@ -81,8 +81,12 @@ class RoundTimer:
         """Decoding time so far, as live views read it."""
         self.stats.decode_s = time.perf_counter() - self._decode_start
 
-    def catch_up_steps(self, steps: list[tuple[int, float]]) -> None:
-        """The drafter's decodes of a chunk of its catch-up between rounds (large sizes), for the cost books."""
+    def caught_up(self, seconds: float, steps: list[tuple[int, float]]) -> None:
+        """A chunk of the drafter's catch-up between rounds took `seconds`, its decodes `steps` (large sizes, for the
+        cost books): drafting time, its decodes the time in llama.cpp. Timed by the loop, not as a step, so that the
+        many rounds whose drafter lacks nothing read no clock of llama.cpp's."""
+        self.stats.draft_s += seconds
+        self.stats.llama_s += sum(step_s for _, step_s in steps)
         for book in self.books:
             book.record_draft(steps)
 

@@ -192,8 +192,10 @@ def priced_to_draft(pair: Pair) -> None:
     what a target step does, and both would rightly stop drafting, leaving the paths under test (drafts kept and
     rejected, rollbacks) unrun. Measurements made after this weigh too little to change it for a test's few
     generations; and a pass priced below any measured one reads as what one row measured (`BatchCosts`' floor):
-    priced dearer than the one-row steps a generation measures first, K ≥ 1 never paid under the planner."""
-    steps, passes = {str(n): 1e-6 * n for n in range(1, 129)}, {str(k): 1e-6 for k in range(17)}
+    priced dearer than the one-row steps a generation measures first, K ≥ 1 never paid under the planner. A step
+    costs a tenth of a microsecond a token: at 1 µs an idle drafter's catch-up grew as fast as the probe's allowance
+    on a ~60 µs pass (`probe_rounds`), and a drafter whose pooled acceptance was 0 was never probed in 48 tokens."""
+    steps, passes = {str(n): 1e-7 * n for n in range(1, 129)}, {str(k): 1e-6 for k in range(17)}
     for name in pair.drafting.own_models():
         pair.drafting.costs(name).draft.seed(steps, 1e6)
     pair.drafting.costs("hybrid").verify.seed(passes, 1e6)
