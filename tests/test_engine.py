@@ -64,6 +64,14 @@ def test_greedy_in_every_mode_equals_target_alone(request: pytest.FixtureRequest
     assert generation.stats.drafted > 0
 
 
+def test_the_target_alone_spends_its_rounds_in_llama_cpp(reference: Generation) -> None:
+    """`llama_s` counts the verify passes the scheduler decodes for a generation: the target alone spends most of its
+    verification time in llama.cpp, and what is left (`overhead_s`) is the loop's own work."""
+    stats = reference.stats
+    assert 0.5 * stats.verify_s <= stats.llama_s <= stats.decode_s
+    assert stats.overhead_s <= stats.decode_s - 0.5 * stats.verify_s
+
+
 def test_ngram_needs_no_draft_model(alone: Pair, reference: Generation) -> None:
     generation = finish(alone.generate(PROMPT, raw=True, max_tokens=48, draft_max=6, draft_mode="ngram"))
     assert generation.token_ids == reference.token_ids

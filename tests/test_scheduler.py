@@ -306,7 +306,7 @@ def idle_ks(scheduler: Scheduler, running: scheduling._Running, steps: int) -> l
     """The K the planner gives the sequence each of `steps` steps (a probe drafts, and keeps nothing)."""
     ks = []
     for _ in range(steps):
-        [k] = scheduler._ks([running], [True])
+        [k] = scheduler._ks([running])
         if k:
             scheduler._drafted(running)
         ks.append(k or 0)

@@ -21,7 +21,6 @@ import math
 from dataclasses import dataclass, field
 from typing import Iterable, Protocol
 
-import numpy as np
 
 # How a round's drafting cost grows with K (`LoopCosts.draft_seconds`): a lookup costs host time only, no decode;
 # a draft model or a head takes a step per drafted token; a block drafter (DFlash) one pass per round.
@@ -135,9 +134,8 @@ class BatchCosts:
             size, mean = next(iter(means.items()))
             return mean * min(1.0, (n + 1) / (size + 1))
         if self._line is None:
-            slope, intercept = np.polyfit(list(means), list(means.values()), 1,
-                                          w=np.sqrt([max(self.calls(m), FLOOR) for m in means]))
-            self._line, self._since_fit = (max(float(slope), 0.0), float(intercept)), 0
+            slope, intercept = _weighted_line(means, {m: max(self.calls(m), FLOOR) for m in means})
+            self._line, self._since_fit = (max(slope, 0.0), intercept), 0
         slope, intercept = self._line
         return max(intercept + slope * n, self._floor(n, fresh or means))
 
@@ -181,6 +179,19 @@ class BatchCosts:
             self.weight[int(n)] = weight * self._scale
             self.total[int(n)] = weight * self._scale * float(seconds)
         self._line, self._read, self._sizes = None, {}, None
+
+
+def _weighted_line(points: dict[int, float], weights: dict[int, float]) -> tuple[float, float]:
+    """(slope, intercept) of the least-squares line through `points` (size: seconds), each weighing `weights[size]`:
+    the normal equations in closed form (plain Python: a few sizes, refitted every `REFIT_EVERY` calls, where NumPy's
+    polyfit cost ~60 µs a fit). At least two sizes."""
+    sw = sum(weights.values())
+    sx = sum(w * x for x, w in weights.items())
+    sy = sum(weights[x] * y for x, y in points.items())
+    sxx = sum(w * x * x for x, w in weights.items())
+    sxy = sum(weights[x] * x * y for x, y in points.items())
+    slope = (sw * sxy - sx * sy) / (sw * sxx - sx * sx)
+    return slope, (sy - slope * sx) / sw
 
 
 @dataclass

@@ -165,7 +165,8 @@ class Generation:
         self.catching_up = done.left if done is not None else 0
         if done is None:
             return False
-        self._timer.caught_up(time.perf_counter() - started, done.steps)
+        self._timer.drafted(time.perf_counter() - started)
+        self._timer.caught_up(done.steps)
         self.stats.caught_up += sum(n for n, _ in done.steps)
         return True
 
@@ -220,8 +221,9 @@ class Generation:
     def _settle(self, draft: Draft, rows: np.ndarray, sequences: int) -> Iterator[TokenEvent]:
         self.stats.batched += sequences
         self.stats.current_k = len(draft.tokens) or self.stats.current_k  # the K last drafted, for live views
-        with self._timer.step("verify_s"):
-            n, token = self._accepted_prefix(rows, draft)
+        started = time.perf_counter()  # host work on the rows (no decode): wall time, no clock of llama.cpp's
+        n, token = self._accepted_prefix(rows, draft)
+        self._timer.verified(time.perf_counter() - started)
         self.stats.record_round(len(draft.tokens), n, draft.way or (self.drafter.idle_way if self.drafter else ""))
         self._advance_grammar(n, token)
         emitted = yield from self._emit(draft.tokens[:n], token)
@@ -354,10 +356,9 @@ class Generation:
         otherwise lose the round's snapshot (taken after that token).
         """
         n = len(self._seq)
-        with self._timer.step():
-            self.target.trim(n - 1)
-            if self.drafter is not None:
-                self.drafter.rewind(n if self.finish_reason == "stop" else n - 1)
+        self.target.trim(n - 1)
+        if self.drafter is not None:
+            self.drafter.rewind(n if self.finish_reason == "stop" else n - 1)
 
     def _learn(self, draft: Draft, n: int, emitted: int) -> None:
         """Tell the K controller and the drafter what was kept, and the cost books what the round cost; the planning

@@ -59,6 +59,10 @@ class _Running:
     priced_after: int = 0
     probing: bool = False
     offers: list[str] = field(default_factory=list)  # the ways its drafter offered this step, its preferred first
+    adaptive: bool = field(init=False)  # whether the planner chooses its K (`_chooses_k`), for its whole life
+
+    def __post_init__(self) -> None:
+        self.adaptive = _chooses_k(self.generation)
 
 
 class Scheduler:
@@ -261,18 +265,17 @@ class Scheduler:
     def _planned_ks(self, generating: list[_Running]) -> list[int | None]:
         """`_ks`, its seconds shared among the sequences' planning figures (`Stats.plan_s`), less what their drafters
         spent choosing their ways, which each drafter counts itself, and their proposals made to offer them (drafting
-        time, `Generation.offer`). Without a drafter there is nothing to choose; a quiet step (`_stays_quiet`) asks
-        no drafter and only counts down."""
-        drafting = [r.generation.drafter for r in generating if r.generation.drafter is not None]
-        if not drafting:
+        time, `Generation.offer`). Where no K is the planner's there is nothing to choose; a quiet step
+        (`_stays_quiet`) asks no drafter and only counts down."""
+        if not any(r.adaptive for r in generating):
             return [None] * len(generating)
         started = time.perf_counter()
-        chosen = [self._chooses_k(r) for r in generating]
-        if self._stays_quiet(generating, chosen):
+        if self._stays_quiet(generating):
             share = (time.perf_counter() - started) / len(generating)
             for running in generating:
                 running.generation.stats.plan_s += share
-            return [0 if adaptive else None for adaptive in chosen]
+            return [0 if r.adaptive else None for r in generating]
+        drafting = [r.generation.drafter for r in generating if r.generation.drafter is not None]
 
         def choosing() -> float:
             return sum(drafter.plan_s for drafter in drafting)
@@ -281,42 +284,42 @@ class Scheduler:
             return sum(r.generation.stats.draft_s for r in generating)
 
         chose, proposed = choosing(), proposing()
-        ks = self._ks(generating, chosen)
+        ks = self._ks(generating)
         seconds, proposed = time.perf_counter() - started, proposing() - proposed
         # The choosing a quiet step saves: not the proposals it made (a cold drafter's first trial made in one step
         # stood for 64 quiet steps, and the default never drafted a 40-token answer).
         planning = seconds - proposed
         self._plan_s = planning if not self._plan_s else 0.8 * self._plan_s + 0.2 * planning
-        share = (seconds - proposed - (choosing() - chose)) / max(1, len(generating))
+        share = (seconds - proposed - (choosing() - chose)) / len(generating)
         for running in generating:
             running.generation.stats.plan_s += share
         return ks
 
-    def _stays_quiet(self, generating: list[_Running], chosen: list[bool]) -> bool:
+    def _stays_quiet(self, generating: list[_Running]) -> bool:
         """Whether this step goes on with a choice of no drafts at all (`_quiet_steps`): the same sequences, none of
         whose drafters is due a probe. It counts the step down, and each chosen drafter's idle rounds up."""
         if not self._quiet or self._quiet[1] != [id(r) for r in generating] or any(
-                adaptive and r.idle >= max(r.probe_after, r.priced_after) for r, adaptive in zip(generating, chosen)):
+                r.adaptive and r.idle >= max(r.probe_after, r.priced_after) for r in generating):
             return False
         self._quiet = (self._quiet[0] - 1, self._quiet[1]) if self._quiet[0] > 1 else None
-        for running, adaptive in zip(generating, chosen):
-            running.idle += adaptive
+        for running in generating:
+            running.idle += running.adaptive
         return True
 
-    def _ks(self, generating: list[_Running], chosen: list[bool]) -> list[int | None]:
-        """K for each generating sequence: a fixed K as its request asked (None: its own; `chosen` False), and for
-        `-k auto` the batch's choice by goodput, with a probe (K = 1) for a drafter idle for long enough. A choice of
-        no drafts at all stands for some steps of the same sequences (`_quiet_steps`)."""
+    def _ks(self, generating: list[_Running]) -> list[int | None]:
+        """K for each generating sequence: a fixed K as its request asked (None: its own), and for `-k auto` the
+        batch's choice by goodput, with a probe (K = 1) for a drafter idle for long enough. A choice of no drafts at
+        all stands for some steps of the same sequences (`_quiet_steps`)."""
         candidates = [self._candidate(r) for r in generating]  # made once a step (a drafter's offer decides its way)
         choices = choose(candidates, self.pass_costs, self.host_s)
         for running, (k, way) in zip(generating, choices):
             if k and way:  # another way than its drafter's preferred one pays best in this pass
                 running.generation.take(running.offers[way])
-        ks = [k if adaptive else None for (k, _way), adaptive in zip(choices, chosen)]
+        ks = [k if running.adaptive else None for (k, _way), running in zip(choices, generating)]
         quiet = self._quiet_steps(len(generating)) if not any(ks) else 0
         self._quiet = (quiet, [id(r) for r in generating]) if quiet else None
-        for running, candidate, adaptive, i in zip(generating, candidates, chosen, range(len(ks))):
-            if not adaptive:
+        for i, (running, candidate) in enumerate(zip(generating, candidates)):
+            if not running.adaptive:
                 continue
             running.probing = ks[i] == 0 and running.idle >= max(running.probe_after, running.priced_after) and \
                 self._probe_due(running, candidate, len(generating))
@@ -335,17 +338,6 @@ class Scheduler:
         planner's Python between passes cost it a third of the target alone's speed)."""
         step_s = (self.pass_costs.seconds(sequences) or 0.0) + self.host_s
         return min(QUIET_MAX, int(self._plan_s / (PLAN_SHARE * step_s))) if step_s else 0
-
-    @staticmethod
-    def _chooses_k(running: _Running) -> bool:
-        """Whether the planner chooses this sequence's K: under `-k auto`, for a drafter of one way (its controller
-        of K only keeps its acceptance) or of several (`Drafter.chooses_ways`: each way it offers is priced here);
-        a fixed K is the request's."""
-        generation = running.generation
-        if generation.drafter is None:
-            return False
-        return isinstance(generation.draft_length, AdaptiveK) or (
-            generation.stats.adaptive and generation.drafter.chooses_ways)
 
     def _probe_due(self, running: _Running, candidate: Candidate, sequences: int) -> bool:
         """Whether an idle drafter that has sat out enough rounds should draft one token now: the probe (its
@@ -374,7 +366,7 @@ class Scheduler:
         generation = running.generation
         length, mode = generation.draft_length, generation.stats.draft_mode
         cap = max(0, min(length.k_max, generation.room() - 1))
-        if not self._chooses_k(running):
+        if not running.adaptive:
             return Candidate((), fixed=min(length.next_k(), cap) if generation.drafter else 0)
         if not isinstance(length, AdaptiveK):  # a drafter of several ways: each way it offers, priced as it drafts
             offers = generation.offer(cap, self._chunk, self._shared)
@@ -412,6 +404,16 @@ class Scheduler:
         if running.probing:
             running.probe_after = min(PROBE_MAX, running.probe_after * 2)
             running.probing = False
+
+
+def _chooses_k(generation: Generation) -> bool:
+    """Whether the planner chooses this generation's K: under `-k auto`, for a drafter of one way (its controller of K
+    only keeps its acceptance) or of several (`Drafter.chooses_ways`: each way it offers is priced here); a fixed K is
+    the request's."""
+    if generation.drafter is None:
+        return False
+    return isinstance(generation.draft_length, AdaptiveK) or (
+        generation.stats.adaptive and generation.drafter.chooses_ways)
 
 
 def _decode(parts: list[Part]) -> tuple[list[np.ndarray], int]:

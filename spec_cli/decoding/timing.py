@@ -22,18 +22,26 @@ class InLlama(Protocol):
 class RoundTimer:
     """Times the prompt, then each round's steps. `parts` are what decodes (the target's context, the
     drafter); `books` the cost books every round is recorded in (the generation's own, and the pair's running
-    ones, which outlive it)."""
+    ones, which outlive it).
+
+    A step's wall time goes to its share (drafting, verification); the time in llama.cpp is read once at each end
+    of a round (`start_round`, `end_round`): everything the round's parts decoded, the verify pass a scheduler ran
+    for it included, whatever step it fell in."""
 
     def __init__(self, stats: Stats, parts: Sequence[InLlama], books: Sequence[LoopCosts]) -> None:
         self.stats, self.parts, self.books = stats, parts, books
         self._rollback_base = 0.0  # rollback counted before this generation's rounds (the prompt's snapshot)
         self._decode_start = self._round_start = self._prompt_start = time.perf_counter()
+        self._round_busy = 0.0
         self._verify_s = 0.0
-        self._step_start = self._step_busy = 0.0
+        self._step_start = 0.0
 
     def _in_llama(self) -> tuple[float, float]:
         """(all seconds in llama.cpp, the part spent on rollback) so far."""
-        return sum(part.busy_s for part in self.parts), sum(part.rollback_s for part in self.parts)
+        busy = rollback = 0.0
+        for part in self.parts:
+            busy, rollback = busy + part.busy_s, rollback + part.rollback_s
+        return busy, rollback
 
     def prompt_started(self) -> None:
         """Taking in the prompt begins; it lasts until `prompt_done` (`prompt_s`), and decoding time starts after it."""
@@ -47,33 +55,33 @@ class RoundTimer:
 
     def start_round(self) -> None:
         self._round_start = time.perf_counter()
+        self._round_busy = self._in_llama()[0]
         self._verify_s = 0.0
 
     def verified(self, seconds: float) -> None:
-        """The verify pass a scheduler ran for this round (with other sequences'): its wall time."""
+        """Verification's wall time: the pass a scheduler ran for this round (with other sequences'), or the host work
+        that reads its rows."""
         self.stats.verify_s += seconds
         self._verify_s += seconds
 
+    def drafted(self, seconds: float) -> None:
+        """Drafting's wall time: a proposal, or a chunk of a catch-up between rounds."""
+        self.stats.draft_s += seconds
+
     @contextmanager
-    def step(self, share: str | None = None) -> Iterator[None]:
-        """One step of a round: its time in llama.cpp, and its wall time into `share` ("draft_s", "verify_s";
-        None for a rewind, which counts as rollback only)."""
+    def step(self, share: str) -> Iterator[None]:
+        """One step of a round: its wall time into `share` ("draft_s", "verify_s")."""
         self.begin_step()
         yield
         self.end_step(share)
 
     def begin_step(self) -> None:
         """A step that `end_step` ends (a scheduler's drafting, which spans its other sequences' steps)."""
-        self._step_start, self._step_busy = time.perf_counter(), self._in_llama()[0]
+        self._step_start = time.perf_counter()
 
-    def end_step(self, share: str | None = None) -> None:
-        started, busy = self._step_start, self._step_busy
-        elapsed = time.perf_counter() - started
-        busy_now, rollback = self._in_llama()
-        self.stats.llama_s += busy_now - busy
-        self.stats.rollback_s = rollback - self._rollback_base
-        if share is not None:
-            setattr(self.stats, share, getattr(self.stats, share) + elapsed)
+    def end_step(self, share: str) -> None:
+        elapsed = time.perf_counter() - self._step_start
+        setattr(self.stats, share, getattr(self.stats, share) + elapsed)
         if share == "verify_s":
             self._verify_s += elapsed
 
@@ -81,18 +89,18 @@ class RoundTimer:
         """Decoding time so far, as live views read it."""
         self.stats.decode_s = time.perf_counter() - self._decode_start
 
-    def caught_up(self, seconds: float, steps: list[tuple[int, float]]) -> None:
-        """A chunk of the drafter's catch-up between rounds took `seconds`, its decodes `steps` (large sizes, for the
-        cost books): drafting time, its decodes the time in llama.cpp. Timed by the loop, not as a step, so that the
-        many rounds whose drafter lacks nothing read no clock of llama.cpp's."""
-        self.stats.draft_s += seconds
-        self.stats.llama_s += sum(step_s for _, step_s in steps)
+    def caught_up(self, steps: list[tuple[int, float]]) -> None:
+        """The drafter's decodes of a chunk of its catch-up between rounds (large sizes), for the cost books."""
         for book in self.books:
             book.record_draft(steps)
 
     def end_round(self, steps: list[tuple[int, float]], drafted: int, emitted: int) -> None:
-        """Book the round: its draft steps, its verify pass over `drafted` + 1 tokens, all it took."""
+        """Book the round: its time in llama.cpp, its draft steps, its verify pass over `drafted` + 1 tokens, all it
+        took."""
         self.tick()
+        busy, rollback = self._in_llama()
+        self.stats.llama_s += busy - self._round_busy
+        self.stats.rollback_s = rollback - self._rollback_base
         round_s = time.perf_counter() - self._round_start
         for book in self.books:
             book.record_round(steps, drafted, self._verify_s, round_s, emitted)

@@ -159,6 +159,8 @@ class HybridDrafter(Drafter):
         backlog is a price the next entry weighs, not a given (an agent's next 7k-token request is not paid for
         because the last one drafted with the model)."""
         self._chunk = chunk
+        if self._wanted is None and not self._new:  # most rounds: no drafter is owed a catch-up
+            return None
         in_use = self.own.get(self.state.in_use)
         if in_use is not None and self._new and in_use.pending(tokens) > chunk:
             self.state.in_use, self.state.regret_s = OUT, 0.0
