@@ -57,6 +57,21 @@ def test_a_size_not_measured_for_a_while_is_read_off_the_line() -> None:
     assert costs.mean(8) == pytest.approx(0.100)  # the call itself is kept, weighing less and less
 
 
+def test_a_size_seen_long_ago_keeps_its_shape_at_todays_level() -> None:
+    """A 6-row pass measured beside 4-row ones at 2.5 times their cost is read at 2.5 times what a 4-row pass costs
+    now that contexts have grown and it costs twice as much: not its own old mean (one fresh size draws no line)."""
+    costs = BatchCosts(decay=0.9)
+    for _ in range(10):
+        costs.record(4, 0.010)
+        costs.record(6, 0.025)
+    costs.record(4, 0.010)
+    for _ in range(100):
+        costs.record(4, 0.020)
+    assert costs.mean(6) == pytest.approx(0.025)
+    assert costs.seconds(6) == pytest.approx(0.050, rel=1e-3)
+    assert costs.seconds(4) == pytest.approx(0.020, rel=1e-3)
+
+
 def test_aging_is_the_same_however_long_the_machine_runs() -> None:
     """Aged lazily, every call weighs decay^(calls since) over tens of thousands of calls (past the point where
     the scale is brought back), with means kept; a size gone for so long that its weight is no number is

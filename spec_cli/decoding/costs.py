@@ -53,7 +53,12 @@ class BatchCosts:
     sizes seen (weighted by how much each was seen, a size seen long ago as `FLOOR` calls: where one size is fresh,
     the old ones still give the line its slope; forgotten, they left one size, read as if batching were free, and
     on a tiny model whose 2-row pass costs three 1-row ones the planner drafted 7 rows every ~135 rounds),
-    refitted when a new size is seen and every `REFIT_EVERY` calls otherwise: a loop that records a
+    refitted when a new size is seen and every `REFIT_EVERY` calls otherwise. A size seen long ago was measured beside
+    the size called most (`_shape`: its mean over that one's when it was last called), and is at that ratio of the
+    other's cost today, in the line and, where fewer than two sizes are fresh (no line to read it off), as its price:
+    passes cost more as contexts grow and as the machine's load changes, and a 6-row pass measured early beside 4-row
+    ones priced it cheap long after the 4-row passes had doubled (four sequences on a tiny model drafted where a row
+    costs more than the whole pass). A loop that records a
     call every round and reads an unseen size every round (`-k auto` at K = 0, the scheduler) would otherwise
     fit a line a round, ~0.3 ms of Python. With one size n0 seen, the guess errs cheap on both sides, so that
     whatever depends on it gets tried and measured: proportional to n + 1 below n0, the same as n0 above (as
@@ -74,6 +79,8 @@ class BatchCosts:
         self._read: dict[int, float | None] = {}  # what `seconds` read since the last call recorded
         self._sizes: tuple[dict[int, float], dict[int, float]] | None = None  # `_means`', until a call
         self._scale = 1.0  # decay^-(calls recorded since the last rescale)
+        self._ref: int | None = None  # the size called most (aged): what the others' shapes are measured against
+        self._shape: dict[int, tuple[int, float]] = {}  # size: (the size called most, its mean over that one's)
 
     def record(self, n: int, seconds: float) -> None:
         if n not in self.weight or self._since_fit >= REFIT_EVERY:
@@ -84,6 +91,11 @@ class BatchCosts:
                 self._rescale()
         self.weight[n] = self.weight.get(n, 0.0) + self._scale
         self.total[n] = self.total.get(n, 0.0) + self._scale * seconds
+        ref = self._ref
+        if ref is None or self.weight[n] > self.weight[ref]:  # only the size called can overtake the most called
+            self._ref, ref, n = n, n, ref  # the one overtaken keeps its shape against the new one
+        if n is not None and n != ref:
+            self._shape[n] = (ref, self.total[n] / self.weight[n] * self.weight[ref] / self.total[ref])
         self._since_fit += 1
         self._read, self._sizes = {}, None
 
@@ -98,7 +110,13 @@ class BatchCosts:
             self.total[size] /= self._scale
             if self.weight[size] < 1e-200:
                 del self.weight[size], self.total[size]
+                self._shape.pop(size, None)
         self._scale = 1.0
+        self._most_called()
+
+    def _most_called(self) -> None:
+        self._ref = max(self.weight, key=self.weight.__getitem__, default=None)
+        self._shape = {n: shape for n, shape in self._shape.items() if shape[0] in self.weight}
 
     def merge(self, other: BatchCosts) -> None:
         for n in other.weight:
@@ -106,6 +124,7 @@ class BatchCosts:
             self.weight[n] = self.weight.get(n, 0.0) + calls
             self.total[n] = self.total.get(n, 0.0) + calls * other.total[n] / other.weight[n]
         self._line, self._read, self._sizes = None, {}, None
+        self._most_called()
 
     def mean(self, n: int) -> float | None:
         return self.total[n] / self.weight[n] if n in self.weight else None
@@ -118,10 +137,14 @@ class BatchCosts:
 
     def _means(self) -> tuple[dict[int, float], dict[int, float]]:
         """(every size's mean, those of the sizes measured lately), computed once between two calls recorded: a
-        round's planning reads many sizes."""
+        round's planning reads many sizes. A size seen long ago with a shape (`_shape`) is at today's level."""
         if self._sizes is None:
             means = {m: self.total[m] / weight for m, weight in self.weight.items()}
-            self._sizes = means, {m: mean for m, mean in means.items() if self.calls(m) >= STALE}
+            fresh = {m: mean for m, mean in means.items() if self.calls(m) >= STALE}
+            for m, (ref, ratio) in self._shape.items():
+                if m not in fresh and ref in fresh:
+                    means[m] = ratio * fresh[ref]
+            self._sizes = means, fresh
         return self._sizes
 
     def _seconds(self, n: int) -> float | None:
@@ -130,6 +153,8 @@ class BatchCosts:
         means, fresh = self._means()
         if n in fresh:
             return fresh[n]
+        if len(fresh) < 2 and n in self._shape and self._shape[n][0] in fresh:  # no line through fresh sizes
+            return means[n]
         if len(means) < 2:  # one size to go by
             size, mean = next(iter(means.items()))
             return mean * min(1.0, (n + 1) / (size + 1))
@@ -179,6 +204,7 @@ class BatchCosts:
             self.weight[int(n)] = weight * self._scale
             self.total[int(n)] = weight * self._scale * float(seconds)
         self._line, self._read, self._sizes = None, {}, None
+        self._most_called()
 
 
 def _weighted_line(points: dict[int, float], weights: dict[int, float]) -> tuple[float, float]:
