@@ -362,10 +362,12 @@ class Generation:
 
     def _learn(self, draft: Draft, n: int, emitted: int) -> None:
         """Tell the K controller and the drafter what was kept, and the cost books what the round cost; the planning
-        figure gains the controller's update and what the drafter spent choosing its way."""
-        started = time.perf_counter()
-        self.draft_length.update(len(draft.tokens), n)
-        self.stats.plan_s += time.perf_counter() - started
+        figure gains the controller's update and what the drafter spent choosing its way. A round that drafted nothing
+        teaches a controller nothing."""
+        if draft.tokens:
+            started = time.perf_counter()
+            self.draft_length.update(len(draft.tokens), n)
+            self.stats.plan_s += time.perf_counter() - started
         if self.drafter is not None:
             self.drafter.update(len(draft.tokens), n)
             self.stats.plan_s += self.drafter.plan_s - self._drafter_plan_s

@@ -342,22 +342,27 @@ class Scheduler:
     def _probe_due(self, running: _Running, candidate: Candidate, sequences: int) -> bool:
         """Whether an idle drafter that has sat out enough rounds should draft one token now: the probe (its
         catch-up, a step, a row) pays against its share of the passes it sat out (the cost model's rule,
-        `probe_rounds`). Where it does not yet, it is priced again halfway to the idle rounds it needs
-        (`priced_after`; its catch-up grows as it sits out): pricing a probe asks a drafter of several ways for its
-        offers, a lookup each, which every idle step of a tiny model paid (a third of the rounds' host work)."""
-        rows = sequences + 1
+        `probe_rounds`). Where it does not yet, the idle rounds it needs are kept (`priced_after`), priced with the
+        catch-up it will owe by then (a token more for each round it sits out): pricing a probe asks a drafter of
+        several ways for its offers, a lookup each, which every idle step of a tiny model paid (a third of the rounds'
+        host work)."""
         pass_s = self.pass_costs.seconds(sequences)
         if pass_s is None:
             return True
-        row_s = max(0.0, (self.pass_costs.seconds(rows) or pass_s) - pass_s)
-        length = running.generation.draft_length
-        drafting_s = candidate.drafting_s(1)
-        if isinstance(length, AdaptiveK):  # a probe pays the drafter's whole catch-up on the rounds it sat out
-            costs = length.costs.step_costs(running.generation.drafter_backlog())
-            drafting_s = sum(costs) if costs is not None else drafting_s
-        rounds = probe_rounds(drafting_s + row_s, pass_s / sequences)
-        running.priced_after = running.idle + (rounds - running.idle + 1) // 2  # halfway: a catch-up's price grows
-        return running.idle >= rounds
+        row_s = max(0.0, (self.pass_costs.seconds(sequences + 1) or pass_s) - pass_s)
+
+        def rounds(later: int) -> int:
+            """The idle rounds a probe needs, priced `later` rounds from now."""
+            length = running.generation.draft_length
+            drafting_s = candidate.drafting_s(1)
+            if isinstance(length, AdaptiveK):  # a probe pays the drafter's whole catch-up on the rounds it sat out
+                costs = length.costs.step_costs(running.generation.drafter_backlog() + later)
+                drafting_s = sum(costs) if costs is not None else drafting_s
+            return probe_rounds(drafting_s + row_s, pass_s / sequences)
+
+        needed = rounds(0)
+        running.priced_after = max(needed, rounds(needed - running.idle)) if needed > running.idle else needed
+        return running.idle >= needed
 
     def _candidate(self, running: _Running) -> Candidate:
         """What the goodput choice needs of a sequence: its acceptance by position, and what its drafter's steps and

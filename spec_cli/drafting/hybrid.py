@@ -138,11 +138,11 @@ class HybridDrafter(Drafter):
 
     @property
     def busy_s(self) -> float:
-        return sum(drafter.busy_s for drafter in self.own.values())
+        return sum(drafter.busy_s for drafter in self.own.values()) if self.own else 0.0
 
     @property
     def rollback_s(self) -> float:
-        return sum(drafter.rollback_s for drafter in self.own.values())
+        return sum(drafter.rollback_s for drafter in self.own.values()) if self.own else 0.0
 
     def start(self, tokens: Sequence[int]) -> None:
         """A new prompt, which each own drafter takes in once its regime is entered (its backlog, which is
