@@ -92,6 +92,16 @@ def test_aging_is_the_same_however_long_the_machine_runs() -> None:
     assert merged.calls(2) == pytest.approx(1.0) and merged.mean(2) == pytest.approx(0.015)
 
 
+def test_more_rows_never_read_cheaper_than_fewer() -> None:
+    """One noisy call must not make a larger pass look cheaper than a smaller one: the planner would add rows as if
+    they paid it back."""
+    costs = BatchCosts(decay=0.95)
+    costs.record(4, 0.0006)
+    costs.record(8, 0.0003)
+    assert costs.seconds(8) == pytest.approx(0.0006)
+    assert costs.mean(8) == pytest.approx(0.0003)
+
+
 def test_one_size_seen_guesses_cheap_on_both_sides() -> None:
     """Optimism gets the other sizes tried: cheaper below (in proportion to n + 1), no dearer above."""
     costs = BatchCosts()
@@ -132,7 +142,7 @@ def test_a_model_round_pays_k_steps_and_the_catch_up_of_a_full_acceptance() -> N
 
 
 def test_a_block_round_pays_one_pass_whatever_k() -> None:
-    costs = loop_costs(shape=PER_ROUND)
+    costs = loop_costs(c1=0.004, c2=0.006, shape=PER_ROUND)  # smaller passes cost less (`BatchCosts`' floor)
     costs.draft.record(5, 0.012)
     acceptance = Fixed(expected=3.5, all_accepted=0.4)
     assert costs.draft_seconds(4, acceptance) == pytest.approx(0.012)  # the pass over [last, 4 masks]

@@ -151,10 +151,10 @@ class BatchCosts:
         if not self.weight:
             return None
         means, fresh = self._means()
-        if n in fresh:
-            return fresh[n]
+        if n in fresh:  # never below a smaller size's: one noisy call must not make more rows look cheaper
+            return max(fresh[n], self._floor(n, fresh))
         if len(fresh) < 2 and n in self._shape and self._shape[n][0] in fresh:  # no line through fresh sizes
-            return means[n]
+            return max(means[n], self._floor(n, fresh))
         if len(means) < 2:  # one size to go by
             size, mean = next(iter(means.items()))
             return mean * min(1.0, (n + 1) / (size + 1))
@@ -166,9 +166,10 @@ class BatchCosts:
 
     @staticmethod
     def _floor(n: int, means: dict[int, float]) -> float:
-        """A line through noisy points can dip: never below what a smaller size measured, nor, below the
-        sizes seen, below the smallest one's cost in proportion to n + 1. (Plain Python: a few sizes, read every
-        round.)"""
+        """c(n) is never below what a smaller size measured (a line through noisy points can dip, and so can one
+        call: the first 4-row pass of four sequences on a tiny model took twice what the 8-row pass after it did,
+        and the planner drafted as if rows paid it back), nor, below the sizes seen, below the smallest one's cost
+        in proportion to n + 1. (Plain Python: a few sizes, read every round.)"""
         below = [mean for size, mean in means.items() if size <= n]
         if below:
             return max(below)

@@ -53,10 +53,13 @@ class Candidate:
         return (self, *self.others)
 
 
-def choose(candidates: Sequence[Candidate], pass_costs: BatchCosts, host_s: float = 0.0) -> list[tuple[int, int]]:
+def choose(candidates: Sequence[Candidate], pass_costs: BatchCosts, host_s: float = 0.0,
+           replan_s: float = 0.0) -> list[tuple[int, int]]:
     """(K, which of its ways) for each candidate: the fixed ones as asked (their first way), the others by goodput, a
     step costing `host_s` (h) besides its passes. A sequence's way is the one whose first positions pay best; its
-    further positions are that way's.
+    further positions are that way's. `replan_s`: what a step that drafts at all costs besides (the choice the next
+    step then makes, where a step that drafts nothing is followed by steps that do not choose), paid once like a
+    round's own cost.
 
     Passes of sizes not measured yet are priced by `BatchCosts.seconds`'s optimistic guess, which gets them
     tried; to keep one guess from drafting everything at once, a pass grows to at most twice the largest
@@ -73,7 +76,7 @@ def choose(candidates: Sequence[Candidate], pass_costs: BatchCosts, host_s: floa
     seconds = host_s + _pass(pass_costs, rows) + sum(c.drafting_s(k) for k, c in zip(ks, candidates))
     most_rows = 2 * max(pass_costs.weight)
     while rows < most_rows:
-        best = _best_move(candidates, gains, ks, chosen, pass_costs, rows, most_rows)
+        best = _best_move(candidates, gains, ks, chosen, pass_costs, rows, most_rows, 0.0 if any(ks) else replan_s)
         if best is None:
             break
         i, w, j, gain, cost = best
@@ -85,11 +88,12 @@ def choose(candidates: Sequence[Candidate], pass_costs: BatchCosts, host_s: floa
 
 
 def _best_move(candidates: Sequence[Candidate], gains: list[list[list[float]]], ks: list[int], chosen: list[int],
-               pass_costs: BatchCosts, rows: int, most_rows: int) -> tuple[int, int, int, float, float] | None:
+               pass_costs: BatchCosts, rows: int, most_rows: int, once_s: float) -> tuple[int, int, int, float, float] | None:
     """The next draft positions to add, (sequence, its way, how many, E[tokens] they add, seconds they add): the most
     tokens per second of added cost. A sequence not drafting yet may take any of its ways; one drafting goes on
-    with its own. A move is one position; for a way whose round costs something once (`round_s`), the first move
-    takes as many as make that cost worth the most, which one position alone may not."""
+    with its own. A move is one position; for a way whose round costs something once (`round_s`, and `once_s` for
+    the step's first drafts), the first move takes as many as make that cost worth the most, which one position
+    alone may not."""
     passes = {rows: _pass(pass_costs, rows)}
     best, best_value = None, 0.0
     for i, c in enumerate(candidates):
@@ -99,13 +103,13 @@ def _best_move(candidates: Sequence[Candidate], gains: list[list[list[float]]], 
             way, g = c.ways[w], gains[i][w]
             if ks[i] >= len(g):
                 continue
-            reach = min(len(g) - ks[i], most_rows - rows) if ks[i] == 0 and way.round_s else 1
+            reach = min(len(g) - ks[i], most_rows - rows) if ks[i] == 0 and (way.round_s or once_s) else 1
             gain = 0.0
             for j in range(1, reach + 1):
                 gain += g[ks[i] + j - 1]
                 if rows + j not in passes:
                     passes[rows + j] = _pass(pass_costs, rows + j)
-                cost = passes[rows + j] - passes[rows] + way.drafting_s(ks[i] + j) - way.drafting_s(ks[i])
+                cost = passes[rows + j] - passes[rows] + way.drafting_s(ks[i] + j) - way.drafting_s(ks[i]) + once_s
                 if gain / max(cost, 1e-9) > best_value:
                     best, best_value = (i, w, j, gain, cost), gain / max(cost, 1e-9)
     return best

@@ -91,6 +91,7 @@ class Scheduler:
         self._running: list[_Running] = []
         self._quiet: tuple[int, list[int]] | None = None  # steps left of a choice of no drafts, and for whom
         self._plan_s = 0.0  # the seconds of a step's planning where it chose (decayed)
+        self._replan_s = 0.0  # the seconds of a step's choice, its drafters' offers included (decayed)
 
     def __len__(self) -> int:
         return len(self._running)
@@ -176,7 +177,7 @@ class Scheduler:
         for generation, _ in emitted:
             if generation.check_limits() is not None:
                 self.leave(generation)
-        if not fed and not any(r.generation.catching_up for r in planned):
+        if not fed and not any(r.generation.catching_up or r.generation.last_draft.tokens for r in planned):
             seconds = max(0.0, time.perf_counter() - step_started - passes_s)
             self.host[:] = [DECAY * self.host[0] + seconds, DECAY * self.host[1] + 1.0]
         return emitted
@@ -197,7 +198,9 @@ class Scheduler:
     def _draft_together(self, planned: list[_Running]) -> tuple[dict[int, Draft], float]:
         """The drafts of the sequences whose drafters draft step by step (`Generation.draft_steps`), by id of
         their `_Running` (their steps in lockstep, each step of all of them one pass of the draft context), and
-        the seconds of those passes."""
+        the seconds of those steps. A step's seconds are its pass and each drafter's work on its row (choosing its
+        token, its law): on a tiny draft that work is half a step, and a price without it drafted where drafting
+        lost a third of the speed."""
         drafts: dict[int, Draft] = {}
         passes_s = 0.0
         stepping: list[tuple[_Running, Context, DraftSteps, list[int], int]] = []
@@ -210,12 +213,13 @@ class Scheduler:
             parts = [Part(context, fed, 1, len(fed) if i == 0 else 0) for _, context, _, fed, i in stepping]
             started = time.perf_counter()
             rows, _ = _decode(parts)
+            this_step, stepping = stepping, []
+            for (running, context, steps, _fed, i), row in zip(this_step, rows):
+                self._advance(drafts, stepping, running, context, steps, row[0], i + 1)
             seconds = time.perf_counter() - started
             passes_s, share = passes_s + seconds, seconds / len(parts)
-            this_step, stepping = stepping, []
-            for (running, context, steps, fed, i), row in zip(this_step, rows):
+            for running, _context, _steps, fed, _i in this_step:
                 shares.setdefault(id(running), []).append((len(fed), share))
-                self._advance(drafts, stepping, running, context, steps, row[0], i + 1)
         for key, draft in drafts.items():  # each step costs its share of the pass, not the whole pass it waited on
             draft.steps = shares.get(key, [])
         return drafts, passes_s
@@ -290,6 +294,7 @@ class Scheduler:
         # stood for 64 quiet steps, and the default never drafted a 40-token answer).
         planning = seconds - proposed
         self._plan_s = planning if not self._plan_s else 0.8 * self._plan_s + 0.2 * planning
+        self._replan_s = seconds if not self._replan_s else 0.8 * self._replan_s + 0.2 * seconds
         share = (seconds - proposed - (choosing() - chose)) / len(generating)
         for running in generating:
             running.generation.stats.plan_s += share
@@ -311,12 +316,13 @@ class Scheduler:
         batch's choice by goodput, with a probe (K = 1) for a drafter idle for long enough. A choice of no drafts at
         all stands for some steps of the same sequences (`_quiet_steps`)."""
         candidates = [self._candidate(r) for r in generating]  # made once a step (a drafter's offer decides its way)
-        choices = choose(candidates, self.pass_costs, self.host_s)
+        quiet = self._quiet_steps(len(generating))  # what drafting forgoes: the choice not made on quiet steps
+        choices = choose(candidates, self.pass_costs, self.host_s, self._replan_s * quiet / (quiet + 1))
         for running, (k, way) in zip(generating, choices):
             if k and way:  # another way than its drafter's preferred one pays best in this pass
                 running.generation.take(running.offers[way])
         ks = [k if running.adaptive else None for (k, _way), running in zip(choices, generating)]
-        quiet = self._quiet_steps(len(generating)) if not any(ks) else 0
+        quiet = quiet if not any(ks) else 0
         self._quiet = (quiet, [id(r) for r in generating]) if quiet else None
         for i, (running, candidate) in enumerate(zip(generating, candidates)):
             if not running.adaptive:
@@ -398,8 +404,10 @@ class Scheduler:
 
     @property
     def host_s(self) -> float:
-        """h: a step's seconds outside its passes (every sequence's host work), measured on steps that fed no prompt
-        and caught no drafter up (their decodes are not the loop's work)."""
+        """h: a step's seconds outside its passes (every sequence's host work), measured on steps that fed no prompt,
+        caught no drafter up (their decodes are not the loop's work) and drafted nothing: the work a step costs
+        whatever K. Measured on drafting steps too, it grew with the drafting it priced (a tiny model's steps that
+        drafted cost ~1 ms of host work, its plain ones ~0.1), and the dearer step made drafting look worth more."""
         return self.host[0] / self.host[1] if self.host[1] else 0.0
 
     @staticmethod
