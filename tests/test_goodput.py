@@ -118,3 +118,17 @@ def test_alone_acceptance_and_the_drafters_cost_set_k() -> None:
     [dear] = choose_ks([Candidate(falling, step_s=0.015)], pass_costs(rows))
     [free] = choose_ks([Candidate(falling)], pass_costs(rows))
     assert 0 < dear < free
+
+
+def test_a_step_that_drafts_pays_the_choice_it_makes_the_next_step_make() -> None:
+    """Where a step drafting nothing is followed by steps that do not choose, drafting pays for the next choice too
+    (`replan_s`, once, like a round's own cost): a draft worth a little more than its rows drafts without it, not
+    with a choice that costs what a pass does, and a draft worth much more still drafts, with as many positions as
+    make that once-cost worth the most."""
+    seconds = lambda rows: 0.0010 + 0.0005 * rows  # noqa: E731  (a tiny model: a pass about what a choice costs)
+    costs = pass_costs(seconds, range(1, 20))
+    marginal = [Candidate([0.5, 0.2])]
+    assert choose_ks(marginal, costs) == [1]
+    assert [k for k, _ in choose(marginal, costs, replan_s=0.0015)] == [0]
+    sure = [Candidate(np.full(8, 0.99))]
+    assert [k for k, _ in choose(sure, costs, replan_s=0.0015)] == [8]

@@ -18,7 +18,9 @@ tried again (`probe_rounds`).
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import Iterable, Protocol
 
 
@@ -78,6 +80,7 @@ class BatchCosts:
         self._since_fit = 0  # calls recorded since the line was fitted
         self._read: dict[int, float | None] = {}  # what `seconds` read since the last call recorded
         self._sizes: tuple[dict[int, float], dict[int, float]] | None = None  # `_means`', until a call
+        self._ceiling: tuple[list[int], list[float]] = ([], [])  # `_floor`'s sizes and running maximum, as `_sizes`
         self._scale = 1.0  # decay^-(calls recorded since the last rescale)
         self._ref: int | None = None  # the size called most (aged): what the others' shapes are measured against
         self._shape: dict[int, tuple[int, float]] = {}  # size: (the size called most, its mean over that one's)
@@ -145,6 +148,9 @@ class BatchCosts:
                 if m not in fresh and ref in fresh:
                     means[m] = ratio * fresh[ref]
             self._sizes = means, fresh
+            floor = fresh or means
+            sizes = sorted(floor)
+            self._ceiling = sizes, list(accumulate((floor[m] for m in sizes), max))
         return self._sizes
 
     def _seconds(self, n: int) -> float | None:
@@ -152,9 +158,9 @@ class BatchCosts:
             return None
         means, fresh = self._means()
         if n in fresh:  # never below a smaller size's: one noisy call must not make more rows look cheaper
-            return max(fresh[n], self._floor(n, fresh))
+            return max(fresh[n], self._floor(n))
         if len(fresh) < 2 and n in self._shape and self._shape[n][0] in fresh:  # no line through fresh sizes
-            return max(means[n], self._floor(n, fresh))
+            return max(means[n], self._floor(n))
         if len(means) < 2:  # one size to go by
             size, mean = next(iter(means.items()))
             return mean * min(1.0, (n + 1) / (size + 1))
@@ -162,19 +168,17 @@ class BatchCosts:
             slope, intercept = _weighted_line(means, {m: max(self.calls(m), FLOOR) for m in means})
             self._line, self._since_fit = (max(slope, 0.0), intercept), 0
         slope, intercept = self._line
-        return max(intercept + slope * n, self._floor(n, fresh or means))
+        return max(intercept + slope * n, self._floor(n))
 
-    @staticmethod
-    def _floor(n: int, means: dict[int, float]) -> float:
+    def _floor(self, n: int) -> float:
         """c(n) is never below what a smaller size measured (a line through noisy points can dip, and so can one
         call: the first 4-row pass of four sequences on a tiny model took twice what the 8-row pass after it did,
         and the planner drafted as if rows paid it back), nor, below the sizes seen, below the smallest one's cost
-        in proportion to n + 1. (Plain Python: a few sizes, read every round.)"""
-        below = [mean for size, mean in means.items() if size <= n]
-        if below:
-            return max(below)
-        smallest = min(means)
-        return means[smallest] * (n + 1) / (smallest + 1)
+        in proportion to n + 1. The fresh sizes (or all, where none is) and their running maximum are kept between
+        two calls (`_means`): a round's planning reads many sizes."""
+        sizes, highest = self._ceiling
+        below = bisect_right(sizes, n)
+        return highest[below - 1] if below else highest[0] * (n + 1) / (sizes[0] + 1)
 
     def interpolated(self, n: int) -> float | None:
         """c(n) read between the sizes seen, for a size far from the many small calls that dominate the line
