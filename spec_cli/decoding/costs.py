@@ -94,11 +94,12 @@ class BatchCosts:
                 self._rescale()
         self.weight[n] = self.weight.get(n, 0.0) + self._scale
         self.total[n] = self.total.get(n, 0.0) + self._scale * seconds
-        ref = self._ref
-        if ref is None or self.weight[n] > self.weight[ref]:  # only the size called can overtake the most called
-            self._ref, ref, n = n, n, ref  # the one overtaken keeps its shape against the new one
-        if n is not None and n != ref:
-            self._shape[n] = (ref, self.total[n] / self.weight[n] * self.weight[ref] / self.total[ref])
+        shaped: int | None = n  # the size whose shape this call updates
+        if self._ref is None or self.weight[n] > self.weight[self._ref]:  # only the size called can overtake
+            self._ref, shaped = n, self._ref  # the one overtaken keeps its shape against the new most called
+        if shaped is not None and shaped != self._ref:
+            self._shape[shaped] = (self._ref, self.total[shaped] / self.weight[shaped] * self.weight[self._ref]
+                                   / self.total[self._ref])
         self._since_fit += 1
         self._read, self._sizes = {}, None
 
