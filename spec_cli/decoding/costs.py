@@ -79,8 +79,9 @@ class BatchCosts:
         self._line: tuple[float, float] | None = None  # (slope, intercept), fitted when first needed
         self._since_fit = 0  # calls recorded since the line was fitted
         self._read: dict[int, float | None] = {}  # what `seconds` read since the last call recorded
+        self._between: dict[int, float | None] = {}  # what `interpolated` read, likewise
         self._sizes: tuple[dict[int, float], dict[int, float]] | None = None  # `_means`', until a call
-        self._ceiling: tuple[list[int], list[float]] = ([], [])  # `_floor`'s sizes and running maximum, as `_sizes`
+        self._ceiling: tuple[list[int], list[float]] | None = None  # `_floor`'s sizes and running maximum, likewise
         self._scale = 1.0  # decay^-(calls recorded since the last rescale)
         self._ref: int | None = None  # the size called most (aged): what the others' shapes are measured against
         self._shape: dict[int, tuple[int, float]] = {}  # size: (the size called most, its mean over that one's)
@@ -101,7 +102,7 @@ class BatchCosts:
             self._shape[shaped] = (self._ref, self.total[shaped] / self.weight[shaped] * self.weight[self._ref]
                                    / self.total[self._ref])
         self._since_fit += 1
-        self._read, self._sizes = {}, None
+        self._read, self._between, self._sizes = {}, {}, None
 
     def calls(self, n: int) -> float:
         """How many calls of size n the mean weighs, each aged by `decay` at every call since."""
@@ -127,7 +128,7 @@ class BatchCosts:
             calls = other.calls(n) * self._scale
             self.weight[n] = self.weight.get(n, 0.0) + calls
             self.total[n] = self.total.get(n, 0.0) + calls * other.total[n] / other.weight[n]
-        self._line, self._read, self._sizes = None, {}, None
+        self._line, self._read, self._between, self._sizes = None, {}, {}, None
         self._most_called()
 
     def mean(self, n: int) -> float | None:
@@ -143,15 +144,13 @@ class BatchCosts:
         """(every size's mean, those of the sizes measured lately), computed once between two calls recorded: a
         round's planning reads many sizes. A size seen long ago with a shape (`_shape`) is at today's level."""
         if self._sizes is None:
-            means = {m: self.total[m] / weight for m, weight in self.weight.items()}
-            fresh = {m: mean for m, mean in means.items() if self.calls(m) >= STALE}
+            total, stale = self.total, STALE * self._scale  # calls(m) >= STALE, without a call per size
+            means = {m: total[m] / weight for m, weight in self.weight.items()}
+            fresh = {m: means[m] for m, weight in self.weight.items() if weight >= stale}
             for m, (ref, ratio) in self._shape.items():
                 if m not in fresh and ref in fresh:
                     means[m] = ratio * fresh[ref]
-            self._sizes = means, fresh
-            floor = fresh or means
-            sizes = sorted(floor)
-            self._ceiling = sizes, list(accumulate((floor[m] for m in sizes), max))
+            self._sizes, self._ceiling = (means, fresh), None
         return self._sizes
 
     def _seconds(self, n: int) -> float | None:
@@ -175,8 +174,13 @@ class BatchCosts:
         """c(n) is never below what a smaller size measured (a line through noisy points can dip, and so can one
         call: the first 4-row pass of four sequences on a tiny model took twice what the 8-row pass after it did,
         and the planner drafted as if rows paid it back), nor, below the sizes seen, below the smallest one's cost
-        in proportion to n + 1. The fresh sizes (or all, where none is) and their running maximum are kept between
-        two calls (`_means`): a round's planning reads many sizes."""
+        in proportion to n + 1. The fresh sizes (or all, where none is) and their running maximum are kept until the
+        next call recorded: a round's planning reads many sizes."""
+        if self._ceiling is None:
+            means, fresh = self._means()
+            floor = fresh or means
+            sizes = sorted(floor)
+            self._ceiling = sizes, list(accumulate((floor[m] for m in sizes), max))
         sizes, highest = self._ceiling
         below = bisect_right(sizes, n)
         return highest[below - 1] if below else highest[0] * (n + 1) / (sizes[0] + 1)
@@ -186,7 +190,13 @@ class BatchCosts:
         of `seconds`: linear between the nearest sizes seen on either side; beyond the largest, in proportion
         to n (a large batch costs per token); below the smallest, as `seconds` (None before any call).
         A draft model's catch-up after a stretch of n-gram rounds is such a size: on the demo pair the line
-        priced 40 tokens at ~80 ms where they took ~150 ms."""
+        priced 40 tokens at ~80 ms where they took ~150 ms. What it read is kept until the next call recorded: the
+        default drafting prices a drafter's catch-up several times a round."""
+        if n not in self._between:
+            self._between[n] = self._interpolated(n)
+        return self._between[n]
+
+    def _interpolated(self, n: int) -> float | None:
         if not self.weight:
             return None
         sizes = sorted(self.weight)
@@ -209,7 +219,7 @@ class BatchCosts:
         for n, seconds in means.items():
             self.weight[int(n)] = weight * self._scale
             self.total[int(n)] = weight * self._scale * float(seconds)
-        self._line, self._read, self._sizes = None, {}, None
+        self._line, self._read, self._between, self._sizes = None, {}, {}, None
         self._most_called()
 
 

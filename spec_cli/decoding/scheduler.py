@@ -19,7 +19,7 @@ rows, laws and random generator, and every row of a pass is computed as it would
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, TypeVar
 
 import numpy as np
@@ -384,8 +384,8 @@ class Scheduler:
             running.offers = [offer.way for offer in offers]
             if not offers:
                 return Candidate((), fixed=0)
-            ways = [self._way(offer, cap) for offer in offers]
-            return replace(ways[0], others=tuple(ways[1:]))
+            first, *others = [self._way(offer, cap) for offer in offers]
+            return Candidate(first.rates, step_s=first.step_s, round_s=first.round_s, others=tuple(others))
         pooled = self.acceptance.get(mode)
         if not length.priced and (pooled is None or pooled.measured < length.warmup_rounds):
             return Candidate((), fixed=min(length.next_k(), cap))  # not priced yet: tried at its warm-up K
