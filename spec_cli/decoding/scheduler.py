@@ -86,7 +86,7 @@ class Scheduler:
         self.pass_costs = BatchCosts(DECAY)
         if verify is not None and verify.weight:
             self.pass_costs.seed({str(int(k) + 1): seconds for k, seconds in verify.as_dict().items()}, 1.0)
-        self.host = [0.0, 0.0]  # decayed: seconds of steps outside their passes, steps
+        self.host = {True: [0.0, 0.0], False: [0.0, 0.0]}  # by whether any drafted, decayed: host seconds, steps
         self.acceptance: dict[str, PositionAcceptance] = {}
         self._running: list[_Running] = []
         self._quiet: tuple[int, list[int]] | None = None  # steps left of a choice of no drafts, and for whom
@@ -177,9 +177,10 @@ class Scheduler:
         for generation, _ in emitted:
             if generation.check_limits() is not None:
                 self.leave(generation)
-        if not fed and not any(r.generation.catching_up or r.generation.last_draft.tokens for r in planned):
+        if not fed and not any(r.generation.catching_up for r in planned):
             seconds = max(0.0, time.perf_counter() - step_started - passes_s)
-            self.host[:] = [DECAY * self.host[0] + seconds, DECAY * self.host[1] + 1.0]
+            host = self.host[any(r.generation.last_draft.tokens for r in planned)]
+            host[:] = [DECAY * host[0] + seconds, DECAY * host[1] + 1.0]
         return emitted
 
     def _guarded(self, running: _Running, work: Callable[..., T], *args: object) -> T | None:
@@ -404,11 +405,14 @@ class Scheduler:
 
     @property
     def host_s(self) -> float:
-        """h: a step's seconds outside its passes (every sequence's host work), measured on steps that fed no prompt,
-        caught no drafter up (their decodes are not the loop's work) and drafted nothing: the work a step costs
-        whatever K. Measured on drafting steps too, it grew with the drafting it priced (a tiny model's steps that
-        drafted cost ~1 ms of host work, its plain ones ~0.1), and the dearer step made drafting look worth more."""
-        return self.host[0] / self.host[1] if self.host[1] else 0.0
+        """h: a step's seconds outside its passes (every sequence's host work), measured on steps that fed no prompt
+        and caught no drafter up (their decodes are not the loop's work): the work a step costs whatever K. Steps that
+        drafted and steps that did not are measured apart and the lesser mean is h: each overstates it in its own
+        way. Drafting steps' host work grows with the drafting priced (a tiny model's cost ~1 ms, its plain ones
+        ~0.1), and a dearer step makes drafting look worth more; where nearly every step drafts, the few plain ones
+        are old, the first of them cold (1.5 ms)."""
+        means = [seconds / steps for seconds, steps in self.host.values() if steps]
+        return min(means, default=0.0)
 
     @staticmethod
     def _drafted(running: _Running) -> None:
