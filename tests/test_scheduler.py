@@ -331,3 +331,16 @@ def test_a_probe_dearer_than_its_share_of_the_idle_time_is_not_made() -> None:
     costs.draft.record(64, 64 * 0.050)
     scheduler, running = planned(costs, backlog=64)
     assert set(idle_ks(scheduler, running, 400)) == {0}
+
+
+def test_a_planner_that_always_drafts_measures_the_plain_pass_again() -> None:
+    """Where every step drafts, the pass over the sequences alone goes stale: a step drafts nothing so that its price
+    is measured again, never while it is fresh, and then once every `PROBE_ROUNDS` steps that would draft."""
+    scheduler, running = planned(LoopCosts(shape=PER_TOKEN))
+    scheduler.pass_costs.record(1, 0.044)
+    drafting = [scheduler._plain_due([running]) for _ in range(3 * PROBE_ROUNDS)]
+    assert drafting.count(True) == 0  # a plain pass of one row measured lately: nothing to probe
+    for _ in range(40):
+        scheduler.pass_costs.record(5, 0.060)
+    plain = [i for i in range(3 * PROBE_ROUNDS) if scheduler._plain_due([running])]
+    assert plain == [0, PROBE_ROUNDS, 2 * PROBE_ROUNDS]  # the drafting steps before counted

@@ -104,6 +104,10 @@ class BatchCosts:
         self._since_fit += 1
         self._read, self._between, self._sizes = {}, {}, None
 
+    def fresh(self, n: int) -> bool:
+        """Whether size n was measured lately (its calls weigh at least `STALE`): its own mean prices it."""
+        return n in self.weight and self.weight[n] >= STALE * self._scale
+
     def calls(self, n: int) -> float:
         """How many calls of size n the mean weighs, each aged by `decay` at every call since."""
         return self.weight[n] / self._scale

@@ -92,6 +92,7 @@ class Scheduler:
         self._quiet: tuple[int, list[int]] | None = None  # steps left of a choice of no drafts, and for whom
         self._plan_s = 0.0  # the seconds of a step's planning where it chose (decayed)
         self._replan_s = 0.0  # the seconds of a step's choice, its drafters' offers included (decayed)
+        self._drafting_steps = 0  # steps that would draft since the last that did not (`_plain_due`)
 
     def __len__(self) -> int:
         return len(self._running)
@@ -323,6 +324,10 @@ class Scheduler:
             if k and way:  # another way than its drafter's preferred one pays best in this pass
                 running.generation.take(running.offers[way])
         ks = [k if running.adaptive else None for (k, _way), running in zip(choices, generating)]
+        if not any(ks):
+            self._drafting_steps = 0
+        elif self._plain_due(generating):
+            ks = [0 if running.adaptive else None for running in generating]
         quiet = quiet if not any(ks) else 0
         self._quiet = (quiet, [id(r) for r in generating]) if quiet else None
         for i, (running, candidate) in enumerate(zip(generating, candidates)):
@@ -337,6 +342,19 @@ class Scheduler:
             running.idle = running.idle + 1 if ks[i] == 0 else 0
             running.priced_after = running.priced_after if ks[i] == 0 else 0
         return ks
+
+    def _plain_due(self, generating: list[_Running]) -> bool:
+        """Whether this step, which would draft, should not: the planner's own probe. Where every step drafts, the
+        pass over the sequences alone is never measured again, and its price, left from cold first steps, kept the
+        choice drafting (a tiny model drafting for itself at two sequences priced that pass at three times what it
+        took). Due when that price is stale, after at least `PROBE_ROUNDS` steps that drafted since the last that did
+        not, and only where the planner chooses every sequence's K."""
+        self._drafting_steps += 1
+        if self._drafting_steps < PROBE_ROUNDS or not all(r.adaptive for r in generating) or \
+                self.pass_costs.fresh(len(generating)):
+            return False
+        self._drafting_steps = 0
+        return True
 
     def _quiet_steps(self, sequences: int) -> int:
         """How many steps after this one a choice of no drafts at all stands for: as many as keep choosing again within
