@@ -160,12 +160,12 @@ class Generation:
         time, booked as its decodes); True: this round drafts nothing (`Drafter.catch_up`)."""
         if self.drafter is None:
             return False
-        started = time.perf_counter()
+        self._timer.begin_step()
         done = self.drafter.catch_up(self._seq, chunk)
         self.catching_up = done.left if done is not None else 0
         if done is None:
             return False
-        self._timer.drafted(time.perf_counter() - started)
+        self._timer.end_step("draft_s")
         self._timer.caught_up(done.steps)
         self.stats.caught_up += sum(n for n, _ in done.steps)
         return True
@@ -221,9 +221,8 @@ class Generation:
     def _settle(self, draft: Draft, rows: np.ndarray, sequences: int) -> Iterator[TokenEvent]:
         self.stats.batched += sequences
         self.stats.current_k = len(draft.tokens) or self.stats.current_k  # the K last drafted, for live views
-        started = time.perf_counter()  # host work on the rows (no decode): wall time, no clock of llama.cpp's
-        n, token = self._accepted_prefix(rows, draft)
-        self._timer.verified(time.perf_counter() - started)
+        with self._timer.step("verify_s"):
+            n, token = self._accepted_prefix(rows, draft)
         self.stats.record_round(len(draft.tokens), n, draft.way or (self.drafter.idle_way if self.drafter else ""))
         self._advance_grammar(n, token)
         emitted = yield from self._emit(draft.tokens[:n], token)

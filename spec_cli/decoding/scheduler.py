@@ -64,6 +64,11 @@ class _Running:
     def __post_init__(self) -> None:
         self.adaptive = _chooses_k(self.generation)
 
+    @property
+    def probe_may_be_due(self) -> bool:
+        """Whether its drafter has sat out the rounds a probe waits for, and those its price needed when last read."""
+        return self.adaptive and self.idle >= max(self.probe_after, self.priced_after)
+
 
 class Scheduler:
     """Runs the generations that `join` it, one step (`step`) at a time, until each finishes or `leave`s.
@@ -306,7 +311,7 @@ class Scheduler:
         """Whether this step goes on with a choice of no drafts at all (`_quiet_steps`): the same sequences, none of
         whose drafters is due a probe. It counts the step down, and each chosen drafter's idle rounds up."""
         if not self._quiet or self._quiet[1] != [id(r) for r in generating] or any(
-                r.adaptive and r.idle >= max(r.probe_after, r.priced_after) for r in generating):
+                r.probe_may_be_due for r in generating):
             return False
         self._quiet = (self._quiet[0] - 1, self._quiet[1]) if self._quiet[0] > 1 else None
         for running in generating:
@@ -333,14 +338,16 @@ class Scheduler:
         for i, (running, candidate) in enumerate(zip(generating, candidates)):
             if not running.adaptive:
                 continue
-            running.probing = ks[i] == 0 and running.idle >= max(running.probe_after, running.priced_after) and \
+            running.probing = ks[i] == 0 and running.probe_may_be_due and \
                 self._probe_due(running, candidate, len(generating))
             if running.probing:
                 ks[i] = 1
             elif ks[i]:
                 running.probe_after = PROBE_ROUNDS
-            running.idle = running.idle + 1 if ks[i] == 0 else 0
-            running.priced_after = running.priced_after if ks[i] == 0 else 0
+            if ks[i]:
+                running.idle = running.priced_after = 0
+            else:
+                running.idle += 1
         return ks
 
     def _plain_due(self, generating: list[_Running]) -> bool:

@@ -59,14 +59,9 @@ class RoundTimer:
         self._verify_s = 0.0
 
     def verified(self, seconds: float) -> None:
-        """Verification's wall time: the pass a scheduler ran for this round (with other sequences'), or the host work
-        that reads its rows."""
+        """The verify pass a scheduler ran for this round (with other sequences'): its wall time."""
         self.stats.verify_s += seconds
         self._verify_s += seconds
-
-    def drafted(self, seconds: float) -> None:
-        """Drafting's wall time: a proposal, or a chunk of a catch-up between rounds."""
-        self.stats.draft_s += seconds
 
     @contextmanager
     def step(self, share: str) -> Iterator[None]:
