@@ -187,3 +187,26 @@ def test_interpolated_reads_between_the_sizes_seen_and_in_proportion_beyond() ->
     assert costs.interpolated(24) == pytest.approx(0.016 + (0.181 - 0.016) * 22 / 44)
     assert costs.interpolated(92) == pytest.approx(0.181 * 2)
     assert BatchCosts().interpolated(3) is None
+
+
+def test_interpolated_beyond_a_pass_that_fed_nothing_reads_the_line() -> None:
+    """Size 0 (a verify pass of no drafts) has no per-token rate to scale: beyond it, `seconds`' guess."""
+    costs = BatchCosts()
+    costs.record(0, 0.010)
+    assert costs.interpolated(3) == costs.seconds(3) == pytest.approx(0.010)
+
+
+def test_reads_follow_the_calls_recorded_between_them() -> None:
+    """What a read keeps (means, fresh sizes, the floor) is updated by each call: a size read, then called
+    again dearer, reads its new mean and lifts the sizes above it."""
+    costs = BatchCosts(decay=0.5)
+    for n, seconds in [(1, 0.010), (2, 0.020), (1, 0.010), (2, 0.020)]:
+        costs.record(n, seconds)
+    assert costs.seconds(1) == pytest.approx(0.010) and costs.seconds(2) == pytest.approx(0.020)
+    costs.record(1, 0.040)
+    assert costs.seconds(1) == pytest.approx((0.040 + 0.25 * 0.010 + 0.0625 * 0.010) / (1 + 0.25 + 0.0625))  # every call ages all
+    assert costs.seconds(2) == costs.seconds(1)  # more rows never read cheaper
+    for _ in range(8):  # size 2 goes stale (its calls weigh < STALE): not its own old mean, 0.020, any more
+        costs.record(1, 0.040)
+    assert not costs.fresh(2)
+    assert costs.seconds(2) >= costs.seconds(1) == pytest.approx(0.040, rel=0.01)

@@ -18,7 +18,7 @@ tried again (`probe_rounds`).
 from __future__ import annotations
 
 import math
-from bisect import bisect_right
+from bisect import bisect_right, insort
 from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import Iterable, Protocol
@@ -60,12 +60,16 @@ class BatchCosts:
     other's cost today, in the line and, where fewer than two sizes are fresh (no line to read it off), as its price:
     passes cost more as contexts grow and as the machine's load changes, and a 6-row pass measured early beside 4-row
     ones priced it cheap long after the 4-row passes had doubled (four sequences on a tiny model drafted where a row
-    costs more than the whole pass). A loop that records a
-    call every round and reads an unseen size every round (`-k auto` at K = 0, the scheduler) would otherwise
-    fit a line a round, ~0.3 ms of Python. With one size n0 seen, the guess errs cheap on both sides, so that
-    whatever depends on it gets tried and measured: proportional to n + 1 below n0, the same as n0 above (as
-    if batching were free). What `seconds` read is kept until the next call is recorded: a round's planning reads
-    the same few sizes many times.
+    costs more than the whole pass). With one size n0 seen, the guess errs cheap on both sides, so that whatever
+    depends on it gets tried and measured: proportional to n + 1 below n0, the same as n0 above (as if batching were
+    free).
+
+    A loop records a call every round and its planning reads many sizes, so what a read needs is kept as calls are
+    recorded rather than found again from every size: the means (a call changes its own size's only), the sizes in
+    order, which are fresh (found again only once one may have gone stale, `_stale_at`, or a stale one is called),
+    the line (fitted ~60 µs a fit with NumPy, in closed form now, and only as said above) and what each size read
+    until the next call. A draft model's book holds a size for every catch-up it made (~50 on the demo pair): found
+    from them all at every read, a round's reads cost ~20 µs.
 
     Aging is lazy: `weight` and `total` hold calls × `_scale`, and a call adds `_scale`, which grows by 1/decay at
     each one, so a call costs the same whatever the number of sizes (`calls(n)` is the real weight). A cost book
@@ -76,12 +80,16 @@ class BatchCosts:
         self.decay = decay
         self.weight: dict[int, float] = {}
         self.total: dict[int, float] = {}
+        self._mean: dict[int, float] = {}  # total / weight, by size
+        self._sorted: list[int] = []  # the sizes seen, in order
+        self._fresh: list[int] | None = None  # the sizes measured lately, in order (None: to be found again)
+        self._fresh_set: frozenset[int] = frozenset()
+        self._stale_at = math.inf  # the least weight among the fresh sizes: once STALE × scale passes it, one may be stale
+        self._ceiling: tuple[list[int], list[float]] | None = None  # `_floor`'s sizes and running maximum, until a call
         self._line: tuple[float, float] | None = None  # (slope, intercept), fitted when first needed
         self._since_fit = 0  # calls recorded since the line was fitted
         self._read: dict[int, float | None] = {}  # what `seconds` read since the last call recorded
         self._between: dict[int, float | None] = {}  # what `interpolated` read, likewise
-        self._sizes: tuple[dict[int, float], dict[int, float]] | None = None  # `_means`', until a call
-        self._ceiling: tuple[list[int], list[float]] | None = None  # `_floor`'s sizes and running maximum, likewise
         self._scale = 1.0  # decay^-(calls recorded since the last rescale)
         self._ref: int | None = None  # the size called most (aged): what the others' shapes are measured against
         self._shape: dict[int, tuple[int, float]] = {}  # size: (the size called most, its mean over that one's)
@@ -93,16 +101,25 @@ class BatchCosts:
             self._scale /= self.decay
             if self._scale > RESCALE:
                 self._rescale()
-        self.weight[n] = self.weight.get(n, 0.0) + self._scale
-        self.total[n] = self.total.get(n, 0.0) + self._scale * seconds
+        self._add(n, self._scale, self._scale * seconds)
         shaped: int | None = n  # the size whose shape this call updates
         if self._ref is None or self.weight[n] > self.weight[self._ref]:  # only the size called can overtake
             self._ref, shaped = n, self._ref  # the one overtaken keeps its shape against the new most called
         if shaped is not None and shaped != self._ref:
-            self._shape[shaped] = (self._ref, self.total[shaped] / self.weight[shaped] * self.weight[self._ref]
-                                   / self.total[self._ref])
+            self._shape[shaped] = (self._ref, self._mean[shaped] / self._mean[self._ref])
         self._since_fit += 1
-        self._read, self._between, self._sizes = {}, {}, None
+        if n not in self._fresh_set or STALE * self._scale > self._stale_at:
+            self._fresh = None
+        self._read, self._between, self._ceiling = {}, {}, None
+
+    def _add(self, n: int, weight: float, total: float) -> None:
+        if n not in self.weight:
+            insort(self._sorted, n)
+            self.weight[n], self.total[n] = weight, total
+        else:
+            self.weight[n] += weight
+            self.total[n] += total
+        self._mean[n] = self.total[n] / self.weight[n]
 
     def fresh(self, n: int) -> bool:
         """Whether size n was measured lately (its calls weigh at least `STALE`): its own mean prices it."""
@@ -118,25 +135,26 @@ class BatchCosts:
             self.weight[size] /= self._scale
             self.total[size] /= self._scale
             if self.weight[size] < 1e-200:
-                del self.weight[size], self.total[size]
+                del self.weight[size], self.total[size], self._mean[size]
                 self._shape.pop(size, None)
         self._scale = 1.0
-        self._most_called()
+        self._sorted = sorted(self.weight)
+        self._changed()
 
-    def _most_called(self) -> None:
+    def _changed(self) -> None:
+        """Many sizes changed at once (a merge, a seed, a rescale): what reads kept is found again."""
         self._ref = max(self.weight, key=self.weight.__getitem__, default=None)
         self._shape = {n: shape for n, shape in self._shape.items() if shape[0] in self.weight}
+        self._line, self._fresh, self._ceiling, self._read, self._between = None, None, None, {}, {}
 
     def merge(self, other: BatchCosts) -> None:
         for n in other.weight:
             calls = other.calls(n) * self._scale
-            self.weight[n] = self.weight.get(n, 0.0) + calls
-            self.total[n] = self.total.get(n, 0.0) + calls * other.total[n] / other.weight[n]
-        self._line, self._read, self._between, self._sizes = None, {}, {}, None
-        self._most_called()
+            self._add(n, calls, calls * other.total[n] / other.weight[n])
+        self._changed()
 
     def mean(self, n: int) -> float | None:
-        return self.total[n] / self.weight[n] if n in self.weight else None
+        return self._mean.get(n)
 
     def seconds(self, n: int) -> float | None:
         """c(n): the measured mean where n was seen, the fitted line elsewhere (None before any call)."""
@@ -144,31 +162,37 @@ class BatchCosts:
             self._read[n] = self._seconds(n)
         return self._read[n]
 
-    def _means(self) -> tuple[dict[int, float], dict[int, float]]:
-        """(every size's mean, those of the sizes measured lately), computed once between two calls recorded: a
-        round's planning reads many sizes. A size seen long ago with a shape (`_shape`) is at today's level."""
-        if self._sizes is None:
-            total, stale = self.total, STALE * self._scale  # calls(m) >= STALE, without a call per size
-            means = {m: total[m] / weight for m, weight in self.weight.items()}
-            fresh = {m: means[m] for m, weight in self.weight.items() if weight >= stale}
-            for m, (ref, ratio) in self._shape.items():
-                if m not in fresh and ref in fresh:
-                    means[m] = ratio * fresh[ref]
-            self._sizes, self._ceiling = (means, fresh), None
-        return self._sizes
+    def _fresh_sizes(self) -> frozenset[int]:
+        """The sizes measured lately (their calls weigh at least `STALE`), found again only when one may have gone
+        stale or a stale one was called."""
+        if self._fresh is None:
+            stale = STALE * self._scale  # calls(m) >= STALE, without a call per size
+            self._fresh = [m for m in self._sorted if self.weight[m] >= stale]
+            self._fresh_set = frozenset(self._fresh)
+            self._stale_at = min((self.weight[m] for m in self._fresh), default=math.inf)
+        return self._fresh_set
+
+    def _today(self, m: int, fresh: frozenset[int]) -> float:
+        """Size m's mean; for one seen long ago with a shape against a fresh size, that ratio of its cost today."""
+        if m not in fresh and m in self._shape:
+            ref, ratio = self._shape[m]
+            if ref in fresh:
+                return ratio * self._mean[ref]
+        return self._mean[m]
 
     def _seconds(self, n: int) -> float | None:
         if not self.weight:
             return None
-        means, fresh = self._means()
+        fresh = self._fresh_sizes()
         if n in fresh:  # never below a smaller size's: one noisy call must not make more rows look cheaper
-            return max(fresh[n], self._floor(n))
+            return max(self._mean[n], self._floor(n))
         if len(fresh) < 2 and n in self._shape and self._shape[n][0] in fresh:  # no line through fresh sizes
-            return max(means[n], self._floor(n))
-        if len(means) < 2:  # one size to go by
-            size, mean = next(iter(means.items()))
-            return mean * min(1.0, (n + 1) / (size + 1))
+            return max(self._today(n, fresh), self._floor(n))
+        if len(self._sorted) < 2:  # one size to go by
+            size = self._sorted[0]
+            return self._mean[size] * min(1.0, (n + 1) / (size + 1))
         if self._line is None:
+            means = {m: self._today(m, fresh) for m in self._sorted}
             slope, intercept = _weighted_line(means, {m: max(self.calls(m), FLOOR) for m in means})
             self._line, self._since_fit = (max(slope, 0.0), intercept), 0
         slope, intercept = self._line
@@ -178,13 +202,12 @@ class BatchCosts:
         """c(n) is never below what a smaller size measured (a line through noisy points can dip, and so can one
         call: the first 4-row pass of four sequences on a tiny model took twice what the 8-row pass after it did,
         and the planner drafted as if rows paid it back), nor, below the sizes seen, below the smallest one's cost
-        in proportion to n + 1. The fresh sizes (or all, where none is) and their running maximum are kept until the
-        next call recorded: a round's planning reads many sizes."""
+        in proportion to n + 1. Over the fresh sizes (or all, where none is); their running maximum is kept until
+        the next call recorded."""
         if self._ceiling is None:
-            means, fresh = self._means()
-            floor = fresh or means
-            sizes = sorted(floor)
-            self._ceiling = sizes, list(accumulate((floor[m] for m in sizes), max))
+            self._fresh_sizes()
+            sizes = self._fresh or self._sorted
+            self._ceiling = sizes, list(accumulate((self._mean[m] for m in sizes), max))
         sizes, highest = self._ceiling
         below = bisect_right(sizes, n)
         return highest[below - 1] if below else highest[0] * (n + 1) / (sizes[0] + 1)
@@ -201,30 +224,30 @@ class BatchCosts:
         return self._between[n]
 
     def _interpolated(self, n: int) -> float | None:
-        if not self.weight:
-            return None
-        sizes = sorted(self.weight)
-        if n <= sizes[0] or n in self.weight:
+        sizes = self._sorted
+        if not sizes or n <= sizes[0] or n in self.weight:
             return self.seconds(n)
-        above = next((size for size in sizes if size > n), None)
-        below = max(size for size in sizes if size < n)
-        low = self.total[below] / self.weight[below]
-        if above is None:
-            return low * n / below
-        high = self.total[above] / self.weight[above]
+        at = bisect_right(sizes, n)
+        below = sizes[at - 1]
+        if at == len(sizes):  # beyond the largest: per token (a size 0, a pass that feeds none, has no such rate)
+            return self._mean[below] * n / below if below else self.seconds(n)
+        above = sizes[at]
+        low, high = self._mean[below], self._mean[above]
         return low + (high - low) * (n - below) / (above - below)
 
     def as_dict(self) -> dict[str, float]:
-        return {str(n): self.total[n] / self.weight[n] for n in sorted(self.weight)}
+        return {str(n): self._mean[n] for n in self._sorted}
 
     def seed(self, means: dict[str, float], weight: float) -> None:
         """Start from means measured before (`as_dict`'s form, as a cost book keeps them), each counting as
         `weight` calls: the first calls measured now soon outweigh them."""
         for n, seconds in means.items():
-            self.weight[int(n)] = weight * self._scale
-            self.total[int(n)] = weight * self._scale * float(seconds)
-        self._line, self._read, self._between, self._sizes = None, {}, {}, None
-        self._most_called()
+            self.weight.pop(int(n), None)
+            self.total.pop(int(n), None)
+            if int(n) in self._sorted:
+                self._sorted.remove(int(n))
+            self._add(int(n), weight * self._scale, weight * self._scale * float(seconds))
+        self._changed()
 
 
 def _weighted_line(points: dict[int, float], weights: dict[int, float]) -> tuple[float, float]:
