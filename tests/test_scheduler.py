@@ -297,7 +297,7 @@ def planned(costs: LoopCosts, backlog: int = 0) -> tuple[Scheduler, scheduling._
     for _ in range(8):
         length.update(4, 0)
     generation = SimpleNamespace(drafter=Drafter(), draft_length=length, room=lambda: 1000,
-                                 stats=SimpleNamespace(draft_mode="model", adaptive=True),
+                                 stats=SimpleNamespace(draft_mode="model", adaptive=True, draft_s=0.0, plan_s=0.0),
                                  drafter_backlog=lambda: backlog)
     return scheduler, scheduling._Running(generation, [])  # type: ignore[arg-type]
 
@@ -331,6 +331,33 @@ def test_a_probe_dearer_than_its_share_of_the_idle_time_is_not_made() -> None:
     costs.draft.record(64, 64 * 0.050)
     scheduler, running = planned(costs, backlog=64)
     assert set(idle_ks(scheduler, running, 400)) == {0}
+
+
+def test_a_choice_of_no_drafts_stands_until_a_probe_falls_due() -> None:
+    """Where choosing looks dear against a step, K = 0 stands for quiet steps that ask no drafter; the streak ends when
+    the idle drafter's probe falls due, at the very step it would without quiet steps."""
+    costs = LoopCosts(shape=PER_TOKEN)
+    costs.draft.record(1, 0.002)
+    scheduler, running = planned(costs)
+    scheduler._chosen_s.extend([1.0] * scheduling.CHOICES_KEPT)  # each choice of no drafts stands for QUIET_MAX steps
+    ks = []
+    for _ in range(PROBE_ROUNDS + 1):
+        [k] = scheduler._planned_ks([running])
+        ks.append(k)
+        if ks == [0]:
+            assert scheduler._quiet is not None and scheduler._quiet.left == PROBE_ROUNDS - 1
+    assert ks == [0] * PROBE_ROUNDS + [1]
+
+
+def test_a_cold_first_choice_does_not_stand_for_quiet_steps() -> None:
+    """The quiet rule reads the middle of the last choices' seconds, once most are known: one cold choice (a drafter's
+    first trial) is not what choosing costs."""
+    scheduler, _ = planned(LoopCosts(shape=PER_TOKEN))
+    step_s = scheduler.pass_costs.seconds(1)
+    scheduler._chosen_s.append(100 * step_s)
+    assert scheduler._quiet_steps(1) == 0
+    scheduler._chosen_s.extend([0.035 * step_s] * 2)
+    assert scheduler._quiet_steps(1) == 3  # 3.5% of a step, at most 1% a step
 
 
 def test_a_planner_that_always_drafts_measures_the_plain_pass_again() -> None:

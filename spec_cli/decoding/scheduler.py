@@ -19,6 +19,7 @@ rows, laws and random generator, and every row of a pass is computed as it would
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, TypeVar
 
@@ -40,6 +41,7 @@ ALONE_CHUNK = 512  # the most a drafter catches up on in a step where its sequen
 PROBE_MAX = 1024  # the most rounds an idle sequence's drafter waits for its next probe
 PLAN_SHARE = 0.01  # the most of a step's time that choosing K = 0 again and again may cost (`Scheduler._quiet_steps`)
 QUIET_MAX = 64  # the most steps a choice of no drafts at all stands for
+CHOICES_KEPT = 5  # the last choices' seconds the quiet rule reads the middle one of (`Scheduler._quiet_steps`)
 T = TypeVar("T")
 MAX_SEQUENCES = 64  # the most sequences at once we offer (llama.cpp takes up to 256 in one context)
 
@@ -70,6 +72,31 @@ class _Running:
         return self.adaptive and self.idle >= max(self.probe_after, self.priced_after)
 
 
+@dataclass
+class _Quiet:
+    """A choice of no drafts standing for `left` more steps of the same sequences (`running`, with the Ks it gave
+    them): a quiet step only counts down, and the idle rounds the streak adds to each sequence (`steps`) are counted
+    when it ends. It ends before any drafter is due a probe: its length was cut to that when it was chosen."""
+
+    left: int
+    running: list[_Running]
+    ks: list[int | None]
+    steps: int = 0
+
+    def goes_on(self, generating: list[_Running]) -> bool:
+        """Count a quiet step down, if one is left for these same sequences."""
+        if not self.left or len(generating) != len(self.running) or \
+                any(a is not b for a, b in zip(generating, self.running)):
+            return False
+        self.left, self.steps = self.left - 1, self.steps + 1
+        return True
+
+    def end(self) -> None:
+        """The sequences' drafters sat out the streak's steps."""
+        for running in self.running:
+            running.idle += running.adaptive * self.steps
+
+
 class Scheduler:
     """Runs the generations that `join` it, one step (`step`) at a time, until each finishes or `leave`s.
 
@@ -94,8 +121,8 @@ class Scheduler:
         self.host = {True: [0.0, 0.0], False: [0.0, 0.0]}  # by whether any drafted, decayed: host seconds, steps
         self.acceptance: dict[str, PositionAcceptance] = {}
         self._running: list[_Running] = []
-        self._quiet: tuple[int, list[int]] | None = None  # steps left of a choice of no drafts, and for whom
-        self._plan_s = 0.0  # the seconds of a step's planning where it chose (decayed)
+        self._quiet: _Quiet | None = None  # a choice of no drafts that stands for some steps
+        self._chosen_s: deque[float] = deque(maxlen=CHOICES_KEPT)  # the last steps' choosing, their offers included
         self._replan_s = 0.0  # the seconds of a step's choice, its drafters' offers included (decayed)
         self._drafting_steps = 0  # steps that would draft since the last that did not (`_plain_due`)
 
@@ -276,16 +303,20 @@ class Scheduler:
     def _planned_ks(self, generating: list[_Running]) -> list[int | None]:
         """`_ks`, its seconds shared among the sequences' planning figures (`Stats.plan_s`), less what their drafters
         spent choosing their ways, which each drafter counts itself, and their proposals made to offer them (drafting
-        time, `Generation.offer`). Where no K is the planner's there is nothing to choose; a quiet step
-        (`_stays_quiet`) asks no drafter and only counts down."""
+        time, `Generation.offer`). Where no K is the planner's there is nothing to choose; a quiet step (`_Quiet`) asks
+        no drafter and only counts down: on a tiny model, whose step costs ~150 µs, asking whether a probe was due and
+        counting idle rounds every quiet step cost 3% of the target alone's speed."""
+        started = time.perf_counter()
+        if self._quiet is not None:
+            if self._quiet.goes_on(generating):
+                share = (time.perf_counter() - started) / len(generating)
+                for running in generating:
+                    running.generation.stats.plan_s += share
+                return self._quiet.ks
+            self._quiet.end()
+            self._quiet = None
         if not any(r.adaptive for r in generating):
             return [None] * len(generating)
-        started = time.perf_counter()
-        if self._stays_quiet(generating):
-            share = (time.perf_counter() - started) / len(generating)
-            for running in generating:
-                running.generation.stats.plan_s += share
-            return [0 if r.adaptive else None for r in generating]
         drafting = [r.generation.drafter for r in generating if r.generation.drafter is not None]
 
         def choosing() -> float:
@@ -297,26 +328,12 @@ class Scheduler:
         chose, proposed = choosing(), proposing()
         ks = self._ks(generating)
         seconds, proposed = time.perf_counter() - started, proposing() - proposed
-        # The choosing a quiet step saves: not the proposals it made (a cold drafter's first trial made in one step
-        # stood for 64 quiet steps, and the default never drafted a 40-token answer).
-        planning = seconds - proposed
-        self._plan_s = planning if not self._plan_s else 0.8 * self._plan_s + 0.2 * planning
+        self._chosen_s.append(seconds)
         self._replan_s = seconds if not self._replan_s else 0.8 * self._replan_s + 0.2 * seconds
         share = (seconds - proposed - (choosing() - chose)) / len(generating)
         for running in generating:
             running.generation.stats.plan_s += share
         return ks
-
-    def _stays_quiet(self, generating: list[_Running]) -> bool:
-        """Whether this step goes on with a choice of no drafts at all (`_quiet_steps`): the same sequences, none of
-        whose drafters is due a probe. It counts the step down, and each chosen drafter's idle rounds up."""
-        if not self._quiet or self._quiet[1] != [id(r) for r in generating] or any(
-                r.probe_may_be_due for r in generating):
-            return False
-        self._quiet = (self._quiet[0] - 1, self._quiet[1]) if self._quiet[0] > 1 else None
-        for running in generating:
-            running.idle += running.adaptive
-        return True
 
     def _ks(self, generating: list[_Running]) -> list[int | None]:
         """K for each generating sequence: a fixed K as its request asked (None: its own), and for `-k auto` the
@@ -333,8 +350,6 @@ class Scheduler:
             self._drafting_steps = 0
         elif self._plain_due(generating):
             ks = [0 if running.adaptive else None for running in generating]
-        quiet = quiet if not any(ks) else 0
-        self._quiet = (quiet, [id(r) for r in generating]) if quiet else None
         for i, (running, candidate) in enumerate(zip(generating, candidates)):
             if not running.adaptive:
                 continue
@@ -348,6 +363,9 @@ class Scheduler:
                 running.idle = running.priced_after = 0
             else:
                 running.idle += 1
+        if quiet and not any(ks):  # quiet until the first drafter due a probe (`_Running.probe_may_be_due`) is
+            quiet = min([quiet, *(max(r.probe_after, r.priced_after) - r.idle for r in generating if r.adaptive)])
+        self._quiet = _Quiet(quiet, list(generating), list(ks)) if quiet > 0 and not any(ks) else None
         return ks
 
     def _plain_due(self, generating: list[_Running]) -> bool:
@@ -367,9 +385,17 @@ class Scheduler:
         """How many steps after this one a choice of no drafts at all stands for: as many as keep choosing again within
         `PLAN_SHARE` of the steps' time. Where a step is dear (a model of some size) that is none, and each step chooses
         afresh; on a tiny model, whose step costs about what choosing does, the choice stands for tens of steps (the
-        planner's Python between passes cost it a third of the target alone's speed)."""
+        planner's Python between passes cost it a third of the target alone's speed).
+
+        Choosing costs what the last steps that chose took, their drafters' offers (a lookup's proposal) included:
+        without them the memory's lookups on a tiny model cost 3% of its speed, twice the share. The middle of the last
+        `CHOICES_KEPT`, once most of them are known: a cold drafter's first trial, made in one step, would stand for
+        tens of quiet steps (the default then never drafted a 40-token answer on a cross-vocabulary pair)."""
         step_s = (self.pass_costs.seconds(sequences) or 0.0) + self.host_s
-        return min(QUIET_MAX, int(self._plan_s / (PLAN_SHARE * step_s))) if step_s else 0
+        if len(self._chosen_s) <= CHOICES_KEPT // 2 or not step_s:
+            return 0
+        choosing_s = sorted(self._chosen_s)[len(self._chosen_s) // 2]
+        return min(QUIET_MAX, int(choosing_s / (PLAN_SHARE * step_s)))
 
     def _probe_due(self, running: _Running, candidate: Candidate, sequences: int) -> bool:
         """Whether an idle drafter that has sat out enough rounds should draft one token now: the probe (its
