@@ -284,15 +284,36 @@ def test_alone_an_own_drafter_is_offered_at_its_steady_price_and_catches_up_in_c
 
 
 def test_under_auto_the_planners_k_is_the_k_a_way_is_priced_at() -> None:
-    """Under auto the planner owns K: the K it gives a way is the one that way's option is priced at in the rounds
-    after (the way's controller only keeps acceptance), and before any, `K_START`."""
+    """Under auto the planner owns K: the K it gives a way (`take`) is the one that way's option is priced at in the
+    rounds after (the way's controller only keeps acceptance), and before any, `K_START`."""
     drafter, _model = hybrid(model_accepts=1, ngram_accepts=4)
     drafter.state.ks.update({"ngram": K_START, "model": K_START})
     drafter.rewind(1)
     drafter.offer(MATCH, Terms(8, 64, False, 100), GREEDY, np.random.default_rng(0))
+    drafter.take("ngram", 6)
     assert drafter.propose(MATCH, 6, GREEDY, np.random.default_rng(0)).tokens == [4, 5, 6, 7, 8, 1]
     assert drafter.state.ks == {"ngram": 6, "model": K_START} and drafter._k("ngram", 16) == 6
     assert drafter._k("ngram", 3) == 3  # never past the cap of this round
+
+
+def test_a_k_cut_short_by_the_round_is_not_the_ways_k() -> None:
+    """A K as far as the way could go this round (the answer's last tokens, a short proposal) may be less than the
+    planner wanted: it does not lower the K the way is priced at in the rounds after, and one as far as a whole way
+    goes raises it."""
+    drafter, _model = hybrid(model_accepts=4, ngram_accepts=0, in_use="model")
+    drafter.state.ks.update({"ngram": K_START, "model": 7})
+    drafter.rewind(1)
+    [offer] = drafter.offer(NO_MATCH, Terms(3, 64, False, 4), GREEDY, np.random.default_rng(0))  # 4 tokens left
+    assert offer.way == "model" and offer.cap == 3
+    drafter.take("model", 3)
+    assert drafter.state.ks["model"] == 7
+    drafter.offer(NO_MATCH, Terms(16, 64, False, 100), GREEDY, np.random.default_rng(0))
+    drafter.take("model", 4)  # the model's controller may draft 4 at most (`hybrid`'s k): as far as it goes
+    assert drafter.state.ks["model"] == 7
+    drafter.offer(NO_MATCH, Terms(16, 64, False, 100), GREEDY, np.random.default_rng(0))
+    drafter.state.ks["model"] = 2
+    drafter.take("model", 4)
+    assert drafter.state.ks["model"] == 4
 
 
 def test_a_clearly_better_regime_is_entered_at_once_where_the_answer_has_room_to_pay_it_back() -> None:
@@ -318,7 +339,7 @@ def test_the_batch_may_take_the_lookup_the_hybrid_offers_beside_its_choice() -> 
     drafter.rewind(1)
     offers = drafter.offer(MATCH, Terms(8, 64, True, 100), GREEDY, np.random.default_rng(0))
     assert [offer.way for offer in offers] == ["model", "ngram"] and offers[1].costs.shape == HOST
-    drafter.take("ngram")
+    drafter.take("ngram", 3)
     draft = drafter.propose(MATCH, 3, GREEDY, np.random.default_rng(0))
     assert draft.tokens == [4, 5, 6] and draft.way == "ngram" and model.proposed == 0
     reached = drafter.state.lengths["ngram"].acceptance.measured

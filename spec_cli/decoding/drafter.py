@@ -144,8 +144,9 @@ class Drafter:
         priced by its K controller's book."""
         return []
 
-    def take(self, way: str) -> None:
-        """Draft next round the way `way`, one of those just offered (a scheduler weighed them in the batch)."""
+    def take(self, way: str, k: int) -> None:
+        """Draft next round the way `way`, one of those just offered, at K = `k` (a scheduler weighed them in the
+        batch)."""
 
     def pending(self, tokens: Sequence[int]) -> int:
         """How many tokens the next proposal must feed before its first draft step (its catch-up): 0 for a

@@ -248,10 +248,10 @@ class Generation:
         self.stats.draft_s += time.perf_counter() - started - (self.drafter.plan_s - planned)
         return offers
 
-    def take(self, way: str) -> None:
-        """Draft next round the way `way`, one of those offered (`Drafter.take`)."""
+    def take(self, way: str, k: int) -> None:
+        """Draft next round the way `way`, one of those offered, at K = `k` (`Drafter.take`)."""
         if self.drafter is not None:
-            self.drafter.take(way)
+            self.drafter.take(way, k)
 
     def drafter_backlog(self) -> int:
         """How many tokens the drafter must take in before it drafts again (0 for one without a memory)."""
@@ -362,8 +362,9 @@ class Generation:
     def _learn(self, draft: Draft, n: int, emitted: int) -> None:
         """Tell the K controller and the drafter what was kept, and the cost books what the round cost; the planning
         figure gains the controller's update and what the drafter spent choosing its way. A round that drafted nothing
-        teaches a controller nothing."""
-        if draft.tokens:
+        teaches a controller nothing, and neither does a round of a drafter of several ways: its K only bounds theirs,
+        and each way's own controller learns (`Drafter.update`)."""
+        if draft.tokens and not self.drafter.chooses_ways:
             started = time.perf_counter()
             self.draft_length.update(len(draft.tokens), n)
             self.stats.plan_s += time.perf_counter() - started

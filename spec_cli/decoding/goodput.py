@@ -94,22 +94,24 @@ def _best_move(candidates: Sequence[Candidate], gains: list[list[list[float]]], 
     with its own. A move is one position; for a way whose round costs something once (`round_s`, and `once_s` for
     the step's first drafts), the first move takes as many as make that cost worth the most, which one position
     alone may not."""
-    passes = {rows: _pass(pass_costs, rows)}
+    passes = [_pass(pass_costs, rows)]  # c(rows + j), read as a move first needs it
     best, best_value = None, 0.0
     for i, c in enumerate(candidates):
         if c.fixed is not None:
             continue
-        for w in range(len(c.ways)) if ks[i] == 0 else (chosen[i],):
+        k = ks[i]
+        for w in range(len(c.ways)) if k == 0 else (chosen[i],):
             way, g = c.ways[w], gains[i][w]
-            if ks[i] >= len(g):
+            if k >= len(g):
                 continue
-            reach = min(len(g) - ks[i], most_rows - rows) if ks[i] == 0 and (way.round_s or once_s) else 1
+            once = way.round_s + once_s if k == 0 else 0.0  # what its first positions pay once
+            reach = min(len(g) - k, most_rows - rows) if once else 1
             gain = 0.0
             for j in range(1, reach + 1):
-                gain += g[ks[i] + j - 1]
-                if rows + j not in passes:
-                    passes[rows + j] = _pass(pass_costs, rows + j)
-                cost = passes[rows + j] - passes[rows] + way.drafting_s(ks[i] + j) - way.drafting_s(ks[i]) + once_s
+                gain += g[k + j - 1]
+                if j == len(passes):
+                    passes.append(_pass(pass_costs, rows + j))
+                cost = passes[j] - passes[0] + j * way.step_s + once
                 if gain / max(cost, 1e-9) > best_value:
                     best, best_value = (i, w, j, gain, cost), gain / max(cost, 1e-9)
     return best

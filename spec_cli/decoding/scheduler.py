@@ -343,8 +343,8 @@ class Scheduler:
         quiet = self._quiet_steps(len(generating))  # what drafting forgoes: the choice not made on quiet steps
         choices = choose(candidates, self.pass_costs, self.host_s, self._replan_s * quiet / (quiet + 1))
         for running, (k, way) in zip(generating, choices):
-            if k and way:  # another way than its drafter's preferred one pays best in this pass
-                running.generation.take(running.offers[way])
+            if k and running.offers:  # its way (its drafter's preferred one, or another that pays best in this pass)
+                running.generation.take(running.offers[way], k)
         ks = [k if running.adaptive else None for (k, _way), running in zip(choices, generating)]
         if not any(ks):
             self._drafting_steps = 0

@@ -133,6 +133,7 @@ class HybridDrafter(Drafter):
         self._lookups = DecayedRate()  # n-gram lookups: calls and their host seconds
         self._chunk = 1 << 30  # the most an own drafter may lack and draft: the loop's catch-up chunk
         self._left: int | None = None  # the tokens the generation may still emit, where the planner said (`offer`)
+        self._cap = 0  # the most the planner could give a way this round (`offer`'s terms)
         self._new = False  # a new prompt's first round is next
         self._wanted: str | None = None  # the own drafter the last choice picked while it lacked more than a chunk
 
@@ -231,7 +232,7 @@ class HybridDrafter(Drafter):
         chunk a step first. Alone, entering a regime has been priced against the rounds after it (the ski-rental rule),
         so the drafter is offered at its steady round's price (a catch-up of at most [d_K, bonus]), and one that lacks
         more than a chunk catches up a chunk a step (`_ready`), which nobody waits on."""
-        self._chunk, self._left = terms.chunk, terms.left
+        self._chunk, self._left, self._cap = terms.chunk, terms.left, terms.k
         name, looked_up, k_own = self._choice(tokens, terms.k, sampling, rng, offering=True, shared=terms.shared)
         self._offered = (len(tokens), name, looked_up)
         lookup = Offer(self.lookup_name, self.state.lengths[self.lookup_name].acceptance, self.costs,
@@ -245,11 +246,20 @@ class HybridDrafter(Drafter):
         own = Offer(name, self.state.lengths[name].acceptance, self.books[name], k_own, backlog)
         return [own, *([lookup] if lookup.cap else [])]
 
-    def take(self, way: str) -> None:
-        """Draft the offered way `way` instead of the one this round chose."""
-        if self._offered is None or self._offered[1] == way:
+    def take(self, way: str, k: int) -> None:
+        """Draft the offered way `way` next round (the one this round chose, or another), which the planner gave K =
+        `k`: under auto the K that way is priced at in the rounds after (`_k`), unless `k` is as far as the way could go
+        this round (the tokens left before the answer's end, the lookup's proposal), where the planner may have wanted
+        more: a K cut short so is not that way's (an answer's last round, drafting 3, priced the draft model at 3 for
+        the answers after, whose regime then looked no better than the target alone's)."""
+        if self._offered is None:
             return
-        where, _name, looked_up = self._offered
+        where, name, looked_up = self._offered
+        if way in self.state.ks:
+            cap = len(looked_up.tokens) if way == self.lookup_name else min(self._cap, self.state.lengths[way].k_max)
+            self.state.ks[way] = k if k < cap else max(k, self.state.ks[way])
+        if name == way:
+            return
         self._offered = (where, way, looked_up)
         self.chosen = (way, 0.0)
         self._unused = None if way == self.lookup_name else self._unused
@@ -267,8 +277,6 @@ class HybridDrafter(Drafter):
             _, name, looked_up = offered
             looked_up = Draft(looked_up.tokens[:k], looked_up.q[:k])
             k_own = min(k, self.state.lengths[name].k_max) if name in self.own else 0
-            if name in self.state.ks and (k_own or looked_up.tokens):
-                self.state.ks[name] = k_own or len(looked_up.tokens)  # the planner's K for this way
             return name, looked_up, k_own
         planning = time.perf_counter()
         self._learn_in_hindsight(tokens)
