@@ -226,7 +226,7 @@ class Generation:
         self.stats.record_round(len(draft.tokens), n, draft.way or (self.drafter.idle_way if self.drafter else ""))
         self._advance_grammar(n, token)
         emitted = yield from self._emit(draft.tokens[:n], token)
-        self._rewind()
+        self._rewind(drafted=self._k > 0)
         self._learn(draft, n, emitted)
 
     def _next_k(self) -> int:
@@ -346,17 +346,19 @@ class Generation:
             yield TokenEvent(x, piece, from_draft=i < len(kept))
         return len(kept) + 1
 
-    def _rewind(self) -> None:
+    def _rewind(self, drafted: bool = True) -> None:
         """Make both memories hold at most seq[:-1]: drop drafted tokens the target did not keep.
 
         Either may hold less (the draft never saw d_K after a fully accepted round; a memory that restored a
         snapshot is further back); the next round feeds what each lacks. After a stop the drafter keeps the
         last token too: no next round feeds it again, and a drafter whose memory goes back to snapshots would
-        otherwise lose the round's snapshot (taken after that token).
+        otherwise lose the round's snapshot (taken after that token). A round that asked the drafter for no draft
+        (`drafted` False) left it nothing to take back (a catch-up feeds sure tokens only): on a tiny model, asking
+        a draft model to rewind every idle round cost ~1% of the target alone's speed.
         """
         n = len(self._seq)
         self.target.trim(n - 1)
-        if self.drafter is not None:
+        if self.drafter is not None and drafted:
             self.drafter.rewind(n if self.finish_reason == "stop" else n - 1)
 
     def _learn(self, draft: Draft, n: int, emitted: int) -> None:
