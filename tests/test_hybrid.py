@@ -332,6 +332,22 @@ def test_a_clearly_better_regime_is_entered_at_once_where_the_answer_has_room_to
     assert entered == ["model", OUT, OUT]
 
 
+def test_the_tokens_an_answer_still_emits_follow_the_answers_that_ended_before() -> None:
+    """The same request (1000 tokens left, 10 emitted) and backlog: with no answer ended yet, half the limit pays the
+    backlog back and the model's regime is entered; after answers that ended on their own at 30 tokens (20 more
+    expected) it is not; an answer already longer than all of them goes by its limit again. Answers cut at a limit
+    say nothing."""
+    entered = []
+    for answers, ended in (([], True), ([30] * 3, True), ([8] * 3, True), ([30] * 3, False)):
+        drafter, _model = hybrid(model_accepts=4, ngram_accepts=0, pending=40)
+        for n in answers:
+            drafter.done([1] * (4 + n), 4, ended=ended)
+        drafter.rewind(1)
+        drafter.offer(NO_MATCH, Terms(8, 64, False, 1000, emitted=10), GREEDY, np.random.default_rng(0))
+        entered.append(drafter.state.in_use)
+    assert entered == ["model", OUT, "model", "model"]
+
+
 def test_the_batch_may_take_the_lookup_the_hybrid_offers_beside_its_choice() -> None:
     """Where the hybrid prefers its model, it offers the lookup's proposal too: a batch that finds the model's steps
     and catch-up too dear in a full pass takes the lookup (`take`), and the round drafts it; its acceptance learns."""

@@ -66,12 +66,14 @@ class Offer:
 class Terms:
     """What the planner asks a drafter's offer for: ways for at most `k` tokens; a catch-up of at most `chunk` tokens a
     step; whether other sequences share the pass (`shared`: a catch-up then holds them up); how many tokens the
-    generation may still emit (`left`: what entering a dearer way has to pay back over)."""
+    generation may still emit (`left`: what entering a dearer way has to pay back over) and has emitted so far
+    (`emitted`)."""
 
     k: int
     chunk: int
     shared: bool
     left: int
+    emitted: int = 0
 
 
 DraftSteps = Generator[list[int], np.ndarray, Draft]
@@ -167,6 +169,7 @@ class Drafter:
     def rewind(self, n_keep: int) -> None:
         """Only the first `n_keep` tokens of the sequence last proposed from are still valid."""
 
-    def done(self, tokens: Sequence[int], n_prompt: int) -> None:
+    def done(self, tokens: Sequence[int], n_prompt: int, ended: bool = False) -> None:
         """The generation is over: `tokens` is its whole sequence, the first `n_prompt` of them its prompt (a
-        drafter that learns from outputs keeps them)."""
+        drafter that learns from outputs keeps them); `ended`: the answer ended on its own (an end-of-generation
+        token), not at a limit or stopped."""

@@ -207,7 +207,7 @@ class Generation:
             self.finish_reason = "interrupted"
         self._rewind()
         if self.drafter is not None and not self._closed:
-            self.drafter.done(self._seq, len(self.prompt))
+            self.drafter.done(self._seq, len(self.prompt), ended=self.finish_reason == "stop")
         self._closed = True
 
     def check_limits(self) -> str | None:
@@ -243,7 +243,7 @@ class Generation:
         if self.drafter is None:
             return []
         started, planned = time.perf_counter(), self.drafter.plan_s
-        offers = self.drafter.offer(self._seq, Terms(k, chunk, shared, self.room()), self.sampling, self._draws())
+        offers = self.drafter.offer(self._seq, Terms(k, chunk, shared, self.room(), len(self.token_ids)), self.sampling, self._draws())
         # Its proposals (a lookup's) are drafting; what it spent choosing is in its planning figure (`_learn`).
         self.stats.draft_s += time.perf_counter() - started - (self.drafter.plan_s - planned)
         return offers

@@ -6,6 +6,7 @@ notes)."""
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -22,7 +23,9 @@ from spec_cli.llama.grammar import Grammar
 CARRIED = 0.3  # of decayed yields worth ~5 rounds, what a new prompt keeps: about two rounds
 OUT = "out"  # the regime in which none of the pair's own drafters is in use
 K_START = 4  # under auto, the K a way is priced at until the planner has given it one
-LEFT_SHARE = 0.5  # of the tokens a generation may still emit, those a regime's entry is expected to pay back over
+LEFT_SHARE = 0.5  # of the tokens a generation may still emit, those a regime's entry is expected to pay back over,
+# before any answer has ended on its own (`HybridDrafter._ahead`)
+ANSWERS_KEPT = 16  # the lengths of the last answers that ended on their own, for the tokens an answer still emits
 NONE, NGRAM = "none", "ngram"
 
 
@@ -62,6 +65,7 @@ class HybridState:
     # follows the text (a stretch of copied code, then prose) without chasing noise.
     decay: float = 0.8
     regimes: dict[str, DecayedRate] = field(default_factory=dict)
+    answers: deque[int] = field(default_factory=lambda: deque(maxlen=ANSWERS_KEPT))  # lengths of those that ended
     in_use: str = OUT
     regret_s: float = 0.0
     price_s: float = 0.0  # what entering the better regime costs, fixed when staying out began
@@ -134,6 +138,7 @@ class HybridDrafter(Drafter):
         self._chunk = 1 << 30  # the most an own drafter may lack and draft: the loop's catch-up chunk
         self._left: int | None = None  # the tokens the generation may still emit, where the planner said (`offer`)
         self._cap = 0  # the most the planner could give a way this round (`offer`'s terms)
+        self._emitted = 0  # the tokens the generation has emitted, where the planner said (`offer`)
         self._new = False  # a new prompt's first round is next
         self._wanted: str | None = None  # the own drafter the last choice picked while it lacked more than a chunk
 
@@ -232,7 +237,7 @@ class HybridDrafter(Drafter):
         chunk a step first. Alone, entering a regime has been priced against the rounds after it (the ski-rental rule),
         so the drafter is offered at its steady round's price (a catch-up of at most [d_K, bonus]), and one that lacks
         more than a chunk catches up a chunk a step (`_ready`), which nobody waits on."""
-        self._chunk, self._left, self._cap = terms.chunk, terms.left, terms.k
+        self._chunk, self._left, self._cap, self._emitted = terms.chunk, terms.left, terms.k, terms.emitted
         name, looked_up, k_own = self._choice(tokens, terms.k, sampling, rng, offering=True, shared=terms.shared)
         self._offered = (len(tokens), name, looked_up)
         lookup = Offer(self.lookup_name, self.state.lengths[self.lookup_name].acceptance, self.costs,
@@ -354,12 +359,22 @@ class HybridDrafter(Drafter):
 
     def _pays_back(self, rate: float, better: float) -> bool:
         """Whether the seconds a regime of rate `better` saves a token over the one of `rate`, over the tokens this
-        generation may still emit (`LEFT_SHARE` of them: answers often stop first), pay its entry price. Where that
-        budget is known, a regime clearly better is entered at once rather than after the ski-rental wait (a chat
-        answer of 160 tokens waited ~35 rounds for a draft model 1.4x the target alone); unknown, the wait alone."""
+        answer is expected to emit still (`_ahead`), pay its entry price. Where that is known, a regime clearly better
+        is entered at once rather than after the ski-rental wait (a chat answer of 160 tokens waited ~35 rounds for a
+        draft model 1.4x the target alone); unknown, the wait alone."""
+        ahead = self._ahead()
+        return ahead is not None and (1.0 / rate - 1.0 / better) * ahead >= self.state.price_s
+
+    def _ahead(self) -> float | None:
+        """E[the tokens this answer still emits], within what the request leaves (`_left`): what the answers that ended
+        on their own before (`HybridState.answers`) and were longer than this one so far had left at this point; before
+        any, or where this one is longer than all, `LEFT_SHARE` of what the request leaves. A request's limit says
+        little (rewrites asked for 512 tokens ended after 76-136: the draft model's regime, entered for the 445 tokens
+        the limit left, paid a 131-token catch-up, 0.45 s, for two rounds). None where the planner has not said."""
         if self._left is None:
-            return False
-        return (1.0 / rate - 1.0 / better) * LEFT_SHARE * self._left >= self.state.price_s
+            return None
+        longer = [n - self._emitted for n in self.state.answers if n > self._emitted]
+        return min(self._left, sum(longer) / len(longer)) if longer else LEFT_SHARE * self._left
 
     def _ready(self, name: str, options: dict[str, Option], pending: dict[str, int]) -> str:
         """`name`, unless it is an own drafter that lacks more than a chunk: that one catches up between the next
@@ -428,8 +443,12 @@ class HybridDrafter(Drafter):
         if name in self.own:
             self.books[name].record_draft(self._draft.steps)
 
-    def done(self, tokens: Sequence[int], n_prompt: int) -> None:
-        self.lookup.done(tokens, n_prompt)
+    def done(self, tokens: Sequence[int], n_prompt: int, ended: bool = False) -> None:
+        """The lookup keeps the output; an answer that ended on its own gives its length to what the next answers are
+        expected to emit (`_ahead`)."""
+        self.lookup.done(tokens, n_prompt, ended)
+        if ended:
+            self.state.answers.append(len(tokens) - n_prompt)
 
     def rewind(self, n_keep: int) -> None:
         self.lookup.rewind(n_keep)

@@ -163,7 +163,7 @@ class MemoryDrafter(Drafter):
     def rewind(self, n_keep: int) -> None:
         self._own.truncate(n_keep)
 
-    def done(self, tokens: Sequence[int], n_prompt: int) -> None:
+    def done(self, tokens: Sequence[int], n_prompt: int, ended: bool = False) -> None:
         """Remember the output, after the end of its prompt (without images)."""
         if len(tokens) > n_prompt:
             self.memory.remember(text_of(tokens[max(0, n_prompt - CONTEXT):]))
