@@ -40,7 +40,7 @@ PREFILL_CHUNK = 64  # prompt tokens a newcomer feeds a step while others generat
 ALONE_CHUNK = 512  # the most a drafter catches up on in a step where its sequence runs alone: nobody waits on it
 PROBE_MAX = 1024  # the most rounds an idle sequence's drafter waits for its next probe
 PLAN_SHARE = 0.01  # the most of a step's time that choosing K = 0 again and again may cost (`Scheduler._quiet_steps`)
-QUIET_MAX = 64  # the most steps a choice of no drafts at all stands for
+QUIET_MAX = 128  # the most steps a choice of no drafts at all stands for
 CHOICES_KEPT = 5  # the last choices' seconds the quiet rule reads the middle one of (`Scheduler._quiet_steps`)
 T = TypeVar("T")
 MAX_SEQUENCES = 64  # the most sequences at once we offer (llama.cpp takes up to 256 in one context)
@@ -76,7 +76,9 @@ class _Running:
 class _Quiet:
     """A choice of no drafts standing for `left` more steps of the same sequences (`running`, with the Ks it gave
     them): a quiet step only counts down, and the idle rounds the streak adds to each sequence (`steps`) are counted
-    when it ends. It ends before any drafter is due a probe: its length was cut to that when it was chosen."""
+    when it ends. A probe that falls due meanwhile is made at its end: later than the probe rule allows, so cheaper,
+    and only where a step costs about what choosing does (elsewhere no streak is longer than a few steps); ending the
+    streak at each sequence's probe made four sequences on a tiny model choose again at every one's probe."""
 
     left: int
     running: list[_Running]
@@ -363,8 +365,6 @@ class Scheduler:
                 running.idle = running.priced_after = 0
             else:
                 running.idle += 1
-        if quiet and not any(ks):  # quiet until the first drafter due a probe (`_Running.probe_may_be_due`) is
-            quiet = min([quiet, *(max(r.probe_after, r.priced_after) - r.idle for r in generating if r.adaptive)])
         self._quiet = _Quiet(quiet, list(generating), list(ks)) if quiet > 0 and not any(ks) else None
         return ks
 
