@@ -56,7 +56,8 @@ class HybridState:
     regimes price it at (the planner owns K: the controllers only keep acceptance); for each regime (one own
     drafter in use, or none: `OUT`) the rate its choices would have yielded; the regime in use, the seconds lost
     so far by staying in it while another looked better, and that other's entry price when they began (a backlog
-    grows while its drafter waits: a price fixed at the start keeps the rule from chasing it)."""
+    grows while its drafter waits: a price fixed at the start keeps the rule from chasing it); the lengths of the
+    last answers that ended on their own (`answers`: what an entry is expected to pay back over)."""
 
     lengths: dict[str, DraftLength]
     lookup: str = NGRAM  # the name of the drafter that costs no decode (n-gram lookup, or the memory)
