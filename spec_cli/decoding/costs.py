@@ -84,7 +84,7 @@ class BatchCosts:
         self._sorted: list[int] = []  # the sizes seen, in order
         self._fresh: list[int] | None = None  # the sizes measured lately, in order (None: to be found again)
         self._fresh_set: frozenset[int] = frozenset()
-        self._stale_at = math.inf  # the least weight among the fresh sizes: once STALE × scale passes it, one may be stale
+        self._stale_at = math.inf  # the least weight among the fresh sizes: past it, STALE × scale may make one stale
         self._ceiling: tuple[list[int], list[float]] | None = None  # `_floor`'s sizes and running maximum, until a call
         self._line: tuple[float, float] | None = None  # (slope, intercept), fitted when first needed
         self._since_fit = 0  # calls recorded since the line was fitted
@@ -242,10 +242,8 @@ class BatchCosts:
         """Start from means measured before (`as_dict`'s form, as a cost book keeps them), each counting as
         `weight` calls: the first calls measured now soon outweigh them."""
         for n, seconds in means.items():
-            self.weight.pop(int(n), None)
-            self.total.pop(int(n), None)
-            if int(n) in self._sorted:
-                self._sorted.remove(int(n))
+            if int(n) in self.weight:  # replaced, not added to
+                self.weight[int(n)] = self.total[int(n)] = 0.0
             self._add(int(n), weight * self._scale, weight * self._scale * float(seconds))
         self._changed()
 

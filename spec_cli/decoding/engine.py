@@ -243,7 +243,8 @@ class Generation:
         if self.drafter is None:
             return []
         started, planned = time.perf_counter(), self.drafter.plan_s
-        offers = self.drafter.offer(self._seq, Terms(k, chunk, shared, self.room(), len(self.token_ids)), self.sampling, self._draws())
+        terms = Terms(k, chunk, shared, self.room(), len(self.token_ids))
+        offers = self.drafter.offer(self._seq, terms, self.sampling, self._draws())
         # Its proposals (a lookup's) are drafting; what it spent choosing is in its planning figure (`_learn`).
         self.stats.draft_s += time.perf_counter() - started - (self.drafter.plan_s - planned)
         return offers

@@ -88,7 +88,8 @@ def choose(candidates: Sequence[Candidate], pass_costs: BatchCosts, host_s: floa
 
 
 def _best_move(candidates: Sequence[Candidate], gains: list[list[list[float]]], ks: list[int], chosen: list[int],
-               pass_costs: BatchCosts, rows: int, most_rows: int, once_s: float) -> tuple[int, int, int, float, float] | None:
+               pass_costs: BatchCosts, rows: int, most_rows: int,
+               once_s: float) -> tuple[int, int, int, float, float] | None:
     """The next draft positions to add, (sequence, its way, how many, E[tokens] they add, seconds they add): the most
     tokens per second of added cost. A sequence not drafting yet may take any of its ways; one drafting goes on
     with its own. A move is one position; for a way whose round costs something once (`round_s`, and `once_s` for

@@ -137,9 +137,7 @@ class HybridDrafter(Drafter):
         self._unused: tuple[int, list[int]] | None = None  # (where, what): the n-gram proposal a round passed over
         self._lookups = DecayedRate()  # n-gram lookups: calls and their host seconds
         self._chunk = 1 << 30  # the most an own drafter may lack and draft: the loop's catch-up chunk
-        self._left: int | None = None  # the tokens the generation may still emit, where the planner said (`offer`)
-        self._cap = 0  # the most the planner could give a way this round (`offer`'s terms)
-        self._emitted = 0  # the tokens the generation has emitted, where the planner said (`offer`)
+        self._terms: Terms | None = None  # what the planner last asked `offer` for (K's bound, the tokens left)
         self._new = False  # a new prompt's first round is next
         self._wanted: str | None = None  # the own drafter the last choice picked while it lacked more than a chunk
 
@@ -238,7 +236,7 @@ class HybridDrafter(Drafter):
         chunk a step first. Alone, entering a regime has been priced against the rounds after it (the ski-rental rule),
         so the drafter is offered at its steady round's price (a catch-up of at most [d_K, bonus]), and one that lacks
         more than a chunk catches up a chunk a step (`_ready`), which nobody waits on."""
-        self._chunk, self._left, self._cap, self._emitted = terms.chunk, terms.left, terms.k, terms.emitted
+        self._chunk, self._terms = terms.chunk, terms
         name, looked_up, k_own = self._choice(tokens, terms.k, sampling, rng, offering=True, shared=terms.shared)
         self._offered = (len(tokens), name, looked_up)
         lookup = Offer(self.lookup_name, self.state.lengths[self.lookup_name].acceptance, self.costs,
@@ -258,11 +256,12 @@ class HybridDrafter(Drafter):
         this round (the tokens left before the answer's end, the lookup's proposal), where the planner may have wanted
         more: a K cut short so is not that way's (an answer's last round, drafting 3, priced the draft model at 3 for
         the answers after, whose regime then looked no better than the target alone's)."""
-        if self._offered is None:
+        if self._offered is None or self._terms is None:
             return
         where, name, looked_up = self._offered
         if way in self.state.ks:
-            cap = len(looked_up.tokens) if way == self.lookup_name else min(self._cap, self.state.lengths[way].k_max)
+            k_max = self.state.lengths[way].k_max
+            cap = len(looked_up.tokens) if way == self.lookup_name else min(self._terms.k, k_max)
             self.state.ks[way] = k if k < cap else max(k, self.state.ks[way])
         if name == way:
             return
@@ -367,15 +366,17 @@ class HybridDrafter(Drafter):
         return ahead is not None and (1.0 / rate - 1.0 / better) * ahead >= self.state.price_s
 
     def _ahead(self) -> float | None:
-        """E[the tokens this answer still emits], within what the request leaves (`_left`): what the answers that ended
-        on their own before (`HybridState.answers`) and were longer than this one so far had left at this point; before
-        any, or where this one is longer than all, `LEFT_SHARE` of what the request leaves. A request's limit says
-        little (rewrites asked for 512 tokens ended after 76-136: the draft model's regime, entered for the 445 tokens
-        the limit left, paid a 131-token catch-up, 0.45 s, for two rounds). None where the planner has not said."""
-        if self._left is None:
+        """E[the tokens this answer still emits], within what the request leaves (`Terms.left`): what the answers
+        that ended on their own before (`HybridState.answers`) and were longer than this one so far had left at this
+        point; before any, or where this one is longer than all, `LEFT_SHARE` of what the request leaves. A request's
+        limit says little (rewrites asked for 512 tokens ended after 76-136: the draft model's regime, entered for the
+        445 tokens the limit left, paid a 131-token catch-up, 0.45 s, for two rounds). None where the planner has not
+        said."""
+        if self._terms is None:
             return None
-        longer = [n - self._emitted for n in self.state.answers if n > self._emitted]
-        return min(self._left, sum(longer) / len(longer)) if longer else LEFT_SHARE * self._left
+        left, emitted = self._terms.left, self._terms.emitted
+        longer = [n - emitted for n in self.state.answers if n > emitted]
+        return min(left, sum(longer) / len(longer)) if longer else LEFT_SHARE * left
 
     def _ready(self, name: str, options: dict[str, Option], pending: dict[str, int]) -> str:
         """`name`, unless it is an own drafter that lacks more than a chunk: that one catches up between the next
