@@ -333,19 +333,20 @@ def test_a_probe_dearer_than_its_share_of_the_idle_time_is_not_made() -> None:
     assert set(idle_ks(scheduler, running, 400)) == {0}
 
 
-def test_a_probe_that_falls_due_in_a_quiet_streak_waits_for_its_end() -> None:
-    """Where choosing looks dear against a step, K = 0 stands for `QUIET_MAX` quiet steps that ask no drafter; an idle
-    drafter's probe that falls due meanwhile is made at the streak's end (later than its rule allows: cheaper)."""
+def test_a_choice_of_no_drafts_stands_until_a_probe_falls_due() -> None:
+    """Where choosing looks dear against a step, K = 0 stands for quiet steps that ask no drafter; the streak ends when
+    the idle drafter's probe falls due, at the very step it would without quiet steps."""
     costs = LoopCosts(shape=PER_TOKEN)
     costs.draft.record(1, 0.002)
     scheduler, running = planned(costs)
     scheduler._chosen_s.extend([1.0] * scheduling.CHOICES_KEPT)  # each choice of no drafts stands for QUIET_MAX steps
     ks = []
-    for _ in range(scheduling.QUIET_MAX + 2):
+    for _ in range(PROBE_ROUNDS + 1):
         [k] = scheduler._planned_ks([running])
         ks.append(k)
-    assert scheduling.QUIET_MAX > PROBE_ROUNDS and ks == [0] * (scheduling.QUIET_MAX + 1) + [1]
-    assert running.probing and running.idle == 0
+        if ks == [0]:
+            assert scheduler._quiet is not None and scheduler._quiet.left == PROBE_ROUNDS - 1
+    assert ks == [0] * PROBE_ROUNDS + [1]
 
 
 def test_a_cold_first_choice_does_not_stand_for_quiet_steps() -> None:

@@ -76,9 +76,8 @@ class _Running:
 class _Quiet:
     """A choice of no drafts standing for `left` more steps of the same sequences (`running`, with the Ks it gave
     them): a quiet step only counts down, and the idle rounds the streak adds to each sequence (`steps`) are counted
-    when it ends. A probe that falls due meanwhile is made at its end: later than the probe rule allows, so cheaper,
-    and only where a step costs about what choosing does (elsewhere no streak is longer than a few steps); ending the
-    streak at each sequence's probe made four sequences on a tiny model choose again at every one's probe."""
+    when it ends. It ends before any drafter is due a probe: its length was cut to that when it was chosen (a probe
+    left to the streak's end came after a 48-token answer had ended on a tiny model, whose streaks are long)."""
 
     left: int
     running: list[_Running]
@@ -365,6 +364,8 @@ class Scheduler:
                 running.idle = running.priced_after = 0
             else:
                 running.idle += 1
+        if quiet and not any(ks):  # quiet until the first drafter due a probe (`_Running.probe_may_be_due`) is
+            quiet = min([quiet, *(max(r.probe_after, r.priced_after) - r.idle for r in generating if r.adaptive)])
         self._quiet = _Quiet(quiet, list(generating), list(ks)) if quiet > 0 and not any(ks) else None
         return ks
 
