@@ -384,3 +384,12 @@ def test_host_work_is_what_the_last_steps_needed_at_the_least() -> None:
     assert scheduler.host_s == pytest.approx(0.07e-3)
     scheduler.host[False].extend([0.2e-3] * scheduling.HOST_KEPT)  # the cheap step was long ago
     assert scheduler.host_s == pytest.approx(0.2e-3)
+
+
+def test_a_plain_pass_priced_by_its_first_call_alone_is_measured_again() -> None:
+    """The first pass of a shape is cold: while the pass over the sequences alone has been called once, a step that
+    would draft drafts nothing, so that the next call prices it; called twice, drafting goes on."""
+    scheduler, running = planned(LoopCosts(shape=PER_TOKEN))  # every size called once
+    assert scheduler._plain_due([running])
+    scheduler.pass_costs.record(1, 0.044)
+    assert not any(scheduler._plain_due([running]) for _ in range(PROBE_ROUNDS - 1))

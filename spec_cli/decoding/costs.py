@@ -71,6 +71,10 @@ class BatchCosts:
     until the next call. A draft model's book holds a size for every catch-up it made (~50 on the demo pair): found
     from them all at every read, a round's reads cost ~20 µs.
 
+    A live book's first call of a size (decay < 1) prices it only until the second, which replaces it: the first pass
+    of a shape is cold (a tiny model's first 4-row pass took 510 µs, the next ones ~110), and as the floor of every
+    larger size it made rows look free.
+
     Aging is lazy: `weight` and `total` hold calls × `_scale`, and a call adds `_scale`, which grows by 1/decay at
     each one, so a call costs the same whatever the number of sizes (`calls(n)` is the real weight). A cost book
     or a test that seeds 128 sizes made every recorded call age all of them: ~15 µs a call.
@@ -93,6 +97,7 @@ class BatchCosts:
         self._scale = 1.0  # decay^-(calls recorded since the last rescale)
         self._ref: int | None = None  # the size called most (aged): what the others' shapes are measured against
         self._shape: dict[int, tuple[int, float]] = {}  # size: (the size called most, its mean over that one's)
+        self._first: dict[int, tuple[float, float] | None] = {}  # a size's first call (weight, total) until its second
 
     def record(self, n: int, seconds: float) -> None:
         if n not in self.weight or self._since_fit >= REFIT_EVERY:
@@ -101,6 +106,12 @@ class BatchCosts:
             self._scale /= self.decay
             if self._scale > RESCALE:
                 self._rescale()
+        first = self._first.get(n, ())
+        if first:  # the second call replaces the first, which was cold
+            self.weight[n] -= first[0]
+            self.total[n] -= first[1]
+        if self.decay < 1.0:  # a live book's (plain means, a benchmark's, count every call)
+            self._first[n] = None if n in self._first else (self._scale, self._scale * seconds)
         self._add(n, self._scale, self._scale * seconds)
         shaped: int | None = n  # the size whose shape this call updates
         if self._ref is None or self.weight[n] > self.weight[self._ref]:  # only the size called can overtake
@@ -125,6 +136,11 @@ class BatchCosts:
         """Whether size n was measured lately (its calls weigh at least `STALE`): its own mean prices it."""
         return n in self.weight and self.weight[n] >= STALE * self._scale
 
+    def first_only(self, n: int) -> bool:
+        """Whether size n has been called once only: that call was cold (llama.cpp's first pass of a shape, the first
+        after a prompt), and the second replaces it."""
+        return bool(self._first.get(n))
+
     def calls(self, n: int) -> float:
         """How many calls of size n the mean weighs, each aged by `decay` at every call since."""
         return self.weight[n] / self._scale
@@ -134,9 +150,13 @@ class BatchCosts:
         for size in list(self.weight):
             self.weight[size] /= self._scale
             self.total[size] /= self._scale
+            first = self._first.get(size)
+            if first:
+                self._first[size] = first[0] / self._scale, first[1] / self._scale
             if self.weight[size] < 1e-200:
                 del self.weight[size], self.total[size], self._mean[size]
                 self._shape.pop(size, None)
+                self._first.pop(size, None)
         self._scale = 1.0
         self._sorted = sorted(self.weight)
         self._changed()
