@@ -43,6 +43,10 @@ class RoundTimer:
             busy, rollback = busy + part.busy_s, rollback + part.rollback_s
         return busy, rollback
 
+    def _busy(self) -> float:
+        """All seconds in llama.cpp so far (a round's start needs no more)."""
+        return sum(part.busy_s for part in self.parts)
+
     def prompt_started(self) -> None:
         """Taking in the prompt begins; it lasts until `prompt_done` (`prompt_s`), and decoding time starts after it."""
         self._prompt_start = time.perf_counter()
@@ -55,7 +59,7 @@ class RoundTimer:
 
     def start_round(self) -> None:
         self._round_start = time.perf_counter()
-        self._round_busy = self._in_llama()[0]
+        self._round_busy = self._busy()
         self._verify_s = 0.0
 
     def verified(self, seconds: float) -> None:
