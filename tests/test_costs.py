@@ -227,3 +227,8 @@ def test_a_sizes_first_call_is_replaced_by_its_second() -> None:
     seeded.record(4, 0.500)
     seeded.record(4, 0.120)
     assert seeded.seconds(4) == pytest.approx((0.95 ** 2 * 0.100 + 0.120) / (0.95 ** 2 + 1))
+    reseeded = BatchCosts(decay=0.95)
+    reseeded.record(4, 0.500)
+    reseeded.seed({"4": 0.100}, 1.0)  # a seed replaces the size, its first call with it
+    reseeded.record(4, 0.120)
+    assert reseeded.seconds(4) == pytest.approx((0.95 * 0.100 + 0.120) / 1.95)

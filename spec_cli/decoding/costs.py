@@ -262,8 +262,9 @@ class BatchCosts:
         """Start from means measured before (`as_dict`'s form, as a cost book keeps them), each counting as
         `weight` calls: the first calls measured now soon outweigh them."""
         for n, seconds in means.items():
-            if int(n) in self.weight:  # replaced, not added to
+            if int(n) in self.weight:  # replaced, not added to (a first call included)
                 self.weight[int(n)] = self.total[int(n)] = 0.0
+                self._first.pop(int(n), None)
             self._add(int(n), weight * self._scale, weight * self._scale * float(seconds))
         self._changed()
 

@@ -374,9 +374,10 @@ class Scheduler:
         pass over the sequences alone is never measured again, and its price, left from cold first steps, kept the
         choice drafting (a tiny model drafting for itself at two sequences priced that pass at three times what it
         took). Due when that price is stale, after at least `PROBE_ROUNDS` steps that drafted since the last that did
-        not, or at once while it rests on its first call, which was cold (`BatchCosts.first_only`: a tiny model's first
-        4-row pass cost 4× the next, was the floor of every larger pass, and its twin drafted 16 tokens for each of four
-        sequences through a batch at 0.6× the target alone's speed); only where the planner chooses every sequence's K."""
+        not, or at once while it rests on its first call, which was cold (`BatchCosts.first_only`: a tiny model's
+        first 4-row pass cost 4× the next, was the floor of every larger pass, and its twin drafted 16 tokens for each
+        of four sequences through a batch at 0.6× the target alone's speed); only where the planner chooses every
+        sequence's K."""
         self._drafting_steps += 1
         if not all(r.adaptive for r in generating):
             return False
