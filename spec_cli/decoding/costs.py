@@ -106,7 +106,7 @@ class BatchCosts:
             self._scale /= self.decay
             if self._scale > RESCALE:
                 self._rescale()
-        first = self._first.get(n, ())
+        first = self._first.get(n)
         if first:  # the second call replaces the first, which was cold
             self.weight[n] -= first[0]
             self.total[n] -= first[1]
