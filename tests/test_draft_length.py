@@ -108,3 +108,25 @@ def test_a_controller_is_priced_once_measured_or_seeded_from_a_book() -> None:
     seeded.seed(counts, 50.0)
     unpriced.seed(counts, 50.0)
     assert seeded.priced and not unpriced.priced
+
+
+def test_a_new_text_starts_from_the_acceptance_pooled_over_every_text() -> None:
+    """The pool takes every round its texts take; a new text starts from it, worth a few rounds, not from the last
+    text's rate (a draft that kept little on one text was then priced as such on the next)."""
+    pooled = PositionAcceptance(decay=0.995)
+    for _ in range(100):  # earlier texts: nearly every draft kept
+        pooled.update(4, 4)
+    text = FixedK(4)
+    text.acceptance.pooled = pooled
+    for _ in range(30):  # the last text: the first draft rejected every round
+        text.update(4, 0)
+    assert text.acceptance.alpha < 0.05 and pooled.measured == pytest.approx(sum(0.995 ** i for i in range(130)))
+    assert 0.7 < pooled.alpha < 0.95  # the last text is a part of the pool, not all of it
+    text.acceptance.new_text(8.0)
+    assert text.acceptance.alpha == pytest.approx(pooled.alpha) and text.acceptance.measured == pytest.approx(8.0)
+    shares = [accepted / reached for accepted, reached in zip(pooled.accepted_at, pooled.reached)]
+    assert [a / r for a, r in zip(text.acceptance.accepted_at, text.acceptance.reached)] == pytest.approx(shares)
+    alone = PositionAcceptance(decay=0.98)
+    alone.update(4, 1)
+    alone.new_text(8.0)  # no pool: what it learnt stands
+    assert alone.alpha == pytest.approx(0.5) and alone.measured == 1.0

@@ -51,6 +51,28 @@ def test_each_mode_builds_its_drafter(other: Pair) -> None:
     assert other.drafting.build("model", 0.0, "auto")[1] is other.drafting.build("model", 0.0, "auto")[1]
 
 
+def test_each_text_starts_from_an_own_drafters_acceptance_over_every_text(other: Pair) -> None:
+    """Every controller of the draft model adds its rounds to one pool, which the cost book starts and keeps; a new
+    generation starts each controller from the pool, not from what the last text taught it."""
+    drafting = modes.Drafting(other.drafting.sources)
+    book = {"accepted": 300.0, "rejections": 10.0, "reached": [100.0, 95.0], "accepted_at": [95.0, 90.0]}
+    drafting.seed({"acceptance": {"model": book}})
+    pooled = drafting.pooled("model")
+    assert pooled.measured == pytest.approx(100.0) and pooled.alpha == pytest.approx(300 / 310)
+    pinned = drafting.build("model", 0.0, "auto")[1]
+    default = drafting.build("hybrid", 0.0, "auto")[0].state.lengths["model"]  # type: ignore[union-attr]
+    assert pinned.acceptance.measured == default.acceptance.measured == modes.BOOK_ROUNDS
+    for _ in range(40):  # the last text, drafted under the default: every first draft rejected
+        default.update(4, 0)
+    assert default.acceptance.alpha < 0.3 < pooled.alpha < pinned.acceptance.alpha
+    drafting.build("model", 0.0, "auto")
+    for length in (pinned, default):
+        assert length.acceptance.alpha == pytest.approx(pooled.alpha) and length.acceptance.measured == modes.BOOK_ROUNDS
+    drafting._verify.record(0, 0.01)  # something measured: the book is written
+    learnt = drafting.learnt()
+    assert learnt is not None and learnt["acceptance"]["model"] == pooled.as_counts()
+
+
 def test_every_book_shares_the_targets_passes_and_keeps_its_own_steps(other: Pair) -> None:
     books = [other.drafting.costs(name) for name in ("model", "ngram", "hybrid")]
     assert books[0].verify is books[1].verify is books[2].verify

@@ -74,7 +74,7 @@ class HybridState:
     def new_text(self) -> None:
         """A new prompt: the regimes' rates, learnt on other text, count for about two rounds, and so does the
         n-gram's acceptance (a lookup right on copied code is wrong on prose, and the reverse). The own
-        drafters' acceptance carries over: it depends on the pair more than on the text."""
+        drafters' start again from their acceptance over every text (`Drafting.build`)."""
         self.regret_s = 0.0
         for regime in self.regimes.values():
             regime.scale(CARRIED)

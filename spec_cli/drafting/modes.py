@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from spec_cli.decoding.costs import DECAY, HOST, BatchCosts, LoopCosts
-from spec_cli.decoding.draft_length import AUTO_K_MAX, AdaptiveK, DraftLength, FixedK
+from spec_cli.decoding.draft_length import AUTO_K_MAX, AdaptiveK, DraftLength, FixedK, PositionAcceptance
 from spec_cli.decoding.drafter import Drafter
 from spec_cli.drafting.base import CatchUpDrafter
 from spec_cli.drafting.dflash import DFlashDrafter
@@ -33,7 +33,8 @@ from spec_cli.llama.context import Context
 from spec_cli.llama.heads import BlockContext, HeadContext
 
 BOOK_CALLS = 4.0  # calls each mean in the cost book counts as when a pair starts from it
-BOOK_ROUNDS = 8.0  # rounds' worth of an own drafter's acceptance that a pair starts from
+BOOK_ROUNDS = 8.0  # rounds' worth of an own drafter's acceptance that a text starts from
+POOLED_DECAY = 0.995  # of an own drafter's acceptance pooled over every text: ~200 rounds, several answers
 
 
 @dataclass(frozen=True)
@@ -243,6 +244,7 @@ class Drafting:
         self._lengths: dict[tuple[str, str, int | str], DraftLength] = {}
         self._hybrids: dict[int | str, HybridState] = {}
         self._acceptance: dict[str, dict[str, float | list[float]]] = {}  # the cost book's, by own drafter
+        self._pooled: dict[str, PositionAcceptance] = {}  # by own drafter, over every text (`pooled`)
 
     @property
     def modes(self) -> tuple[str, ...]:
@@ -261,8 +263,12 @@ class Drafting:
         return found
 
     def build(self, name: str, p_min: float, k: int | str) -> tuple[Drafter | None, DraftLength]:
-        """The drafter for mode `name` and the controller of its K."""
-        return self.check(name).build(self, p_min, k)
+        """The drafter for mode `name` and the controller of its K, for a new text: every own drafter's
+        controller starts again from that drafter's acceptance over every text (`PositionAcceptance.new_text`)."""
+        built = self.check(name).build(self, p_min, k)
+        for length in self._lengths.values():
+            length.acceptance.new_text(BOOK_ROUNDS)
+        return built
 
     def costs(self, name: str) -> LoopCosts:
         """The running costs mode `name`'s rounds are priced with and recorded in: its drafter's decodes and the
@@ -274,17 +280,28 @@ class Drafting:
     def length(self, key: tuple[str, str, int | str], drafter: str, limit: int = AUTO_K_MAX,
                planned: bool = False) -> DraftLength:
         """The controller of K under `key` (mode, drafter, K asked) for `drafter` (a mode's name), priced with
-        that drafter's costs, at most `limit` a round; kept across generations. An own drafter's starts from the
-        acceptance in the cost book. `planned`: under auto the planner chooses this way's K round by round (a way of
+        that drafter's costs, at most `limit` a round; kept across generations. An own drafter's starts each text
+        from its acceptance over every text (`pooled`), the cost book's to begin with. `planned`: under auto the planner chooses this way's K round by round (a way of
         the default drafting), so it only keeps acceptance, at most `limit`."""
         if key not in self._lengths:
             k = key[2]
             length: DraftLength = FixedK(min(k, limit)) if k != "auto" else FixedK(min(AUTO_K_MAX, limit)) \
                 if planned else AdaptiveK(self.costs(drafter), k_max=min(AUTO_K_MAX, limit))
-            if drafter in self._acceptance:
-                length.seed(self._acceptance[drafter], BOOK_ROUNDS)
+            if drafter in self.own_models():
+                length.acceptance.pooled = self.pooled(drafter)
+                if length.acceptance.pooled.measured:
+                    length.seed(length.acceptance.pooled.as_counts(), BOOK_ROUNDS)
             self._lengths[key] = length
         return self._lengths[key]
+
+    def pooled(self, drafter: str) -> PositionAcceptance:
+        """Own drafter `drafter`'s acceptance over every text, which each of its controllers adds its rounds to:
+        the cost book's to begin with, worth as many rounds as its decay keeps."""
+        if drafter not in self._pooled:
+            pooled = self._pooled[drafter] = PositionAcceptance(POOLED_DECAY)
+            if drafter in self._acceptance:
+                pooled.seed(self._acceptance[drafter], 1.0 / (1.0 - POOLED_DECAY))
+        return self._pooled[drafter]
 
     def hybrid_state(self, k: int | str) -> HybridState:
         """What the hybrid drafting with K = `k` has learnt: a K controller for each of its drafters."""
@@ -331,20 +348,15 @@ class Drafting:
             costs = self.costs(name)
             costs.draft.seed(draft, BOOK_CALLS)
             costs.other_s, costs.other_tokens = BOOK_CALLS * per_token, BOOK_CALLS
-        self._acceptance = acceptance
+        self._acceptance, self._pooled = acceptance, {}
 
     def learnt(self) -> dict[str, Any] | None:
-        """What to keep in the cost book: the costs measured so far, and for each own drafter the acceptance of
-        its most-measured controller; None when nothing was measured."""
+        """What to keep in the cost book: the costs measured so far, and each own drafter's acceptance over every
+        text; None when nothing was measured."""
         if not self._verify.weight:
             return None
         own = self.own_models()
-        acceptance: dict[str, dict[str, float | list[float]]] = {}
-        best: dict[str, float] = {}
-        for (_mode, drafter, _k), length in self._lengths.items():
-            measured = length.acceptance.measured
-            if drafter in own and measured > best.get(drafter, 0.0):
-                acceptance[drafter], best[drafter] = length.acceptance.as_counts(), measured
+        acceptance = {name: pooled.as_counts() for name, pooled in self._pooled.items() if pooled.measured}
         # Only own drafters decode to draft: the other books' steps are not theirs (the hybrid's mixes them).
         books = {name: {"draft": costs.draft.as_dict() if name in own else {}, "per_token": costs.per_token}
                  for name, costs in self._costs.items()}
