@@ -7,20 +7,16 @@ import time
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Iterator
 
 import numpy as np
 import pytest
-from support.exactness import (N_SAMPLES, REPETITIVE, SAMPLED, SIGNIFICANCE, chi_square_p_value, exact_pair_distribution,
-                       finish, greedy_agreement)
+from support.exactness import (N_SAMPLES, REPETITIVE, SAMPLED, SIGNIFICANCE, chi_square_p_value,
+                               exact_pair_distribution, finish, greedy_agreement)
 from support.tiny_models import write_model
 
 from spec_cli import GenerationRequest, Pair, load_pair
 from spec_cli.decoding import scheduler as scheduling
-from spec_cli.decoding.costs import PER_TOKEN, PROBE_ROUNDS, LoopCosts
-from spec_cli.decoding.draft_length import AdaptiveK
-from spec_cli.decoding.drafter import Drafter
 from spec_cli.decoding.engine import Generation
 from spec_cli.decoding.sampling import SamplingParams
 from spec_cli.decoding.scheduler import Scheduler, _batches
@@ -285,114 +281,3 @@ def test_planning_is_timed_alone_and_under_the_scheduler(other: Pair, slots: lis
     run(Scheduler(), {0: generations})
     wall = time.perf_counter() - started
     assert all(g.stats.plan_s > 0 for g in generations) and sum(g.stats.plan_s for g in generations) < wall
-
-
-def planned(costs: LoopCosts, backlog: int = 0) -> tuple[Scheduler, scheduling._Running]:
-    """A scheduler whose passes cost 40 ms and 4 ms a row, planning for one sequence (a lone run, a schedule of one)
-    whose drafter, priced by `costs`, has seen none of its drafts kept: what the planner reads of a generation."""
-    scheduler = Scheduler()
-    for rows in range(1, 18):
-        scheduler.pass_costs.record(rows, 0.040 + 0.004 * rows)
-    length = AdaptiveK(costs, k_max=16)
-    for _ in range(8):
-        length.update(4, 0)
-    generation = SimpleNamespace(drafter=Drafter(), draft_length=length, room=lambda: 1000,
-                                 stats=SimpleNamespace(draft_mode="model", adaptive=True, draft_s=0.0, plan_s=0.0),
-                                 drafter_backlog=lambda: backlog)
-    return scheduler, scheduling._Running(generation, [])  # type: ignore[arg-type]
-
-
-def idle_ks(scheduler: Scheduler, running: scheduling._Running, steps: int) -> list[int]:
-    """The K the planner gives the sequence each of `steps` steps (a probe drafts, and keeps nothing)."""
-    ks = []
-    for _ in range(steps):
-        [k] = scheduler._ks([running])
-        if k:
-            scheduler._drafted(running)
-        ks.append(k or 0)
-    return ks
-
-
-def test_an_idle_drafter_is_probed_less_and_less_while_probes_do_not_pay() -> None:
-    costs = LoopCosts(shape=PER_TOKEN)
-    costs.draft.record(1, 0.002)
-    scheduler, running = planned(costs)
-    ks = idle_ks(scheduler, running, 8 * PROBE_ROUNDS)
-    probes = [i for i, k in enumerate(ks) if k]
-    assert probes[0] == PROBE_ROUNDS and set(ks[:PROBE_ROUNDS]) == {0}  # K = 1 once, after the idle rounds
-    assert [b - a for a, b in zip(probes, probes[1:])] == [2 * PROBE_ROUNDS + 1, 4 * PROBE_ROUNDS + 1]
-    assert all(k <= 1 for k in ks)
-
-
-def test_a_probe_dearer_than_its_share_of_the_idle_time_is_not_made() -> None:
-    """A drafter whose catch-up on what it missed costs as much as the rounds it sat out is never probed."""
-    costs = LoopCosts(shape=PER_TOKEN)
-    costs.draft.record(1, 0.050)
-    costs.draft.record(64, 64 * 0.050)
-    scheduler, running = planned(costs, backlog=64)
-    assert set(idle_ks(scheduler, running, 400)) == {0}
-
-
-def test_a_choice_of_no_drafts_stands_until_a_probe_falls_due() -> None:
-    """Where choosing looks dear against a step, K = 0 stands for quiet steps that ask no drafter; the streak ends when
-    the idle drafter's probe falls due, at the very step it would without quiet steps."""
-    costs = LoopCosts(shape=PER_TOKEN)
-    costs.draft.record(1, 0.002)
-    scheduler, running = planned(costs)
-    scheduler._chosen_s.extend([1.0] * scheduling.CHOICES_KEPT)  # each choice of no drafts stands for QUIET_MAX steps
-    ks = []
-    for _ in range(PROBE_ROUNDS + 1):
-        [k] = scheduler._planned_ks([running])
-        ks.append(k)
-        if ks == [0]:
-            assert scheduler._quiet is not None and scheduler._quiet.left == PROBE_ROUNDS - 1
-    assert ks == [0] * PROBE_ROUNDS + [1]
-
-
-def test_a_cold_first_choice_does_not_stand_for_quiet_steps() -> None:
-    """The quiet rule reads the middle of the last choices' seconds, once most are known: one cold choice (a drafter's
-    first trial) is not what choosing costs."""
-    scheduler, _ = planned(LoopCosts(shape=PER_TOKEN))
-    step_s = scheduler.pass_costs.seconds(1)
-    scheduler._chosen_s.append(100 * step_s)
-    assert scheduler._quiet_steps(1) == 0
-    scheduler._chosen_s.extend([0.035 * step_s] * 2)
-    assert scheduler._quiet_steps(1) == 3  # 3.5% of a step, at most 1% a step
-
-
-def test_a_planner_that_always_drafts_measures_the_plain_pass_again() -> None:
-    """Where every step drafts, the pass over the sequences alone goes stale: a step drafts nothing so that its price
-    is measured again, never while it is fresh, and then once every `PROBE_ROUNDS` steps that would draft."""
-    scheduler, running = planned(LoopCosts(shape=PER_TOKEN))
-    scheduler.pass_costs.record(1, 0.044)
-    drafting = [scheduler._plain_due([running]) for _ in range(3 * PROBE_ROUNDS)]
-    assert drafting.count(True) == 0  # a plain pass of one row measured lately: nothing to probe
-    for _ in range(40):
-        scheduler.pass_costs.record(5, 0.060)
-    plain = [i for i in range(3 * PROBE_ROUNDS) if scheduler._plain_due([running])]
-    assert plain == [0, PROBE_ROUNDS, 2 * PROBE_ROUNDS]  # the drafting steps before counted
-
-
-def test_host_work_is_the_middle_of_the_last_steps() -> None:
-    """h is not dragged up by the cold first steps, nor down to a busy machine's luckiest step: the lower middle of
-    the last steps of each kind, the lesser kind (a step that drafted adds its drafting's host work); before any step,
-    nothing."""
-    scheduler, _ = planned(LoopCosts(shape=PER_TOKEN))
-    assert scheduler.host_s == 0.0
-    scheduler.host[True].extend([0.9e-3, 1.1e-3])
-    assert scheduler.host_s == pytest.approx(0.9e-3)
-    scheduler.host[False].extend([1.2e-3, 0.5e-3, 0.07e-3, 0.3e-3, 0.08e-3])
-    assert scheduler.host_s == pytest.approx(0.3e-3)
-    scheduler.host[False].extend([0.07e-3, 0.09e-3])
-    assert scheduler.host_s == pytest.approx(0.09e-3)  # the cold ones outvoted
-    scheduler.host[False].extend([0.2e-3] * scheduling.HOST_KEPT)  # the cheap steps were long ago
-    assert scheduler.host_s == pytest.approx(0.2e-3)
-
-
-def test_a_plain_pass_priced_by_its_first_call_alone_is_measured_again() -> None:
-    """The first pass of a shape is cold: while the pass over the sequences alone has been called once, a step that
-    would draft drafts nothing, so that the next call prices it; called twice, drafting goes on."""
-    scheduler, running = planned(LoopCosts(shape=PER_TOKEN))  # every size called once
-    assert scheduler._plain_due([running])
-    scheduler.pass_costs.record(1, 0.044)
-    assert not any(scheduler._plain_due([running]) for _ in range(PROBE_ROUNDS - 1))

@@ -8,7 +8,7 @@ K + 1 tokens, and the loop's own work per token. `AdaptiveK` keeps what the plan
 `-k auto`; until it has measured enough the drafter is tried with the transformers heuristic (K + 2 after a fully
 accepted round, K − 1 otherwise), which also explores K.
 
-Under `-k auto` the planner chooses K (`scheduler`, `goodput`), 0 included: where drafting does not pay (a draft
+Under `-k auto` the planner chooses K (`planner`, `goodput`), 0 included: where drafting does not pay (a draft
 dearer than its target, one the target seldom agrees with) the loop runs as the target alone, so that speculation
 never costs.
 """
@@ -194,7 +194,7 @@ class FixedK:
 
 
 class AdaptiveK:
-    """K under `-k auto` for a drafter of one way: the planner chooses it each round (`scheduler`, `goodput`) from this
+    """K under `-k auto` for a drafter of one way: the planner chooses it each round (`planner`, `goodput`) from this
     controller's acceptance and its drafter's book (`costs`, which knows the drafter's cost shape), K = 0 and the
     probes of an idle drafter included. Until the acceptance is measured (`warmup_rounds` rounds, or a cost book's
     seeded), the drafter is tried at the K of the transformers heuristic (`next_k`), which also explores K.

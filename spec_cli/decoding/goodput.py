@@ -15,7 +15,7 @@ one with the most expected tokens per second of added cost first, while G grows:
 sequence is worth a_{s,1}·…·a_{s,K+1} tokens, which only falls as K grows, so each sequence's best draft
 positions come first. What a round costs once (r_s: a catch-up on what an idle drafter missed, a block's pass)
 is weighed against as many positions as make it worth most, which one position alone seldom is; a drafter
-whose catch-up does not pay within this pass waits for a probe (`scheduler`). A
+whose catch-up does not pay within this pass waits for a probe (`planner`). A
 sequence the target seldom agrees with, or one whose drafter is dear, keeps K = 0; a busy batch, whose rows
 cost more, gives fewer draft tokens to each.
 """

@@ -2,7 +2,7 @@
 (continuous batching).
 
 Each generation runs on its own sequence of one target context (`Pair.slots`). A step asks each generating
-sequence for its round (`Generation.plan`: its drafts, with K chosen for the batch's goodput, `goodput`; a
+sequence for its round (`Generation.plan`: its drafts, with its way and K chosen by the `planner`; a
 draft model's steps for all sequences decoded together, one pass of the draft context a step), feeds all of
 them to the target in one pass (`decode_together`: ragged, each sequence its own K + 1 rows, no padding),
 and hands each its rows (`Generation.settle`: it accepts, rewinds its own memory
@@ -19,16 +19,14 @@ rows, laws and random generator, and every row of a pass is computed as it would
 from __future__ import annotations
 
 import time
-from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, TypeVar
 
 import numpy as np
 
-from spec_cli.decoding.costs import DECAY, PROBE_ROUNDS, STEADY_BACKLOG, BatchCosts, probe_rounds
-from spec_cli.decoding.draft_length import AdaptiveK, PositionAcceptance
-from spec_cli.decoding.drafter import Draft, DraftSteps, Offer
-from spec_cli.decoding.goodput import Candidate, choose
+from spec_cli.decoding.costs import BatchCosts
+from spec_cli.decoding.drafter import Draft, DraftSteps
+from spec_cli.decoding.planner import Planned, Planner
 from spec_cli.llama.context import Context, Part, decode_together
 from spec_cli.llama.vision import has_images, whole_images
 
@@ -38,95 +36,38 @@ if TYPE_CHECKING:  # the engine runs a generation alone as a schedule of one: it
 PREFILL_CHUNK = 64  # prompt tokens a newcomer feeds a step while others generate (alone: a whole batch), and the
 # most a drafter catches up on in a step (`Generation.begin_round`): a long catch-up never holds the others up
 ALONE_CHUNK = 512  # the most a drafter catches up on in a step where its sequence runs alone: nobody waits on it
-PROBE_MAX = 1024  # the most rounds an idle sequence's drafter waits for its next probe
-PLAN_SHARE = 0.01  # the most of a step's time that choosing K = 0 again and again may cost (`Scheduler._quiet_steps`)
-QUIET_MAX = 128  # the most steps a choice of no drafts at all stands for
-CHOICES_KEPT = 5  # the last choices' seconds the quiet rule reads the middle one of (`Scheduler._quiet_steps`)
-HOST_KEPT = 8  # the last steps' host seconds, of each kind, whose middle h reads (`Scheduler.host_s`)
 T = TypeVar("T")
 MAX_SEQUENCES = 64  # the most sequences at once we offer (llama.cpp takes up to 256 in one context)
 
 
 @dataclass
 class _Running:
-    """A generation under the scheduler: the prompt tokens the target still lacks, and how long its drafter has
-    been idle (K = 0) and may stay so before the next probe (`probe_after`, and `priced_after`: the idle rounds its
-    probe's price needs, as last read, so that an idle step does not price it again)."""
+    """A generation under the scheduler: the prompt tokens the target still lacks, and what the planner keeps of it."""
 
     generation: Generation
     prompt: list[int]
     fed: int = 0
     lacked: int = 0  # the prompt tokens the target lacked when it joined
-    idle: int = 0
-    probe_after: int = PROBE_ROUNDS
-    priced_after: int = 0
-    probing: bool = False
-    offers: list[str] = field(default_factory=list)  # the ways its drafter offered this step, its preferred first
-    adaptive: bool = field(init=False)  # whether the planner chooses its K (`_chooses_k`), for its whole life
+    plan: Planned = field(init=False)
 
     def __post_init__(self) -> None:
-        self.adaptive = _chooses_k(self.generation)
-
-    @property
-    def probe_may_be_due(self) -> bool:
-        """Whether its drafter has sat out the rounds a probe waits for, and those its price needed when last read."""
-        return self.adaptive and self.idle >= max(self.probe_after, self.priced_after)
-
-
-@dataclass
-class _Quiet:
-    """A choice of no drafts standing for `left` more steps of the same sequences (`running`, with the Ks it gave
-    them): a quiet step only counts down, and the idle rounds the streak adds to each sequence (`steps`) are counted
-    when it ends. It ends before any drafter is due a probe: its length was cut to that when it was chosen (a probe
-    left to the streak's end came after a 48-token answer had ended on a tiny model, whose streaks are long)."""
-
-    left: int
-    running: list[_Running]
-    ks: list[int | None]
-    steps: int = 0
-
-    def goes_on(self, generating: list[_Running]) -> bool:
-        """Count a quiet step down, if one is left for these same sequences."""
-        if not self.left or len(generating) != len(self.running) or \
-                any(a is not b for a, b in zip(generating, self.running)):
-            return False
-        self.left, self.steps = self.left - 1, self.steps + 1
-        return True
-
-    def end(self) -> None:
-        """The sequences' drafters sat out the streak's steps."""
-        for running in self.running:
-            running.idle += running.adaptive * self.steps
+        self.plan = Planned(self.generation)
 
 
 class Scheduler:
     """Runs the generations that `join` it, one step (`step`) at a time, until each finishes or `leave`s.
 
-    `pass_costs`: c(R), a verify pass's seconds by its rows, measured on passes without prompt chunks;
-    `host`: the seconds of the last steps outside their passes (the loop's own work), by whether they drafted;
-    `acceptance`: by drafting mode, every sequence's rounds pooled: what a sequence whose own controller has
-    seen no round yet is expected to keep (a slot's first request would otherwise explore on its own).
-    A drafter's steps are priced from its own book (`Generation.draft_length.costs`), which knows its cost shape.
-
+    Its `planner` chooses each step's ways and Ks from the passes, host work and acceptance the steps measure.
     A drafter takes its prompt in at its first round (`Drafter.start`): a sequence that never drafts costs
     what the target alone does, and the first catch-up, priced as it is measured, is the drafter's to earn.
 
     A generation run alone is a schedule of one (`Generation.__iter__`): the same planner chooses its way and K.
-    `verify`: the target's passes by K as a pair's cost book has measured them (one sequence's K + 1 rows), the
-    first prices of c(R) for a planner that has measured none yet.
+    `verify`: the target's passes by K as a pair's cost book has measured them (`Planner`).
     """
 
     def __init__(self, verify: BatchCosts | None = None) -> None:
-        self.pass_costs = BatchCosts(DECAY)
-        if verify is not None and verify.weight:
-            self.pass_costs.seed({str(int(k) + 1): seconds for k, seconds in verify.as_dict().items()}, 1.0)
-        self.host: dict[bool, deque[float]] = {True: deque(maxlen=HOST_KEPT), False: deque(maxlen=HOST_KEPT)}
-        self.acceptance: dict[str, PositionAcceptance] = {}
+        self.planner = Planner(verify)
         self._running: list[_Running] = []
-        self._quiet: _Quiet | None = None  # a choice of no drafts that stands for some steps
-        self._chosen_s: deque[float] = deque(maxlen=CHOICES_KEPT)  # the last steps' choosing, their offers included
-        self._replan_s = 0.0  # the seconds of a step's choice, its drafters' offers included (decayed)
-        self._drafting_steps = 0  # steps that would draft since the last that did not (`_plain_due`)
 
     def __len__(self) -> int:
         return len(self._running)
@@ -178,7 +119,7 @@ class Scheduler:
         step_started = time.perf_counter()
         generating = [r for r in self._running if not r.prompt]
         planned, emitted = [], []
-        for running, k in zip(generating, self._planned_ks(generating)):
+        for running, k in zip(generating, self.planner.ks([r.plan for r in generating], self._chunk, self._shared)):
             if self._guarded(running, running.generation.begin_round, k, self._chunk) is True:
                 planned.append(running)
             else:
@@ -193,7 +134,7 @@ class Scheduler:
                 continue
             parts.append(part)
             verified.append(running)
-            self._drafted(running)
+            self.planner.drafted(running.plan)
         fed = self._prompt_chunks(parts, bool(verified))
         if parts:
             started = time.perf_counter()
@@ -201,7 +142,7 @@ class Scheduler:
             seconds = time.perf_counter() - started
             passes_s += seconds
             if not fed and passes == 1:
-                self.pass_costs.record(sum(len(part.tokens) for part in parts), seconds)
+                self.planner.pass_costs.record(sum(len(part.tokens) for part in parts), seconds)
             for running, part_rows in zip(verified, rows):
                 events = self._guarded(running, self._settle, running.generation, part_rows, seconds, len(verified))
                 emitted.append((running.generation, events or []))
@@ -214,7 +155,7 @@ class Scheduler:
                 self.leave(generation)
         if not fed and not any(r.generation.catching_up for r in planned):
             seconds = max(0.0, time.perf_counter() - step_started - passes_s)
-            self.host[any(r.generation.last_draft.tokens for r in planned)].append(seconds)
+            self.planner.host[any(r.generation.last_draft.tokens for r in planned)].append(seconds)
         return emitted
 
     def _guarded(self, running: _Running, work: Callable[..., T], *args: object) -> T | None:
@@ -274,10 +215,7 @@ class Scheduler:
         """Finish a generation's round; its drafts and what was kept of them join its mode's pooled acceptance."""
         accepted = generation.stats.accepted
         events = generation.settle(rows, seconds, sequences)
-        draft = generation.last_draft
-        if draft.tokens:
-            pooled = self.acceptance.setdefault(generation.stats.draft_mode, PositionAcceptance(DECAY))
-            pooled.update(len(draft.tokens), generation.stats.accepted - accepted)
+        self.planner.settled(generation, len(generation.last_draft.tokens), generation.stats.accepted - accepted)
         return events
 
     def _prompt_chunks(self, parts: list[Part], others: bool) -> list[tuple[_Running, int]]:
@@ -300,198 +238,6 @@ class Scheduler:
             fed.append((running, n))
             room -= n
         return fed
-
-    def _planned_ks(self, generating: list[_Running]) -> list[int | None]:
-        """`_ks`, its seconds shared among the sequences' planning figures (`Stats.plan_s`), less what their drafters
-        spent choosing their ways, which each drafter counts itself, and their proposals made to offer them (drafting
-        time, `Generation.offer`). Where no K is the planner's there is nothing to choose; a quiet step (`_Quiet`) asks
-        no drafter and only counts down: on a tiny model, whose step costs ~150 µs, asking whether a probe was due and
-        counting idle rounds every quiet step cost 3% of the target alone's speed."""
-        started = time.perf_counter()
-        if self._quiet is not None:
-            if self._quiet.goes_on(generating):
-                share = (time.perf_counter() - started) / len(generating)
-                for running in generating:
-                    running.generation.stats.plan_s += share
-                return self._quiet.ks
-            self._quiet.end()
-            self._quiet = None
-        if not any(r.adaptive for r in generating):
-            return [None] * len(generating)
-        drafting = [r.generation.drafter for r in generating if r.generation.drafter is not None]
-
-        def choosing() -> float:
-            return sum(drafter.plan_s for drafter in drafting)
-
-        def proposing() -> float:
-            return sum(r.generation.stats.draft_s for r in generating)
-
-        chose, proposed = choosing(), proposing()
-        ks = self._ks(generating)
-        seconds, proposed = time.perf_counter() - started, proposing() - proposed
-        self._chosen_s.append(seconds)
-        self._replan_s = seconds if not self._replan_s else 0.8 * self._replan_s + 0.2 * seconds
-        share = (seconds - proposed - (choosing() - chose)) / len(generating)
-        for running in generating:
-            running.generation.stats.plan_s += share
-        return ks
-
-    def _ks(self, generating: list[_Running]) -> list[int | None]:
-        """K for each generating sequence: a fixed K as its request asked (None: its own), and for `-k auto` the
-        batch's choice by goodput, with a probe (K = 1) for a drafter idle for long enough. A choice of no drafts at
-        all stands for some steps of the same sequences (`_quiet_steps`)."""
-        candidates = [self._candidate(r) for r in generating]  # made once a step (a drafter's offer decides its way)
-        quiet = self._quiet_steps(len(generating))  # what drafting forgoes: the choice not made on quiet steps
-        choices = choose(candidates, self.pass_costs, self.host_s, self._replan_s * quiet / (quiet + 1))
-        for running, (k, way) in zip(generating, choices):
-            if k and running.offers:  # its way (its drafter's preferred one, or another that pays best in this pass)
-                running.generation.take(running.offers[way], k)
-        ks = [k if running.adaptive else None for (k, _way), running in zip(choices, generating)]
-        if not any(ks):
-            self._drafting_steps = 0
-        elif self._plain_due(generating):
-            ks = [0 if running.adaptive else None for running in generating]
-        for i, (running, candidate) in enumerate(zip(generating, candidates)):
-            if not running.adaptive:
-                continue
-            running.probing = ks[i] == 0 and running.probe_may_be_due and \
-                self._probe_due(running, candidate, len(generating))
-            if running.probing:
-                ks[i] = 1
-            elif ks[i]:
-                running.probe_after = PROBE_ROUNDS
-            if ks[i]:
-                running.idle = running.priced_after = 0
-            else:
-                running.idle += 1
-        if quiet and not any(ks):  # quiet until the first drafter due a probe (`_Running.probe_may_be_due`) is
-            quiet = min([quiet, *(max(r.probe_after, r.priced_after) - r.idle for r in generating if r.adaptive)])
-        self._quiet = _Quiet(quiet, list(generating), list(ks)) if quiet > 0 and not any(ks) else None
-        return ks
-
-    def _plain_due(self, generating: list[_Running]) -> bool:
-        """Whether this step, which would draft, should not: the planner's own probe. Where every step drafts, the
-        pass over the sequences alone is never measured again, and its price, left from cold first steps, kept the
-        choice drafting (a tiny model drafting for itself at two sequences priced that pass at three times what it
-        took). Due when that price is stale, after at least `PROBE_ROUNDS` steps that drafted since the last that did
-        not, or at once while it rests on its first call, which was cold (`BatchCosts.first_only`: a tiny model's
-        first 4-row pass cost 4× the next, was the floor of every larger pass, and its twin drafted 16 tokens for each
-        of four sequences through a batch at 0.6× the target alone's speed); only where the planner chooses every
-        sequence's K."""
-        self._drafting_steps += 1
-        if not all(r.adaptive for r in generating):
-            return False
-        plain = len(generating)
-        if not self.pass_costs.first_only(plain) and \
-                (self._drafting_steps < PROBE_ROUNDS or self.pass_costs.fresh(plain)):
-            return False
-        self._drafting_steps = 0
-        return True
-
-    def _quiet_steps(self, sequences: int) -> int:
-        """How many steps after this one a choice of no drafts at all stands for: as many as keep choosing again within
-        `PLAN_SHARE` of the steps' time. Where a step is dear (a model of some size) that is none, and each step chooses
-        afresh; on a tiny model, whose step costs about what choosing does, the choice stands for tens of steps (the
-        planner's Python between passes cost it a third of the target alone's speed).
-
-        Choosing costs what the last steps that chose took, their drafters' offers (a lookup's proposal) included:
-        without them the memory's lookups on a tiny model cost 3% of its speed, twice the share. The middle of the last
-        `CHOICES_KEPT`, once most of them are known: a cold drafter's first trial, made in one step, would stand for
-        tens of quiet steps (the default then never drafted a 40-token answer on a cross-vocabulary pair)."""
-        step_s = (self.pass_costs.seconds(sequences) or 0.0) + self.host_s
-        if len(self._chosen_s) <= CHOICES_KEPT // 2 or not step_s:
-            return 0
-        choosing_s = sorted(self._chosen_s)[len(self._chosen_s) // 2]
-        return min(QUIET_MAX, int(choosing_s / (PLAN_SHARE * step_s)))
-
-    def _probe_due(self, running: _Running, candidate: Candidate, sequences: int) -> bool:
-        """Whether an idle drafter that has sat out enough rounds should draft one token now: the probe (its
-        catch-up, a step, a row) pays against its share of the passes it sat out (the cost model's rule,
-        `probe_rounds`). Where it does not yet, the idle rounds it needs are kept (`priced_after`), priced with the
-        catch-up it will owe by then (a token more for each round it sits out): pricing a probe asks a drafter of
-        several ways for its offers, a lookup each, which every idle step of a tiny model paid (a third of the rounds'
-        host work)."""
-        pass_s = self.pass_costs.seconds(sequences)
-        if pass_s is None:
-            return True
-        row_s = max(0.0, (self.pass_costs.seconds(sequences + 1) or pass_s) - pass_s)
-
-        def rounds(later: int) -> int:
-            """The idle rounds a probe needs, priced `later` rounds from now."""
-            length = running.generation.draft_length
-            drafting_s = candidate.drafting_s(1)
-            if isinstance(length, AdaptiveK):  # a probe pays the drafter's whole catch-up on the rounds it sat out
-                costs = length.costs.step_costs(running.generation.drafter_backlog() + later)
-                drafting_s = sum(costs) if costs is not None else drafting_s
-            return probe_rounds(drafting_s + row_s, pass_s / sequences)
-
-        needed = rounds(0)
-        running.priced_after = max(needed, rounds(needed - running.idle)) if needed > running.idle else needed
-        return running.idle >= needed
-
-    def _candidate(self, running: _Running) -> Candidate:
-        """What the goodput choice needs of a sequence: its acceptance by position, and what its drafter's steps and
-        a round of them cost (`LoopCosts.step_costs`: its cost shape, its catch-up on what it has not seen), as
-        measured (unmeasured: free, so that it gets tried)."""
-        generation = running.generation
-        length, mode = generation.draft_length, generation.stats.draft_mode
-        cap = max(0, min(length.k_max, generation.room() - 1))
-        if not running.adaptive:
-            return Candidate((), fixed=min(length.next_k(), cap) if generation.drafter else 0)
-        if not isinstance(length, AdaptiveK):  # a drafter of several ways: each way it offers, priced as it drafts
-            offers = generation.offer(cap, self._chunk, self._shared)
-            running.offers = [offer.way for offer in offers]
-            if not offers:
-                return Candidate((), fixed=0)
-            first, *others = [self._way(offer, cap) for offer in offers]
-            return Candidate(first.rates, step_s=first.step_s, round_s=first.round_s, others=tuple(others))
-        pooled = self.acceptance.get(mode)
-        if not length.priced and (pooled is None or pooled.measured < length.warmup_rounds):
-            return Candidate((), fixed=min(length.next_k(), cap))  # not priced yet: tried at its warm-up K
-        # Its steady round: what it lacks beyond a round's catch-up (a prompt, rounds it sat out) is the way's entry,
-        # which no one pass can weigh (a pass priced with it never drafts, and the backlog only grows).
-        step_s, round_s = length.costs.step_costs(min(generation.drafter_backlog(), STEADY_BACKLOG)) or (0.0, 0.0)
-        acceptance = length.acceptance if length.rounds else pooled or length.acceptance
-        return Candidate(acceptance.rates(cap), step_s=step_s, round_s=round_s)
-
-    @staticmethod
-    def _way(offer: Offer, cap: int) -> Candidate:
-        """A way a drafter offers, as the goodput choice prices it: its acceptance, its steps, what a round costs
-        once."""
-        step_s, round_s = offer.costs.step_costs(offer.backlog) or (0.0, 0.0)
-        return Candidate(offer.acceptance.rates(min(cap, offer.cap)), step_s=step_s, round_s=round_s)
-
-    @property
-    def host_s(self) -> float:
-        """h: a step's seconds outside its passes (every sequence's host work), measured on steps that fed no prompt
-        and caught no drafter up (their decodes are not the loop's work): the work a step costs whatever K. The lesser
-        of the middle (the lower middle) of the last `HOST_KEPT` steps' of each kind. Drafting steps' host work grows
-        with the drafting priced (a tiny model's cost ~1 ms, its plain ones ~0.1), and a dearer step makes drafting
-        look worth more; a mean kept the first steps, cold (1.2 and 0.5 ms where later ones took 0.07), for as long as
-        nearly every step drafted: the twin of a tiny model drafted 16 tokens for each of four sequences through its
-        first batch, at 0.6x the target alone's speed. The least of them instead read a busy machine's luckiest step,
-        not what its steps cost: the default drafted with the model in 4% of its rounds on code where it had in 35%."""
-        middles = [sorted(seconds)[(len(seconds) - 1) // 2] for seconds in self.host.values() if seconds]
-        return min(middles, default=0.0)
-
-    @staticmethod
-    def _drafted(running: _Running) -> None:
-        """A sequence drafted (its decodes were booked, as their share of the passes, by its round): a probe that the
-        batch would not have chosen waits twice as long for the next."""
-        if running.probing:
-            running.probe_after = min(PROBE_MAX, running.probe_after * 2)
-            running.probing = False
-
-
-def _chooses_k(generation: Generation) -> bool:
-    """Whether the planner chooses this generation's K: under `-k auto`, for a drafter of one way (its controller of K
-    only keeps its acceptance) or of several (`Drafter.chooses_ways`: each way it offers is priced here); a fixed K is
-    the request's."""
-    if generation.drafter is None:
-        return False
-    return isinstance(generation.draft_length, AdaptiveK) or (
-        generation.stats.adaptive and generation.drafter.chooses_ways)
-
 
 def _decode(parts: list[Part]) -> tuple[list[np.ndarray], int]:
     """Every part's rows, decoded in as few passes as fit (`_batches`), and how many passes that took."""

@@ -1,0 +1,301 @@
+"""The planner: before each step, the way of drafting and K of every generating sequence, chosen together (`choose`,
+by the batch's goodput), with the rules for what is not priced yet or is stale: a probe (K = 1) for a drafter idle
+for long enough, a plain step where every step drafts and the pass over the sequences alone goes stale, and quiet
+steps where choosing again would cost more than a step's small share. A lone generation is a schedule of one, so this
+is the only place a round's way and K are chosen.
+
+It reads what the scheduler measures: c(R), a verify pass's seconds by its rows (`pass_costs`), h, a step's host work
+(`host`), and each mode's acceptance pooled over its sequences (`acceptance`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from spec_cli.decoding.costs import DECAY, PROBE_ROUNDS, STEADY_BACKLOG, BatchCosts, probe_rounds
+from spec_cli.decoding.draft_length import AdaptiveK, PositionAcceptance
+from spec_cli.decoding.drafter import Offer
+from spec_cli.decoding.goodput import Candidate, choose
+
+if TYPE_CHECKING:
+    from spec_cli.decoding.engine import Generation
+
+PROBE_MAX = 1024  # the most rounds an idle sequence's drafter waits for its next probe
+PLAN_SHARE = 0.01  # the most of a step's time that choosing K = 0 again and again may cost (`Planner._quiet_steps`)
+QUIET_MAX = 128  # the most steps a choice of no drafts at all stands for
+CHOICES_KEPT = 5  # the last choices' seconds the quiet rule reads the middle one of (`Planner._quiet_steps`)
+HOST_KEPT = 8  # the last steps' host seconds, of each kind, whose middle h reads (`Planner.host_s`)
+
+
+@dataclass
+class Planned:
+    """A generation the planner plans for: how long its drafter has been idle (K = 0) and may stay so before the next
+    probe (`probe_after`, and `priced_after`: the idle rounds its probe's price needs, as last read, so that an idle
+    step does not price it again)."""
+
+    generation: Generation
+    idle: int = 0
+    probe_after: int = PROBE_ROUNDS
+    priced_after: int = 0
+    probing: bool = False
+    offers: list[str] = field(default_factory=list)  # the ways its drafter offered this step, its preferred first
+    adaptive: bool = field(init=False)  # whether the planner chooses its K (`_chooses_k`), for its whole life
+
+    def __post_init__(self) -> None:
+        self.adaptive = _chooses_k(self.generation)
+
+    @property
+    def probe_may_be_due(self) -> bool:
+        """Whether its drafter has sat out the rounds a probe waits for, and those its price needed when last read."""
+        return self.adaptive and self.idle >= max(self.probe_after, self.priced_after)
+
+
+@dataclass
+class _Quiet:
+    """A choice of no drafts standing for `left` more steps of the same sequences (`running`, with the Ks it gave
+    them): a quiet step only counts down, and the idle rounds the streak adds to each sequence (`steps`) are counted
+    when it ends. It ends before any drafter is due a probe: its length was cut to that when it was chosen (a probe
+    left to the streak's end came after a 48-token answer had ended on a tiny model, whose streaks are long)."""
+
+    left: int
+    running: list[Planned]
+    ks: list[int | None]
+    steps: int = 0
+
+    def goes_on(self, generating: list[Planned]) -> bool:
+        """Count a quiet step down, if one is left for these same sequences."""
+        if not self.left or len(generating) != len(self.running) or \
+                any(a is not b for a, b in zip(generating, self.running)):
+            return False
+        self.left, self.steps = self.left - 1, self.steps + 1
+        return True
+
+    def end(self) -> None:
+        """The sequences' drafters sat out the streak's steps."""
+        for running in self.running:
+            running.idle += running.adaptive * self.steps
+
+
+class Planner:
+    """Chooses each step's ways and Ks (`ks`) from what the scheduler measures, which it books here.
+
+    `pass_costs`: c(R), a verify pass's seconds by its rows, measured on passes without prompt chunks;
+    `host`: the seconds of the last steps outside their passes (the loop's own work), by whether they drafted;
+    `acceptance`: by drafting mode, every sequence's rounds pooled: what a sequence whose own controller has
+    seen no round yet is expected to keep (a slot's first request would otherwise explore on its own).
+    A drafter's steps are priced from its own book (`Generation.draft_length.costs`), which knows its cost shape.
+    `verify`: the target's passes by K as a pair's cost book has measured them (one sequence's K + 1 rows), the
+    first prices of c(R) for a planner that has measured none yet.
+    """
+
+    def __init__(self, verify: BatchCosts | None = None) -> None:
+        self.pass_costs = BatchCosts(DECAY)
+        if verify is not None and verify.weight:
+            self.pass_costs.seed({str(int(k) + 1): seconds for k, seconds in verify.as_dict().items()}, 1.0)
+        self.host: dict[bool, deque[float]] = {True: deque(maxlen=HOST_KEPT), False: deque(maxlen=HOST_KEPT)}
+        self.acceptance: dict[str, PositionAcceptance] = {}
+        self._quiet: _Quiet | None = None  # a choice of no drafts that stands for some steps
+        self._chosen_s: deque[float] = deque(maxlen=CHOICES_KEPT)  # the last steps' choosing, their offers included
+        self._replan_s = 0.0  # the seconds of a step's choice, its drafters' offers included (decayed)
+        self._drafting_steps = 0  # steps that would draft since the last that did not (`_plain_due`)
+
+    def settled(self, generation: Generation, drafted: int, accepted: int) -> None:
+        """A round of `generation` kept `accepted` of its `drafted` tokens: they join its mode's pooled acceptance."""
+        if drafted:
+            pooled = self.acceptance.setdefault(generation.stats.draft_mode, PositionAcceptance(DECAY))
+            pooled.update(drafted, accepted)
+
+    def ks(self, generating: list[Planned], chunk: int, shared: bool) -> list[int | None]:
+        """`_ks`, its seconds shared among the sequences' planning figures (`Stats.plan_s`), less what their drafters
+        spent choosing their ways, which each drafter counts itself, and their proposals made to offer them (drafting
+        time, `Generation.offer`). Where no K is the planner's there is nothing to choose; a quiet step (`_Quiet`) asks
+        no drafter and only counts down: on a tiny model, whose step costs ~150 µs, asking whether a probe was due and
+        counting idle rounds every quiet step cost 3% of the target alone's speed."""
+        started = time.perf_counter()
+        if self._quiet is not None:
+            if self._quiet.goes_on(generating):
+                share = (time.perf_counter() - started) / len(generating)
+                for running in generating:
+                    running.generation.stats.plan_s += share
+                return self._quiet.ks
+            self._quiet.end()
+            self._quiet = None
+        if not any(r.adaptive for r in generating):
+            return [None] * len(generating)
+        drafting = [r.generation.drafter for r in generating if r.generation.drafter is not None]
+
+        def choosing() -> float:
+            return sum(drafter.plan_s for drafter in drafting)
+
+        def proposing() -> float:
+            return sum(r.generation.stats.draft_s for r in generating)
+
+        chose, proposed = choosing(), proposing()
+        ks = self._ks(generating, chunk, shared)
+        seconds, proposed = time.perf_counter() - started, proposing() - proposed
+        self._chosen_s.append(seconds)
+        self._replan_s = seconds if not self._replan_s else 0.8 * self._replan_s + 0.2 * seconds
+        share = (seconds - proposed - (choosing() - chose)) / len(generating)
+        for running in generating:
+            running.generation.stats.plan_s += share
+        return ks
+
+    def _ks(self, generating: list[Planned], chunk: int, shared: bool) -> list[int | None]:
+        """K for each generating sequence: a fixed K as its request asked (None: its own), and for `-k auto` the
+        batch's choice by goodput, with a probe (K = 1) for a drafter idle for long enough. A choice of no drafts at
+        all stands for some steps of the same sequences (`_quiet_steps`)."""
+        # Made once a step: a drafter's offer decides its way.
+        candidates = [self._candidate(r, chunk, shared) for r in generating]
+        quiet = self._quiet_steps(len(generating))  # what drafting forgoes: the choice not made on quiet steps
+        choices = choose(candidates, self.pass_costs, self.host_s, self._replan_s * quiet / (quiet + 1))
+        for running, (k, way) in zip(generating, choices):
+            if k and running.offers:  # its way (its drafter's preferred one, or another that pays best in this pass)
+                running.generation.take(running.offers[way], k)
+        ks = [k if running.adaptive else None for (k, _way), running in zip(choices, generating)]
+        if not any(ks):
+            self._drafting_steps = 0
+        elif self._plain_due(generating):
+            ks = [0 if running.adaptive else None for running in generating]
+        for i, (running, candidate) in enumerate(zip(generating, candidates)):
+            if not running.adaptive:
+                continue
+            running.probing = ks[i] == 0 and running.probe_may_be_due and \
+                self._probe_due(running, candidate, len(generating))
+            if running.probing:
+                ks[i] = 1
+            elif ks[i]:
+                running.probe_after = PROBE_ROUNDS
+            if ks[i]:
+                running.idle = running.priced_after = 0
+            else:
+                running.idle += 1
+        if quiet and not any(ks):  # quiet until the first drafter due a probe (`Planned.probe_may_be_due`) is
+            quiet = min([quiet, *(max(r.probe_after, r.priced_after) - r.idle for r in generating if r.adaptive)])
+        self._quiet = _Quiet(quiet, list(generating), list(ks)) if quiet > 0 and not any(ks) else None
+        return ks
+
+    def _plain_due(self, generating: list[Planned]) -> bool:
+        """Whether this step, which would draft, should not: the planner's own probe. Where every step drafts, the
+        pass over the sequences alone is never measured again, and its price, left from cold first steps, kept the
+        choice drafting (a tiny model drafting for itself at two sequences priced that pass at three times what it
+        took). Due when that price is stale, after at least `PROBE_ROUNDS` steps that drafted since the last that did
+        not, or at once while it rests on its first call, which was cold (`BatchCosts.first_only`: a tiny model's
+        first 4-row pass cost 4× the next, was the floor of every larger pass, and its twin drafted 16 tokens for each
+        of four sequences through a batch at 0.6× the target alone's speed); only where the planner chooses every
+        sequence's K."""
+        self._drafting_steps += 1
+        if not all(r.adaptive for r in generating):
+            return False
+        plain = len(generating)
+        if not self.pass_costs.first_only(plain) and \
+                (self._drafting_steps < PROBE_ROUNDS or self.pass_costs.fresh(plain)):
+            return False
+        self._drafting_steps = 0
+        return True
+
+    def _quiet_steps(self, sequences: int) -> int:
+        """How many steps after this one a choice of no drafts at all stands for: as many as keep choosing again within
+        `PLAN_SHARE` of the steps' time. Where a step is dear (a model of some size) that is none, and each step chooses
+        afresh; on a tiny model, whose step costs about what choosing does, the choice stands for tens of steps (the
+        planner's Python between passes cost it a third of the target alone's speed).
+
+        Choosing costs what the last steps that chose took, their drafters' offers (a lookup's proposal) included:
+        without them the memory's lookups on a tiny model cost 3% of its speed, twice the share. The middle of the last
+        `CHOICES_KEPT`, once most of them are known: a cold drafter's first trial, made in one step, would stand for
+        tens of quiet steps (the default then never drafted a 40-token answer on a cross-vocabulary pair)."""
+        step_s = (self.pass_costs.seconds(sequences) or 0.0) + self.host_s
+        if len(self._chosen_s) <= CHOICES_KEPT // 2 or not step_s:
+            return 0
+        choosing_s = sorted(self._chosen_s)[len(self._chosen_s) // 2]
+        return min(QUIET_MAX, int(choosing_s / (PLAN_SHARE * step_s)))
+
+    def _probe_due(self, running: Planned, candidate: Candidate, sequences: int) -> bool:
+        """Whether an idle drafter that has sat out enough rounds should draft one token now: the probe (its
+        catch-up, a step, a row) pays against its share of the passes it sat out (the cost model's rule,
+        `probe_rounds`). Where it does not yet, the idle rounds it needs are kept (`priced_after`), priced with the
+        catch-up it will owe by then (a token more for each round it sits out): pricing a probe asks a drafter of
+        several ways for its offers, a lookup each, which every idle step of a tiny model paid (a third of the rounds'
+        host work)."""
+        pass_s = self.pass_costs.seconds(sequences)
+        if pass_s is None:
+            return True
+        row_s = max(0.0, (self.pass_costs.seconds(sequences + 1) or pass_s) - pass_s)
+
+        def rounds(later: int) -> int:
+            """The idle rounds a probe needs, priced `later` rounds from now."""
+            length = running.generation.draft_length
+            drafting_s = candidate.drafting_s(1)
+            if isinstance(length, AdaptiveK):  # a probe pays the drafter's whole catch-up on the rounds it sat out
+                costs = length.costs.step_costs(running.generation.drafter_backlog() + later)
+                drafting_s = sum(costs) if costs is not None else drafting_s
+            return probe_rounds(drafting_s + row_s, pass_s / sequences)
+
+        needed = rounds(0)
+        running.priced_after = max(needed, rounds(needed - running.idle)) if needed > running.idle else needed
+        return running.idle >= needed
+
+    def _candidate(self, running: Planned, chunk: int, shared: bool) -> Candidate:
+        """What the goodput choice needs of a sequence: its acceptance by position, and what its drafter's steps and
+        a round of them cost (`LoopCosts.step_costs`: its cost shape, its catch-up on what it has not seen), as
+        measured (unmeasured: free, so that it gets tried)."""
+        generation = running.generation
+        length, mode = generation.draft_length, generation.stats.draft_mode
+        cap = max(0, min(length.k_max, generation.room() - 1))
+        if not running.adaptive:
+            return Candidate((), fixed=min(length.next_k(), cap) if generation.drafter else 0)
+        if not isinstance(length, AdaptiveK):  # a drafter of several ways: each way it offers, priced as it drafts
+            offers = generation.offer(cap, chunk, shared)
+            running.offers = [offer.way for offer in offers]
+            if not offers:
+                return Candidate((), fixed=0)
+            first, *others = [self._way(offer, cap) for offer in offers]
+            return Candidate(first.rates, step_s=first.step_s, round_s=first.round_s, others=tuple(others))
+        pooled = self.acceptance.get(mode)
+        if not length.priced and (pooled is None or pooled.measured < length.warmup_rounds):
+            return Candidate((), fixed=min(length.next_k(), cap))  # not priced yet: tried at its warm-up K
+        # Its steady round: what it lacks beyond a round's catch-up (a prompt, rounds it sat out) is the way's entry,
+        # which no one pass can weigh (a pass priced with it never drafts, and the backlog only grows).
+        step_s, round_s = length.costs.step_costs(min(generation.drafter_backlog(), STEADY_BACKLOG)) or (0.0, 0.0)
+        acceptance = length.acceptance if length.rounds else pooled or length.acceptance
+        return Candidate(acceptance.rates(cap), step_s=step_s, round_s=round_s)
+
+    @staticmethod
+    def _way(offer: Offer, cap: int) -> Candidate:
+        """A way a drafter offers, as the goodput choice prices it: its acceptance, its steps, what a round costs
+        once."""
+        step_s, round_s = offer.costs.step_costs(offer.backlog) or (0.0, 0.0)
+        return Candidate(offer.acceptance.rates(min(cap, offer.cap)), step_s=step_s, round_s=round_s)
+
+    @property
+    def host_s(self) -> float:
+        """h: a step's seconds outside its passes (every sequence's host work), measured on steps that fed no prompt
+        and caught no drafter up (their decodes are not the loop's work): the work a step costs whatever K. The lesser
+        of the middle (the lower middle) of the last `HOST_KEPT` steps' of each kind. Drafting steps' host work grows
+        with the drafting priced (a tiny model's cost ~1 ms, its plain ones ~0.1), and a dearer step makes drafting
+        look worth more; a mean kept the first steps, cold (1.2 and 0.5 ms where later ones took 0.07), for as long as
+        nearly every step drafted: the twin of a tiny model drafted 16 tokens for each of four sequences through its
+        first batch, at 0.6x the target alone's speed. The least of them instead read a busy machine's luckiest step,
+        not what its steps cost: the default drafted with the model in 4% of its rounds on code where it had in 35%."""
+        middles = [sorted(seconds)[(len(seconds) - 1) // 2] for seconds in self.host.values() if seconds]
+        return min(middles, default=0.0)
+
+    @staticmethod
+    def drafted(running: Planned) -> None:
+        """A sequence drafted (its decodes were booked, as their share of the passes, by its round): a probe that the
+        batch would not have chosen waits twice as long for the next."""
+        if running.probing:
+            running.probe_after = min(PROBE_MAX, running.probe_after * 2)
+            running.probing = False
+
+
+def _chooses_k(generation: Generation) -> bool:
+    """Whether the planner chooses this generation's K: under `-k auto`, for a drafter of one way (its controller of K
+    only keeps its acceptance) or of several (`Drafter.chooses_ways`: each way it offers is priced here); a fixed K is
+    the request's."""
+    if generation.drafter is None:
+        return False
+    return isinstance(generation.draft_length, AdaptiveK) or (
+        generation.stats.adaptive and generation.drafter.chooses_ways)

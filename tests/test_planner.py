@@ -1,0 +1,126 @@
+"""The planner: probes of an idle drafter, quiet steps, plain steps where every step drafts, and the host work a
+step is priced with."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from spec_cli.decoding import planner as planning
+from spec_cli.decoding.costs import PER_TOKEN, PROBE_ROUNDS, LoopCosts
+from spec_cli.decoding.draft_length import AdaptiveK
+from spec_cli.decoding.drafter import Drafter
+from spec_cli.decoding.planner import Planned, Planner
+
+CHUNK = 512  # the most a lone sequence's drafter catches up on in a step
+
+def planned(costs: LoopCosts, backlog: int = 0) -> tuple[Planner, Planned]:
+    """A planner whose passes cost 40 ms and 4 ms a row, planning for one sequence (a lone run, a schedule of one)
+    whose drafter, priced by `costs`, has seen none of its drafts kept: what the planner reads of a generation."""
+    planner = Planner()
+    for rows in range(1, 18):
+        planner.pass_costs.record(rows, 0.040 + 0.004 * rows)
+    length = AdaptiveK(costs, k_max=16)
+    for _ in range(8):
+        length.update(4, 0)
+    generation = SimpleNamespace(drafter=Drafter(), draft_length=length, room=lambda: 1000,
+                                 stats=SimpleNamespace(draft_mode="model", adaptive=True, draft_s=0.0, plan_s=0.0),
+                                 drafter_backlog=lambda: backlog)
+    return planner, Planned(generation)  # type: ignore[arg-type]
+
+
+def idle_ks(planner: Planner, running: Planned, steps: int) -> list[int]:
+    """The K the planner gives the sequence each of `steps` steps (a probe drafts, and keeps nothing)."""
+    ks = []
+    for _ in range(steps):
+        [k] = planner._ks([running], CHUNK, False)
+        if k:
+            planner.drafted(running)
+        ks.append(k or 0)
+    return ks
+
+
+def test_an_idle_drafter_is_probed_less_and_less_while_probes_do_not_pay() -> None:
+    costs = LoopCosts(shape=PER_TOKEN)
+    costs.draft.record(1, 0.002)
+    planner, running = planned(costs)
+    ks = idle_ks(planner, running, 8 * PROBE_ROUNDS)
+    probes = [i for i, k in enumerate(ks) if k]
+    assert probes[0] == PROBE_ROUNDS and set(ks[:PROBE_ROUNDS]) == {0}  # K = 1 once, after the idle rounds
+    assert [b - a for a, b in zip(probes, probes[1:])] == [2 * PROBE_ROUNDS + 1, 4 * PROBE_ROUNDS + 1]
+    assert all(k <= 1 for k in ks)
+
+
+def test_a_probe_dearer_than_its_share_of_the_idle_time_is_not_made() -> None:
+    """A drafter whose catch-up on what it missed costs as much as the rounds it sat out is never probed."""
+    costs = LoopCosts(shape=PER_TOKEN)
+    costs.draft.record(1, 0.050)
+    costs.draft.record(64, 64 * 0.050)
+    planner, running = planned(costs, backlog=64)
+    assert set(idle_ks(planner, running, 400)) == {0}
+
+
+def test_a_choice_of_no_drafts_stands_until_a_probe_falls_due() -> None:
+    """Where choosing looks dear against a step, K = 0 stands for quiet steps that ask no drafter; the streak ends when
+    the idle drafter's probe falls due, at the very step it would without quiet steps."""
+    costs = LoopCosts(shape=PER_TOKEN)
+    costs.draft.record(1, 0.002)
+    planner, running = planned(costs)
+    planner._chosen_s.extend([1.0] * planning.CHOICES_KEPT)  # each choice of no drafts stands for QUIET_MAX steps
+    ks = []
+    for _ in range(PROBE_ROUNDS + 1):
+        [k] = planner.ks([running], CHUNK, False)
+        ks.append(k)
+        if ks == [0]:
+            assert planner._quiet is not None and planner._quiet.left == PROBE_ROUNDS - 1
+    assert ks == [0] * PROBE_ROUNDS + [1]
+
+
+def test_a_cold_first_choice_does_not_stand_for_quiet_steps() -> None:
+    """The quiet rule reads the middle of the last choices' seconds, once most are known: one cold choice (a drafter's
+    first trial) is not what choosing costs."""
+    planner, _ = planned(LoopCosts(shape=PER_TOKEN))
+    step_s = planner.pass_costs.seconds(1)
+    planner._chosen_s.append(100 * step_s)
+    assert planner._quiet_steps(1) == 0
+    planner._chosen_s.extend([0.035 * step_s] * 2)
+    assert planner._quiet_steps(1) == 3  # 3.5% of a step, at most 1% a step
+
+
+def test_a_planner_that_always_drafts_measures_the_plain_pass_again() -> None:
+    """Where every step drafts, the pass over the sequences alone goes stale: a step drafts nothing so that its price
+    is measured again, never while it is fresh, and then once every `PROBE_ROUNDS` steps that would draft."""
+    planner, running = planned(LoopCosts(shape=PER_TOKEN))
+    planner.pass_costs.record(1, 0.044)
+    drafting = [planner._plain_due([running]) for _ in range(3 * PROBE_ROUNDS)]
+    assert drafting.count(True) == 0  # a plain pass of one row measured lately: nothing to probe
+    for _ in range(40):
+        planner.pass_costs.record(5, 0.060)
+    plain = [i for i in range(3 * PROBE_ROUNDS) if planner._plain_due([running])]
+    assert plain == [0, PROBE_ROUNDS, 2 * PROBE_ROUNDS]  # the drafting steps before counted
+
+
+def test_host_work_is_the_middle_of_the_last_steps() -> None:
+    """h is not dragged up by the cold first steps, nor down to a busy machine's luckiest step: the lower middle of
+    the last steps of each kind, the lesser kind (a step that drafted adds its drafting's host work); before any step,
+    nothing."""
+    planner, _ = planned(LoopCosts(shape=PER_TOKEN))
+    assert planner.host_s == 0.0
+    planner.host[True].extend([0.9e-3, 1.1e-3])
+    assert planner.host_s == pytest.approx(0.9e-3)
+    planner.host[False].extend([1.2e-3, 0.5e-3, 0.07e-3, 0.3e-3, 0.08e-3])
+    assert planner.host_s == pytest.approx(0.3e-3)
+    planner.host[False].extend([0.07e-3, 0.09e-3])
+    assert planner.host_s == pytest.approx(0.09e-3)  # the cold ones outvoted
+    planner.host[False].extend([0.2e-3] * planning.HOST_KEPT)  # the cheap steps were long ago
+    assert planner.host_s == pytest.approx(0.2e-3)
+
+
+def test_a_plain_pass_priced_by_its_first_call_alone_is_measured_again() -> None:
+    """The first pass of a shape is cold: while the pass over the sequences alone has been called once, a step that
+    would draft drafts nothing, so that the next call prices it; called twice, drafting goes on."""
+    planner, running = planned(LoopCosts(shape=PER_TOKEN))  # every size called once
+    assert planner._plain_due([running])
+    planner.pass_costs.record(1, 0.044)
+    assert not any(planner._plain_due([running]) for _ in range(PROBE_ROUNDS - 1))
