@@ -7,7 +7,7 @@ from typing import Callable
 import pytest
 
 from spec_cli.decoding.costs import PER_TOKEN, LoopCosts
-from spec_cli.decoding.draft_length import (AdaptiveK, FixedK, PositionAcceptance,
+from spec_cli.decoding.draft_length import (TEXT_ROUNDS, AdaptiveK, FixedK, Pool, PositionAcceptance,
                                             expected_tokens)
 from spec_cli.decoding.stats import Stats
 
@@ -112,19 +112,28 @@ def test_a_controller_is_priced_once_measured_or_seeded_from_a_book() -> None:
 
 def test_a_new_text_starts_from_the_acceptance_pooled_over_every_text() -> None:
     """The pool takes every round its texts take; a new text starts from it, worth a few rounds, not from the last
-    text's rate (a draft that kept little on one text was then priced as such on the next)."""
-    pooled = PositionAcceptance(decay=0.995)
+    text's rate (a draft that kept little on one text was then priced as such on the next). Each text it drafted in
+    for `TEXT_ROUNDS` rounds or more is kept apart too: the spread from text to text."""
+    pool = Pool(decay=0.995)
     for _ in range(100):  # earlier texts: nearly every draft kept
-        pooled.update(4, 4)
+        pool.update(4, 4)
+    pool.new_text()
     text = FixedK(4)
-    text.acceptance.pooled = pooled
+    text.acceptance.pooled = pool
     for _ in range(30):  # the last text: the first draft rejected every round
         text.update(4, 0)
-    assert text.acceptance.alpha < 0.05 and pooled.measured == pytest.approx(sum(0.995 ** i for i in range(130)))
-    assert 0.7 < pooled.alpha < 0.95  # the last text is a part of the pool, not all of it
+    assert text.acceptance.alpha < 0.05 and pool.every.measured == pytest.approx(sum(0.995 ** i for i in range(130)))
+    assert 0.7 < pool.every.alpha < 0.95  # the last text is a part of the pool, not all of it
+    pool.new_text()
+    assert [(t.measured, t.alpha) for t in pool.texts] == [(100.0, 1.0), (30.0, 0.0)]
+    for _ in range(TEXT_ROUNDS - 1):  # a text that drafted too little to say what it keeps
+        pool.update(4, 4)
+    pool.new_text()
+    assert len(pool.texts) == 2 and pool.text.measured == 0.0
     text.acceptance.new_text(8.0)
-    assert text.acceptance.alpha == pytest.approx(pooled.alpha) and text.acceptance.measured == pytest.approx(8.0)
-    shares = [accepted / reached for accepted, reached in zip(pooled.accepted_at, pooled.reached)]
+    assert text.acceptance.alpha == pytest.approx(pool.every.alpha) and text.acceptance.measured == pytest.approx(8.0)
+    every = pool.every
+    shares = [accepted / reached for accepted, reached in zip(every.accepted_at, every.reached)]
     assert [a / r for a, r in zip(text.acceptance.accepted_at, text.acceptance.reached)] == pytest.approx(shares)
     alone = PositionAcceptance(decay=0.98)
     alone.update(4, 1)

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from spec_cli.decoding.costs import HOST, LoopCosts
-from spec_cli.decoding.draft_length import FixedK
+from spec_cli.decoding.draft_length import FixedK, Pool
 from spec_cli.decoding.drafter import CatchUp, Draft, Terms
 from spec_cli.decoding.sampling import SamplingParams
-from spec_cli.drafting.hybrid import K_START, OUT, HybridDrafter, HybridState
+from spec_cli.drafting.hybrid import K_START, OUT, TRIAL_PRIOR, TRIAL_ROUNDS, TRIAL_TEXTS, HybridDrafter, HybridState
 from spec_cli.drafting.ngram import NgramDrafter
 from spec_cli.llama.grammar import Grammar
 
@@ -391,3 +391,28 @@ def test_an_unpriced_catch_up_is_not_offered_whole_to_a_batch() -> None:
     drafter.state.in_use = "model"
     [offer] = drafter.offer(NO_MATCH, Terms(8, 64, True, 100), GREEDY, np.random.default_rng(0))
     assert offer.way == "model" and offer.backlog == 300 and drafter.catch_up(NO_MATCH, 64) is None
+
+
+def test_a_new_text_tries_an_own_drafter_whose_acceptance_on_other_texts_says_it_may_pay() -> None:
+    """A draft model that kept 1 of 4 of late stays out of use, unless on the last texts it drafted on it kept every
+    draft: over those the trial's expected saving pays its entry (a 10-token catch-up) many times over. On trial it
+    drafts `TRIAL_ROUNDS` rounds whatever they keep, and is then left as any regime is."""
+    outcomes = []
+    for kept in (None, 0, 4):  # no texts drafted on yet, texts where it kept nothing, texts where it kept all
+        drafter, _model = hybrid(model_accepts=1, ngram_accepts=0, pending=10)
+        pool = drafter.state.lengths["model"].acceptance.pooled = Pool(0.995)
+        for _ in range(TRIAL_TEXTS if kept is not None else 0):
+            for _ in range(10):
+                pool.update(4, kept)
+            pool.new_text()
+        drafter.rewind(1)
+        drafter.offer(NO_MATCH, Terms(8, 64, False, 1000), GREEDY, np.random.default_rng(0))
+        outcomes.append(drafter.state.in_use)
+    assert outcomes == [OUT, OUT, "model"]
+    assert drafter.state.lengths["model"].acceptance.measured == pytest.approx(TRIAL_PRIOR)  # the text decides soon
+    drafter.propose(NO_MATCH, 8, GREEDY, np.random.default_rng(0))  # the round the offer chose
+    drafter.update(4, 0)  # the trial's first round keeps nothing
+    assert choice(drafter, NO_MATCH) == "model" and TRIAL_ROUNDS == 2
+    drafter.update(4, 0)
+    choice(drafter, NO_MATCH)
+    assert drafter.state.in_use == OUT

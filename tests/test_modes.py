@@ -52,25 +52,35 @@ def test_each_mode_builds_its_drafter(other: Pair) -> None:
 
 
 def test_each_text_starts_from_an_own_drafters_acceptance_over_every_text(other: Pair) -> None:
-    """Every controller of the draft model adds its rounds to one pool, which the cost book starts and keeps; a new
-    generation starts each controller from the pool, not from what the last text taught it."""
+    """Every controller of the draft model adds its rounds to one pool, which the cost book starts and keeps, with the
+    acceptance of each of the last texts; a new generation starts each controller from the pool, not from what the last
+    text taught it, and the default drafting prices the model at the best K for that acceptance."""
     drafting = modes.Drafting(other.drafting.sources)
     book = {"accepted": 300.0, "rejections": 10.0, "reached": [100.0, 95.0], "accepted_at": [95.0, 90.0]}
-    drafting.seed({"acceptance": {"model": book}})
-    pooled = drafting.pooled("model")
-    assert pooled.measured == pytest.approx(100.0) and pooled.alpha == pytest.approx(300 / 310)
+    text = {"accepted": 20.0, "rejections": 4.0, "reached": [10.0, 8.0], "accepted_at": [8.0, 6.0]}
+    drafting.seed({"acceptance": {"model": book}, "texts": {"model": [text]}})
+    pool = drafting.pooled("model")
+    assert pool.every.measured == pytest.approx(100.0) and pool.every.alpha == pytest.approx(300 / 310)
+    assert [t.as_counts() for t in pool.texts] == [text]
     pinned = drafting.build("model", 0.0, "auto")[1]
-    default = drafting.build("hybrid", 0.0, "auto")[0].state.lengths["model"]  # type: ignore[union-attr]
+    hybrid = drafting.build("hybrid", 0.0, "auto")[0]
+    assert isinstance(hybrid, HybridDrafter)
+    default = hybrid.state.lengths["model"]
     assert pinned.acceptance.measured == default.acceptance.measured == modes.BOOK_ROUNDS
     for _ in range(40):  # the last text, drafted under the default: every first draft rejected
         default.update(4, 0)
-    assert default.acceptance.alpha < 0.3 < pooled.alpha < pinned.acceptance.alpha
+    hybrid.state.ks["model"] = 1
+    assert default.acceptance.alpha < 0.3 < pool.every.alpha < pinned.acceptance.alpha
     drafting.build("model", 0.0, "auto")
     for length in (pinned, default):
-        assert length.acceptance.alpha == pytest.approx(pooled.alpha) and length.acceptance.measured == modes.BOOK_ROUNDS
+        assert length.acceptance.alpha == pytest.approx(pool.every.alpha)
+        assert length.acceptance.measured == modes.BOOK_ROUNDS
+    assert len(pool.texts) == 2 and pool.texts[-1].alpha == 0.0 and pool.text.measured == 0.0
+    assert hybrid.state.ks["model"] == drafting._first_k("model", default, hybrid.state.lookup) != 1
     drafting._verify.record(0, 0.01)  # something measured: the book is written
     learnt = drafting.learnt()
-    assert learnt is not None and learnt["acceptance"]["model"] == pooled.as_counts()
+    assert learnt is not None and learnt["acceptance"]["model"] == pool.every.as_counts()
+    assert learnt["texts"]["model"] == [text, pool.texts[-1].as_counts()]
 
 
 def test_every_book_shares_the_targets_passes_and_keeps_its_own_steps(other: Pair) -> None:

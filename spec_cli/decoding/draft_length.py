@@ -15,12 +15,15 @@ never costs.
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Protocol, Sequence
 
 from spec_cli.decoding.costs import LoopCosts
 
 PRIOR_WEIGHT = 3.0  # pseudo-rounds at α̂ behind each position's rate
 AUTO_K_MAX = 16  # the largest K `-k auto` chooses
+TEXTS_KEPT = 16  # the last texts whose own acceptance a pool keeps (`Pool.texts`)
+TEXT_ROUNDS = 3  # the rounds a text must have drafted for its acceptance to be kept as one of them
 
 
 def expected_tokens(alpha: float, k: int) -> float:
@@ -43,13 +46,13 @@ class PositionAcceptance:
     them many times a round.
 
     `pooled`, where set, takes every round this one takes, and a new text starts from it (`new_text`): the
-    acceptance of every text before, of which the last text's is only a part.
+    acceptance of every text before, of which the last text's is only a part (`Pool`).
     """
 
     def __init__(self, decay: float = 1.0, prior_weight: float = PRIOR_WEIGHT) -> None:
         self.decay = decay
         self.prior_weight = prior_weight
-        self.pooled: PositionAcceptance | None = None
+        self.pooled: Pool | None = None
         self.accepted = 0.0
         self.rejections = 0.0
         self.reached: list[float] = []
@@ -89,8 +92,8 @@ class PositionAcceptance:
         rounds. The last text's is a prior, not this one's rate: the demo pair's draft model keeps 0.97 of its
         drafts on code and 0.78 on a rewrite (where it drafts what the lookup could not), and an answer that began
         from the rewrite's priced the model below the target alone on code, where it was then never tried."""
-        if self.pooled is not None and self.pooled.measured:
-            self.seed(self.pooled.as_counts(), rounds)
+        if self.pooled is not None and self.pooled.every.measured:
+            self.seed(self.pooled.every.as_counts(), rounds)
 
     def as_counts(self) -> dict[str, float | list[float]]:
         """The counts, as a cost book keeps them."""
@@ -159,6 +162,29 @@ class PositionAcceptance:
 
     def all_accepted(self, k: int) -> float:
         return self._table(k)[2][k]
+
+
+class Pool:
+    """An own drafter's acceptance over every text (`every`, decayed by `decay` a round), and each of the last texts'
+    it drafted in (`texts`, each its own rounds): the spread of its acceptance from text to text, which a trial on a
+    new text is weighed against (the default drafting's `HybridDrafter._trial`). Every controller of the drafter adds
+    its rounds here (`PositionAcceptance.pooled`)."""
+
+    def __init__(self, decay: float) -> None:
+        self.every = PositionAcceptance(decay)
+        self.text = PositionAcceptance()  # this text's rounds, plain counts
+        self.texts: deque[PositionAcceptance] = deque(maxlen=TEXTS_KEPT)
+
+    def update(self, drafted: int, accepted: int) -> None:
+        self.every.update(drafted, accepted)
+        self.text.update(drafted, accepted)
+
+    def new_text(self) -> None:
+        """The text drafted in so far ends: its acceptance is kept where it drafted `TEXT_ROUNDS` rounds or more."""
+        if self.text.measured >= TEXT_ROUNDS:
+            self.texts.append(self.text)
+        if self.text.measured:
+            self.text = PositionAcceptance()
 
 
 class DraftLength(Protocol):

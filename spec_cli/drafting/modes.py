@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from spec_cli.decoding.costs import DECAY, HOST, BatchCosts, LoopCosts
-from spec_cli.decoding.draft_length import AUTO_K_MAX, AdaptiveK, DraftLength, FixedK, PositionAcceptance
+from spec_cli.decoding.draft_length import AUTO_K_MAX, AdaptiveK, DraftLength, FixedK, Pool, PositionAcceptance
 from spec_cli.decoding.drafter import Drafter
 from spec_cli.drafting.base import CatchUpDrafter
 from spec_cli.drafting.dflash import DFlashDrafter
@@ -244,7 +244,8 @@ class Drafting:
         self._lengths: dict[tuple[str, str, int | str], DraftLength] = {}
         self._hybrids: dict[int | str, HybridState] = {}
         self._acceptance: dict[str, dict[str, float | list[float]]] = {}  # the cost book's, by own drafter
-        self._pooled: dict[str, PositionAcceptance] = {}  # by own drafter, over every text (`pooled`)
+        self._texts: dict[str, list[dict[str, float | list[float]]]] = {}  # the cost book's, by own drafter
+        self._pooled: dict[str, Pool] = {}  # by own drafter, over every text (`pooled`)
 
     @property
     def modes(self) -> tuple[str, ...]:
@@ -264,10 +265,18 @@ class Drafting:
 
     def build(self, name: str, p_min: float, k: int | str) -> tuple[Drafter | None, DraftLength]:
         """The drafter for mode `name` and the controller of its K, for a new text: every own drafter's
-        controller starts again from that drafter's acceptance over every text (`PositionAcceptance.new_text`)."""
+        controller starts again from that drafter's acceptance over every text (`PositionAcceptance.new_text`), and the
+        default drafting prices each own drafter at the best K for it (`_first_k`): the K the planner last gave a way
+        is kept while the way is not drafted, and a way priced at a K that was best on another text (3, where its
+        best was 9) was never drafted again."""
+        for pool in self._pooled.values():
+            pool.new_text()
         built = self.check(name).build(self, p_min, k)
         for length in self._lengths.values():
             length.acceptance.new_text(BOOK_ROUNDS)
+        for state in self._hybrids.values():
+            for way in state.ks.keys() & self._pooled.keys():
+                state.ks[way] = self._first_k(way, state.lengths[way], state.lookup)
         return built
 
     def costs(self, name: str) -> LoopCosts:
@@ -281,26 +290,32 @@ class Drafting:
                planned: bool = False) -> DraftLength:
         """The controller of K under `key` (mode, drafter, K asked) for `drafter` (a mode's name), priced with
         that drafter's costs, at most `limit` a round; kept across generations. An own drafter's starts each text
-        from its acceptance over every text (`pooled`), the cost book's to begin with. `planned`: under auto the planner chooses this way's K round by round (a way of
-        the default drafting), so it only keeps acceptance, at most `limit`."""
+        from its acceptance over every text (`pooled`), the cost book's to begin with. `planned`: under auto the
+        planner chooses this way's K round by round (a way of the default drafting), so it only keeps acceptance, at
+        most `limit`."""
         if key not in self._lengths:
             k = key[2]
             length: DraftLength = FixedK(min(k, limit)) if k != "auto" else FixedK(min(AUTO_K_MAX, limit)) \
                 if planned else AdaptiveK(self.costs(drafter), k_max=min(AUTO_K_MAX, limit))
             if drafter in self.own_models():
-                length.acceptance.pooled = self.pooled(drafter)
-                if length.acceptance.pooled.measured:
-                    length.seed(length.acceptance.pooled.as_counts(), BOOK_ROUNDS)
+                pool = length.acceptance.pooled = self.pooled(drafter)
+                if pool.every.measured:
+                    length.seed(pool.every.as_counts(), BOOK_ROUNDS)
             self._lengths[key] = length
         return self._lengths[key]
 
-    def pooled(self, drafter: str) -> PositionAcceptance:
-        """Own drafter `drafter`'s acceptance over every text, which each of its controllers adds its rounds to:
-        the cost book's to begin with, worth as many rounds as its decay keeps."""
+    def pooled(self, drafter: str) -> Pool:
+        """Own drafter `drafter`'s acceptance over every text and on each of the last texts, which each of its
+        controllers adds its rounds to: the cost book's to begin with (over every text, worth as many rounds as its
+        decay keeps)."""
         if drafter not in self._pooled:
-            pooled = self._pooled[drafter] = PositionAcceptance(POOLED_DECAY)
+            pool = self._pooled[drafter] = Pool(POOLED_DECAY)
             if drafter in self._acceptance:
-                pooled.seed(self._acceptance[drafter], 1.0 / (1.0 - POOLED_DECAY))
+                pool.every.seed(self._acceptance[drafter], 1.0 / (1.0 - POOLED_DECAY))
+            for counts in self._texts.get(drafter, []):
+                text = PositionAcceptance()
+                text.seed(counts, float("inf"))
+                pool.texts.append(text)
         return self._pooled[drafter]
 
     def hybrid_state(self, k: int | str) -> HybridState:
@@ -335,6 +350,8 @@ class Drafting:
                      for name, book in entry.get("books", {}).items() if name in MODES}
             acceptance = {name: _counts(counts) for name, counts in entry.get("acceptance", {}).items()
                           if name in self.own_models()}
+            texts = {name: [_counts(counts) for counts in kept] for name, kept in entry.get("texts", {}).items()
+                     if name in self.own_models()}
             throughput = {name: float(rate) for name, rate in entry.get("throughput", {}).items()
                           if name in ("target", "draft") and 0.0 < float(rate) < 1e3}
         except (AttributeError, KeyError, TypeError, ValueError):
@@ -348,15 +365,18 @@ class Drafting:
             costs = self.costs(name)
             costs.draft.seed(draft, BOOK_CALLS)
             costs.other_s, costs.other_tokens = BOOK_CALLS * per_token, BOOK_CALLS
-        self._acceptance, self._pooled = acceptance, {}
+        self._acceptance, self._texts, self._pooled = acceptance, texts, {}
 
     def learnt(self) -> dict[str, Any] | None:
         """What to keep in the cost book: the costs measured so far, and each own drafter's acceptance over every
-        text; None when nothing was measured."""
+        text and on each of the last texts; None when nothing was measured."""
         if not self._verify.weight:
             return None
         own = self.own_models()
-        acceptance = {name: pooled.as_counts() for name, pooled in self._pooled.items() if pooled.measured}
+        for pool in self._pooled.values():
+            pool.new_text()
+        acceptance = {name: pool.every.as_counts() for name, pool in self._pooled.items() if pool.every.measured}
+        texts = {name: [text.as_counts() for text in pool.texts] for name, pool in self._pooled.items()}
         # Only own drafters decode to draft: the other books' steps are not theirs (the hybrid's mixes them).
         books = {name: {"draft": costs.draft.as_dict() if name in own else {}, "per_token": costs.per_token}
                  for name, costs in self._costs.items()}
@@ -364,7 +384,7 @@ class Drafting:
                       for name, context in (("target", self.sources.target), ("draft", self.sources.draft))
                       if context is not None and context.throughput.per_token is not None}
         return {"verify": self._verify.as_dict(), "books": books, "acceptance": {**self._acceptance, **acceptance},
-                "throughput": throughput}
+                "texts": {**self._texts, **texts}, "throughput": throughput}
 
 
 def _means(means: dict[str, float]) -> dict[str, float]:
