@@ -83,6 +83,18 @@ def test_each_text_starts_from_an_own_drafters_acceptance_over_every_text(other:
     assert learnt["texts"]["model"] == [text, pool.texts[-1].as_counts()]
 
 
+def test_a_book_size_dearer_a_row_than_a_smaller_one_is_read_at_the_smaller_ones_rate(other: Pair) -> None:
+    """A pass measured while the machine was busy would price its size out of use for good (never chosen, never
+    measured again): read from the book, no size costs more a row than a smaller one; cheaper ones stand."""
+    drafting = modes.Drafting(other.drafting.sources)
+    drafting.seed({"verify": {"0": 0.020, "1": 0.026, "5": 0.038, "6": 0.136, "9": 0.045},
+                   "books": {"model": {"draft": {"1": 0.010, "2": 0.016, "3": 0.090}, "per_token": 0.0}}})
+    verify, draft = drafting.costs("model").verify, drafting.costs("model").draft
+    assert [verify.seconds(k) for k in (0, 1, 5, 9)] == pytest.approx([0.020, 0.026, 0.038, 0.045])
+    assert verify.seconds(6) == pytest.approx(0.038 * 7 / 6)
+    assert [draft.seconds(n) for n in (1, 2, 3)] == pytest.approx([0.010, 0.016, 0.016 * 3 / 2])
+
+
 def test_every_book_shares_the_targets_passes_and_keeps_its_own_steps(other: Pair) -> None:
     books = [other.drafting.costs(name) for name in ("model", "ngram", "hybrid")]
     assert books[0].verify is books[1].verify is books[2].verify

@@ -339,14 +339,15 @@ class Drafting:
         return costs.best_k(length.acceptance, range(1, length.k_max + 1)) or min(K_START, length.k_max)
 
     def seed(self, entry: dict[str, Any] | None) -> None:
-        """Start from a cost book's entry (`learnt`'s form): each mean counts as `BOOK_CALLS` calls, each own
-        drafter's acceptance as up to `BOOK_ROUNDS` rounds, the rates at which the target and the draft take in a
-        stretch as a few chunks (`Throughput`). An entry that does not read as such is ignored."""
+        """Start from a cost book's entry (`learnt`'s form): each mean counts as `BOOK_CALLS` calls (at most as dear
+        a row as a smaller size's, `_capped`), each own drafter's acceptance as up to `BOOK_ROUNDS` rounds, the rates
+        at which the target and the draft take in a stretch as a few chunks (`Throughput`). An entry that does not
+        read as such is ignored."""
         if not entry:
             return
         try:
-            verify = _means(entry.get("verify", {}))
-            books = {name: (_means(book.get("draft", {})), float(book.get("per_token", 0.0)))
+            verify = _capped(_means(entry.get("verify", {})), rows=1)
+            books = {name: (_capped(_means(book.get("draft", {})), rows=0), float(book.get("per_token", 0.0)))
                      for name, book in entry.get("books", {}).items() if name in MODES}
             acceptance = {name: _counts(counts) for name, counts in entry.get("acceptance", {}).items()
                           if name in self.own_models()}
@@ -393,6 +394,20 @@ def _means(means: dict[str, float]) -> dict[str, float]:
     if any(not 0.0 < seconds < 1e6 for seconds in checked.values()):
         raise ValueError("a cost out of range")
     return checked
+
+
+def _capped(means: dict[str, float], rows: int) -> dict[str, float]:
+    """A book's means by size n (a pass of n + `rows` rows), each at most as dear a row as a smaller size's. A size
+    measured while the machine was busy (a 7-row pass at 185 ms where 6 rows took 38) priced its K out of use for good:
+    never chosen, it was never measured again, and the book kept it. A size truly dearer a row (a tiny model's 5-row
+    pass, twice its 4-row one) is measured again once chosen."""
+    capped: dict[str, float] = {}
+    per_row = float("inf")
+    for n in sorted(means, key=int):
+        size = max(1, int(n) + rows)
+        capped[n] = min(means[n], per_row * size)
+        per_row = min(per_row, capped[n] / size)
+    return capped
 
 
 def _counts(counts: dict[str, float | list[float]]) -> dict[str, float | list[float]]:
