@@ -107,10 +107,11 @@ def test_greedy_under_a_grammar_equals_the_target_alone(request: pytest.FixtureR
                                       grammar=LETTERS))
     assert generation.token_ids == reference.token_ids
     assert generation.text == reference.text
-    # The default on tiny models, whose draft costs what the target does, may rightly never draft (the planner's
-    # K = 0 pays best); every other case drafts, its drafts cut by the grammar.
-    assert generation.stats.drafted > 0 or (mode, k) == ("hybrid", "auto")
-    if drafter == "other":
+    # Under auto, on tiny models whose draft costs what the target does, the planner may rightly never draft (K = 0
+    # pays best; the unrelated draft's acceptance is known from the fixed-K cases before, which share its pool);
+    # every fixed K drafts, its drafts cut by the grammar.
+    assert generation.stats.drafted > 0 or k == "auto"
+    if drafter == "other" and k != "auto":
         assert generation.stats.accepted < generation.stats.drafted  # rejections, and rollbacks after them
 
 
