@@ -181,10 +181,13 @@ class Pool:
 
     def new_text(self) -> None:
         """The text drafted in so far ends: its acceptance is kept where it drafted `TEXT_ROUNDS` rounds or more."""
-        if self.text.measured >= TEXT_ROUNDS:
-            self.texts.append(self.text)
+        self.texts = deque(self.kept(), maxlen=TEXTS_KEPT)
         if self.text.measured:
             self.text = PositionAcceptance()
+
+    def kept(self) -> list[PositionAcceptance]:
+        """The last texts' acceptance, the one drafted in so far among them where it would be kept if it ended now."""
+        return [*self.texts, self.text][-TEXTS_KEPT:] if self.text.measured >= TEXT_ROUNDS else list(self.texts)
 
 
 class DraftLength(Protocol):

@@ -102,6 +102,14 @@ class Planner:
         self._replan_s = 0.0  # the seconds of a step's choice, its drafters' offers included (decayed)
         self._drafting_steps = 0  # steps that would draft since the last that did not (`_plain_due`)
 
+    def passed(self, rows: int, seconds: float) -> None:
+        """A verify pass over `rows` rows, without prompt chunks, took `seconds`: c(R)."""
+        self.pass_costs.record(rows, seconds)
+
+    def stepped(self, drafted: bool, seconds: float) -> None:
+        """A step that fed no prompt and caught no drafter up spent `seconds` outside its passes: h (`host_s`)."""
+        self.host[drafted].append(seconds)
+
     def settled(self, generation: Generation, drafted: int, accepted: int) -> None:
         """A round of `generation` kept `accepted` of its `drafted` tokens: they join its mode's pooled acceptance."""
         if drafted:

@@ -142,7 +142,7 @@ class Scheduler:
             seconds = time.perf_counter() - started
             passes_s += seconds
             if not fed and passes == 1:
-                self.planner.pass_costs.record(sum(len(part.tokens) for part in parts), seconds)
+                self.planner.passed(sum(len(part.tokens) for part in parts), seconds)
             for running, part_rows in zip(verified, rows):
                 events = self._guarded(running, self._settle, running.generation, part_rows, seconds, len(verified))
                 emitted.append((running.generation, events or []))
@@ -155,7 +155,7 @@ class Scheduler:
                 self.leave(generation)
         if not fed and not any(r.generation.catching_up for r in planned):
             seconds = max(0.0, time.perf_counter() - step_started - passes_s)
-            self.planner.host[any(r.generation.last_draft.tokens for r in planned)].append(seconds)
+            self.planner.stepped(any(r.generation.last_draft.tokens for r in planned), seconds)
         return emitted
 
     def _guarded(self, running: _Running, work: Callable[..., T], *args: object) -> T | None:

@@ -406,7 +406,8 @@ class HybridDrafter(Drafter):
         """The rounds the own drafter on trial has drafted on this text."""
         assert self._trying is not None
         pool = self.state.lengths[self._trying].acceptance.pooled
-        return pool.text.measured if pool is not None else float(TRIAL_ROUNDS)
+        assert pool is not None  # `_trial` tries only a drafter with a pool
+        return pool.text.measured
 
     def _pays_back(self, rate: float, better: float) -> bool:
         """Whether the seconds a regime of rate `better` saves a token over the one of `rate`, over the tokens this

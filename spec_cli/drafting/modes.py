@@ -374,10 +374,8 @@ class Drafting:
         if not self._verify.weight:
             return None
         own = self.own_models()
-        for pool in self._pooled.values():
-            pool.new_text()
         acceptance = {name: pool.every.as_counts() for name, pool in self._pooled.items() if pool.every.measured}
-        texts = {name: [text.as_counts() for text in pool.texts] for name, pool in self._pooled.items()}
+        texts = {name: [text.as_counts() for text in pool.kept()] for name, pool in self._pooled.items()}
         # Only own drafters decode to draft: the other books' steps are not theirs (the hybrid's mixes them).
         books = {name: {"draft": costs.draft.as_dict() if name in own else {}, "per_token": costs.per_token}
                  for name, costs in self._costs.items()}
