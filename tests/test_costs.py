@@ -232,3 +232,46 @@ def test_a_sizes_first_call_is_replaced_by_its_second() -> None:
     reseeded.seed({"4": 0.100}, 1.0)  # a seed replaces the size, its first call with it
     reseeded.record(4, 0.120)
     assert reseeded.seconds(4) == pytest.approx((0.95 * 0.100 + 0.120) / 1.95)
+
+
+def test_a_draft_step_is_priced_at_the_context_the_loop_is_at() -> None:
+    costs = LoopCosts(decay=0.95)
+    for context in range(50, 650):  # a step costs 7 ms near the start, 0.005 ms more a token of context
+        costs.record_draft([(1, 0.007 + 0.000005 * context)], context)
+    assert costs.draft_context.slope == pytest.approx(0.000005)
+    costs.at(600)
+    assert costs.step_costs(1) == (pytest.approx(0.010), 0.0)  # the book's latest steps, ~600 tokens in
+    costs.at(100)  # a new, short prompt: the draft has not drafted since
+    assert costs.step_costs(1) == (pytest.approx(0.0075, rel=0.01), 0.0)
+    assert costs.draft_seconds(4, Fixed(3.0, 0.0)) == pytest.approx(4 * 0.0075, rel=0.01)
+
+
+def test_a_context_slope_needs_contexts_that_spread() -> None:
+    costs = LoopCosts(decay=0.95)
+    for i in range(200):  # one short text: its contexts spread ~10 tokens, its noise says nothing of a slope
+        costs.record_draft([(1, 0.007 + 0.001 * (i % 2))], 40 + i % 20)
+    assert costs.draft_context.slope == 0.0
+    costs.draft_context.prior = 0.000005  # a cost book's
+    costs.at(1040)
+    assert costs.step_costs(1)[0] == pytest.approx(0.0075 + 0.000005 * 1000, rel=0.01)
+
+
+def test_a_context_slope_never_prices_a_step_below_half_its_mean() -> None:
+    costs = LoopCosts(decay=0.95)
+    for context in range(1000, 1400):
+        costs.record_draft([(1, 0.001 + 0.00001 * context)], context)
+    costs.at(0)
+    assert costs.step_costs(1)[0] == pytest.approx(costs.draft.seconds(1) / 2)
+
+
+def test_a_context_slope_kept_and_seeded() -> None:
+    costs = LoopCosts(decay=0.95)
+    for context in range(100, 400):
+        costs.record_draft([(1, 0.007 + 0.000005 * context)], context)
+    kept = costs.draft_context.as_dict()
+    fresh = LoopCosts(decay=0.95)
+    fresh.draft.seed(costs.draft.as_dict(), 8.0)
+    fresh.draft_context.seed(kept, 8.0)
+    fresh.at(100)
+    assert fresh.draft_context.slope == pytest.approx(0.000005)
+    assert fresh.step_costs(1)[0] == pytest.approx(0.0075, rel=0.02)

@@ -95,6 +95,26 @@ def test_a_book_size_dearer_a_row_than_a_smaller_one_is_read_at_the_smaller_ones
     assert [draft.seconds(n) for n in (1, 2, 3)] == pytest.approx([0.010, 0.016, 0.016 * 3 / 2])
 
 
+def test_a_book_keeps_how_the_drafts_steps_grow_with_context(other: Pair) -> None:
+    """A draft model measured late in a long text must not price the next short prompt at that text's steps: the book
+    keeps the steps' mean context and their slope, and a new process reads the draft where its rounds are."""
+    drafting = modes.Drafting(other.drafting.sources)
+    costs = drafting.costs("model")
+    for context in range(100, 700):
+        costs.record_round([(1, 0.007 + 0.000005 * context)], 1, verify_s=0.02, round_s=0.03, emitted=2,
+                           context=context)
+    learnt = drafting.learnt()
+    assert learnt is not None and "draft_context" not in learnt["books"].get("ngram", {})
+    kept = learnt["books"]["model"]["draft_context"]
+    assert kept["slope"] == pytest.approx(0.000005) and 650 < kept["at"] < 700
+    later = modes.Drafting(other.drafting.sources)
+    later.seed(learnt)
+    later.costs("model").at(100)
+    assert later.costs("model").step_costs(1)[0] == pytest.approx(0.0075, rel=0.02)
+    later.seed({**learnt, "books": {"model": {**learnt["books"]["model"], "draft_context": {"at": -1, "slope": 0}}}})
+    assert later.costs("model").draft_context.prior == pytest.approx(0.000005)  # an entry out of range is ignored
+
+
 def test_every_book_shares_the_targets_passes_and_keeps_its_own_steps(other: Pair) -> None:
     books = [other.drafting.costs(name) for name in ("model", "ngram", "hybrid")]
     assert books[0].verify is books[1].verify is books[2].verify

@@ -31,7 +31,7 @@ def test_steps_land_in_their_shares_and_rollback_counts_from_this_generation() -
     timer.prompt_started()
     target.spend(0.5, rollback_s=0.25)  # the prompt's snapshot: not a round's rollback
     time.sleep(0.01)
-    timer.prompt_done()
+    timer.prompt_done(40)
     assert stats.prompt_s >= 0.01 and stats.llama_s == 0.0
     timer.start_round()
     with timer.step("draft_s"):
@@ -43,7 +43,7 @@ def test_steps_land_in_their_shares_and_rollback_counts_from_this_generation() -
     with timer.step("verify_s"):
         time.sleep(0.01)
     target.spend(0.0, rollback_s=0.0625)  # the rewind
-    timer.end_round([(1, 0.002), (1, 0.002)], drafted=2, emitted=3)
+    timer.end_round([(1, 0.002), (1, 0.002)], drafted=2, emitted=3, context=40)
     assert stats.llama_s == 0.125 + 0.25 + 0.0625 and stats.rollback_s == 0.0625
     assert stats.verify_s >= 0.02 and 0 < stats.draft_s < stats.verify_s
     for book in books:

@@ -281,10 +281,12 @@ def pooled_costs(sides: Sequence[Side], shape: str = PER_TOKEN) -> LoopCosts:
     the predicted column. Each
     prompt set is pooled apart: a longer context makes every call dearer (on the demo pair the rewrite
     prompts' draft steps and verifies cost 11–14% more than the chat prompts'); so is each place of the
-    target (a pass over RPC pays round trips)."""
+    target (a pass over RPC pays round trips). Read at the mean context the draft's calls were measured at: the
+    whole run's, not where its last round ended."""
     costs = LoopCosts(shape=shape)
     for side in sides:
         costs.merge(side.totals.costs)
+    costs.at(round(costs.draft_context.at or 0))
     return costs
 
 

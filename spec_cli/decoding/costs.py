@@ -35,6 +35,8 @@ RESCALE = 1e150  # `BatchCosts`' scale past which its weights are brought back t
 PROBE_SHARE = 0.015  # the most a probe of an idle drafter may cost, as a share of the idle rounds' time
 PROBE_ROUNDS = 32  # the fewest idle rounds before a probe; doubled after each probe that did not pay
 STEADY_BACKLOG = 2  # the most a drafter lacks after a round it drafted: [d_K, bonus] after a full acceptance
+SLOPE_DECAY = 0.998  # the context slope's one-token steps weigh 0.2% less at each one after: ~500 steps, texts apart
+SPREAD = 64  # the least spread (weighted s.d., tokens) of the contexts steps were measured at that shows a slope
 
 
 class Acceptance(Protocol):
@@ -98,6 +100,7 @@ class BatchCosts:
         self._ref: int | None = None  # the size called most (aged): what the others' shapes are measured against
         self._shape: dict[int, tuple[int, float]] = {}  # size: (the size called most, its mean over that one's)
         self._first: dict[int, tuple[float, float] | None] = {}  # a size's first call (weight, total) until its second
+        self.context = 0  # the tokens the loop's round follows now (`LoopCosts.at`)
 
     def record(self, n: int, seconds: float) -> None:
         if n not in self.weight or self._since_fit >= REFIT_EVERY:
@@ -168,6 +171,7 @@ class BatchCosts:
         self._line, self._fresh, self._ceiling, self._read, self._between = None, None, None, {}, {}
 
     def merge(self, other: BatchCosts) -> None:
+        self.context = other.context
         for n in other.weight:
             calls = other.calls(n) * self._scale
             self._add(n, calls, calls * other.total[n] / other.weight[n])
@@ -269,6 +273,64 @@ class BatchCosts:
         self._changed()
 
 
+class ContextSlope:
+    """How a decode's seconds grow with the context it attends to, b in c(n, L) = c(n) + b·(L − L̄): a decode
+    reads the whole cache once whatever it feeds, so each call pays b a token of context. L̄ is the mean context of
+    the calls a book's means hold (aged as they are, `decay`); b is the least-squares slope of one-token steps'
+    seconds over their contexts, over ~500 steps (`SLOPE_DECAY`), several texts long and short, and stands only
+    once their contexts spread `SPREAD` tokens (else the slope a cost book brought, `prior`).
+
+    Why: a draft model's book is measured only while it drafts. On the demo pair a draft step costs 7.2 ms near a
+    text's start and 10.5 ms 600 tokens in; the book kept the long text's price, and the short prompts after it
+    priced the draft model ~30% dear and never drafted with it, so never measured it again. The target's book needs
+    none of this: its passes are measured every round."""
+
+    def __init__(self, decay: float) -> None:
+        self.decay = decay
+        self.prior = 0.0
+        self._at = self._at_weight = 0.0  # L̄ × weight, weight
+        self._sums = [0.0] * 5  # Σw, ΣwL, Σws, ΣwL², ΣwLs over one-token steps
+
+    def record(self, n: int, seconds: float, context: int) -> None:
+        self._at = self._at * self.decay + context
+        self._at_weight = self._at_weight * self.decay + 1.0
+        if n == 1:
+            self._sums = [total * SLOPE_DECAY + part for total, part in
+                          zip(self._sums, (1.0, context, seconds, context * context, context * seconds))]
+
+    @property
+    def at(self) -> float | None:
+        """L̄: the mean context of the calls measured (None before any)."""
+        return self._at / self._at_weight if self._at_weight else None
+
+    @property
+    def slope(self) -> float:
+        """b: seconds a token of context adds to a decode, never below 0."""
+        w, wl, ws, wll, wls = self._sums
+        spread = wll * w - wl * wl
+        if not w or spread < (SPREAD * w) ** 2:
+            return self.prior
+        return max(0.0, (wls * w - wl * ws) / spread)
+
+    def shift(self, context: int) -> float:
+        """b·(L − L̄): what a decode at context `context` costs beyond the book's means."""
+        at = self.at
+        return 0.0 if at is None else self.slope * (context - at)
+
+    def as_dict(self) -> dict[str, float]:
+        return {"at": self.at or 0.0, "slope": self.slope}
+
+    def seed(self, kept: dict[str, float], weight: float) -> None:
+        """Start from a cost book's (`as_dict`'s form): L̄ as `weight` calls, its slope as the prior."""
+        self._at, self._at_weight = weight * float(kept["at"]), weight
+        self.prior = max(0.0, float(kept["slope"]))
+
+    def merge(self, other: ContextSlope) -> None:
+        self._at, self._at_weight = self._at + other._at, self._at_weight + other._at_weight
+        self._sums = [mine + theirs for mine, theirs in zip(self._sums, other._sums)]
+        self.prior = self.prior or other.prior
+
+
 def _weighted_line(points: dict[int, float], weights: dict[int, float]) -> tuple[float, float]:
     """(slope, intercept) of the least-squares line through `points` (size: seconds), each weighing `weights[size]`:
     the normal equations in closed form (plain Python: a few sizes, refitted every `REFIT_EVERY` calls, where NumPy's
@@ -287,17 +349,22 @@ class LoopCosts:
     """c_d(n) by batch size for a drafter of cost shape `shape`, c_v(K) by K, and o per emitted token, as measured
     so far.
 
-    c_v is the target's, whoever drafted: books that price different drafters share one (`sharing`)."""
+    c_v is the target's, whoever drafted: books that price different drafters share one (`sharing`). c_d is read
+    at the context the loop is at now (`at`), by how the draft's decodes
+    grow with context (`ContextSlope`): the target's passes are measured every round, the draft's only while it
+    drafts."""
 
     decay: float = 1.0
     shape: str = PER_TOKEN
     draft: BatchCosts = field(init=False)
     verify: BatchCosts = field(init=False)
+    draft_context: ContextSlope = field(init=False)
     other_s: float = 0.0
     other_tokens: float = 0.0
 
     def __post_init__(self) -> None:
         self.draft, self.verify = BatchCosts(self.decay), BatchCosts(self.decay)
+        self.draft_context = ContextSlope(self.decay)
 
     @classmethod
     def sharing(cls, verify: BatchCosts, decay: float, shape: str) -> LoopCosts:
@@ -308,21 +375,29 @@ class LoopCosts:
         return costs
 
     def record_round(self, steps: list[tuple[int, float]], k: int, verify_s: float, round_s: float,
-                     emitted: int) -> None:
-        """One round: its draft steps (tokens fed, seconds), its verify, and all it took, `emitted` tokens."""
-        self.record_draft(steps)
+                     emitted: int, context: int = 0) -> None:
+        """One round at `context` tokens: its draft steps (tokens fed, seconds), its verify, and all it took,
+        `emitted` tokens."""
+        self.record_draft(steps, context)
         self.verify.record(k, verify_s)
         self.other_s = self.other_s * self.decay + max(0.0, round_s - verify_s - sum(s for _, s in steps))
         self.other_tokens = self.other_tokens * self.decay + emitted
 
-    def record_draft(self, steps: list[tuple[int, float]]) -> None:
-        """Draft-model decodes, (tokens fed, seconds) each; a prompt's is the size of a large catch-up."""
+    def at(self, context: int) -> None:
+        """The loop's next round follows `context` tokens: c_d is read there (every book sharing this one's c_v)."""
+        self.verify.context = context
+
+    def record_draft(self, steps: list[tuple[int, float]], context: int = 0) -> None:
+        """Draft-model decodes at about `context` tokens, (tokens fed, seconds) each; a prompt's is the size of a
+        large catch-up."""
         for n, seconds in steps:
             self.draft.record(n, seconds)
+            self.draft_context.record(n, seconds, context)
 
     def merge(self, other: LoopCosts) -> None:
         self.draft.merge(other.draft)
         self.verify.merge(other.verify)
+        self.draft_context.merge(other.draft_context)
         self.other_s += other.other_s
         self.other_tokens += other.other_tokens
 
@@ -332,17 +407,23 @@ class LoopCosts:
         return self.other_s / self.other_tokens if self.other_tokens else 0.0
 
     def draft_seconds(self, k: int, acceptance: Acceptance) -> float | None:
-        """Expected drafting seconds of a round drafting k, in the steady state. Host only: none. Per token: k steps
-        of c_d(1), and c_d(2) − c_d(1) more when the round before was fully accepted (the catch-up on [d_K, bonus]).
+        """Expected drafting seconds of a round drafting k, in the steady state, at the context the loop is at now.
+        Host only: none. Per token: k steps of c_d(1), and c_d(2) − c_d(1) more when the round before was fully accepted (the catch-up on [d_K, bonus]).
         Per round: one pass over the block of k + 1, c_d(k + 1)."""
         if self.shape == HOST or k == 0:
             return 0.0
         if self.shape == PER_ROUND:
-            return self.draft.seconds(k + 1)
+            block = self.draft.seconds(k + 1)
+            return None if block is None else self._now(block)
         step, catch_up = self.draft.seconds(1), self.draft.seconds(2)
         if step is None or catch_up is None:
             return None
-        return k * step + acceptance.all_accepted(k) * (catch_up - step)
+        return k * self._now(step) + acceptance.all_accepted(k) * (catch_up - step)
+
+    def _now(self, seconds: float) -> float:
+        """A draft decode the book measured at `seconds`, at the context the loop is at now (`ContextSlope.shift`).
+        A slope fitted over noise never prices a decode below half its measured mean."""
+        return seconds + max(self.draft_context.shift(self.verify.context), -seconds / 2)
 
     def round_seconds(self, k: int, acceptance: Acceptance) -> float | None:
         """Expected seconds of a round drafting k: drafting (as the shape says), c_v(K), o per emitted token."""
@@ -371,10 +452,12 @@ class LoopCosts:
             return 0.0, 0.0
         if self.shape == PER_ROUND:
             block = self.draft.seconds(2)
-            return None if block is None else (0.0, block)
+            return None if block is None else (0.0, self._now(block))
         step = self.draft.seconds(1)
         catch_up = self.draft.interpolated(backlog) if backlog > 1 else 0.0
-        return None if step is None or catch_up is None else (step, catch_up)
+        if step is None or catch_up is None:
+            return None
+        return self._now(step), self._now(catch_up) if backlog > 1 else 0.0
 
     def as_dict(self) -> dict[str, object]:
         return {"draft_step_s": self.draft.as_dict(), "verify_s": self.verify.as_dict(),

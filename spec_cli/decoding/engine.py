@@ -144,7 +144,7 @@ class Generation:
             self.target.mark_prompt()
         if self.drafter is not None:
             self.drafter.start(self._seq[:-1])
-        self._timer.prompt_done()
+        self._timer.prompt_done(len(self._seq))
 
     def begin_round(self, k: int | None, chunk: int) -> bool:
         """Start a round drafting K = `k` (None: its own controller's choice), or none while the drafter catches up
@@ -166,7 +166,7 @@ class Generation:
         if done is None:
             return False
         self._timer.end_step("draft_s")
-        self._timer.caught_up(done.steps)
+        self._timer.caught_up(done.steps, len(self._seq) - done.left)
         self.stats.caught_up += sum(n for n, _ in done.steps)
         return True
 
@@ -375,7 +375,7 @@ class Generation:
             self.drafter.update(len(draft.tokens), n)
             self.stats.plan_s += self.drafter.plan_s - self._drafter_plan_s
             self._drafter_plan_s = self.drafter.plan_s
-        self._timer.end_round(draft.steps, len(draft.tokens), emitted)
+        self._timer.end_round(draft.steps, len(draft.tokens), emitted, len(self._seq) - emitted)
 
 
 class _TargetLaws(Distributions):

@@ -52,7 +52,10 @@ class RoundTimer:
         self._prompt_start = time.perf_counter()
         self._rollback_base = self._in_llama()[1]  # the contexts count across generations
 
-    def prompt_done(self) -> None:
+    def prompt_done(self, context: int) -> None:
+        """The prompt is in: the first round follows its `context` tokens, where the books price it (`LoopCosts.at`)."""
+        for book in self.books:
+            book.at(context)
         self._rollback_base = self._in_llama()[1]
         self._decode_start = time.perf_counter()
         self.stats.prompt_s = self._decode_start - self._prompt_start
@@ -88,18 +91,20 @@ class RoundTimer:
         """Decoding time so far, as live views read it."""
         self.stats.decode_s = time.perf_counter() - self._decode_start
 
-    def caught_up(self, steps: list[tuple[int, float]]) -> None:
-        """The drafter's decodes of a chunk of its catch-up between rounds (large sizes), for the cost books."""
+    def caught_up(self, steps: list[tuple[int, float]], context: int) -> None:
+        """The drafter's decodes of a chunk of its catch-up between rounds (large sizes), up to `context` tokens,
+        for the cost books."""
         for book in self.books:
-            book.record_draft(steps)
+            book.record_draft(steps, context)
 
-    def end_round(self, steps: list[tuple[int, float]], drafted: int, emitted: int) -> None:
-        """Book the round: its time in llama.cpp, its draft steps, its verify pass over `drafted` + 1 tokens, all it
-        took."""
+    def end_round(self, steps: list[tuple[int, float]], drafted: int, emitted: int, context: int) -> None:
+        """Book the round, which followed `context` tokens: its time in llama.cpp, its draft steps, its verify pass
+        over `drafted` + 1 tokens, all it took."""
         self.tick()
         busy, rollback = self._in_llama()
         self.stats.llama_s += busy - self._round_busy
         self.stats.rollback_s = rollback - self._rollback_base
         round_s = time.perf_counter() - self._round_start
         for book in self.books:
-            book.record_round(steps, drafted, self._verify_s, round_s, emitted)
+            book.record_round(steps, drafted, self._verify_s, round_s, emitted, context)
+            book.at(context + emitted)

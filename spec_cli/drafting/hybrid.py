@@ -135,6 +135,7 @@ class HybridDrafter(Drafter):
             state.in_use = OUT
         self.chosen: tuple[str, float] | None = None  # the option of the round in flight, and its E[seconds]
         self._draft = Draft()  # the proposal of the round in flight
+        self._context = 0  # the tokens it follows
         self._decided: Draft | None = None  # a round `stepped` chose, for the `propose` that follows it
         self._offered: tuple[int, str, Draft] | None = None  # (where, the option, the lookup's proposal) `offer` chose
         self._unused: tuple[int, list[int]] | None = None  # (where, what): the n-gram proposal a round passed over
@@ -182,7 +183,7 @@ class HybridDrafter(Drafter):
         if done is None:
             self._wanted = None  # caught up: the next choice may draft with it
         else:
-            self.books[self.state.in_use].record_draft(done.steps)
+            self.books[self.state.in_use].record_draft(done.steps, len(tokens) - done.left)
             self.chosen = None
         return done
 
@@ -282,7 +283,7 @@ class HybridDrafter(Drafter):
         which chooses K within `k` (the lookup proposes that far, an own drafter is offered that far); else each way
         drafts at its K (`_k`). An own drafter that lacks more than a chunk catches up first (`_ready`), unless
         other sequences share the pass (`shared`) and its catch-up is priced (its book has measured its decodes)."""
-        self._draft = Draft()
+        self._draft, self._context = Draft(), len(tokens)
         offered, self._offered = self._offered, None
         if offered is not None and offered[0] == len(tokens):
             _, name, looked_up = offered
@@ -495,7 +496,7 @@ class HybridDrafter(Drafter):
             self.state.lengths[name].update(drafted, accepted)
             self.plan_s += time.perf_counter() - started
         if name in self.own:
-            self.books[name].record_draft(self._draft.steps)
+            self.books[name].record_draft(self._draft.steps, self._context)
 
     def done(self, tokens: Sequence[int], n_prompt: int, ended: bool = False) -> None:
         """The lookup keeps the output; an answer that ended on its own gives its length to what the next answers are

@@ -347,7 +347,8 @@ class Drafting:
             return
         try:
             verify = _capped(_means(entry.get("verify", {})), rows=1)
-            books = {name: (_capped(_means(book.get("draft", {})), rows=0), float(book.get("per_token", 0.0)))
+            books = {name: (_capped(_means(book.get("draft", {})), rows=0), float(book.get("per_token", 0.0)),
+                            _context(book.get("draft_context")))
                      for name, book in entry.get("books", {}).items() if name in MODES}
             acceptance = {name: _counts(counts) for name, counts in entry.get("acceptance", {}).items()
                           if name in self.own_models()}
@@ -362,9 +363,11 @@ class Drafting:
             if context is not None:
                 context.throughput.seed(rate)
         self._verify.seed(verify, BOOK_CALLS)
-        for name, (draft, per_token) in books.items():
+        for name, (draft, per_token, context) in books.items():
             costs = self.costs(name)
             costs.draft.seed(draft, BOOK_CALLS)
+            if context is not None:
+                costs.draft_context.seed(context, BOOK_CALLS)
             costs.other_s, costs.other_tokens = BOOK_CALLS * per_token, BOOK_CALLS
         self._acceptance, self._texts, self._pooled = acceptance, texts, {}
 
@@ -377,7 +380,9 @@ class Drafting:
         acceptance = {name: pool.every.as_counts() for name, pool in self._pooled.items() if pool.every.measured}
         texts = {name: [text.as_counts() for text in pool.kept()] for name, pool in self._pooled.items()}
         # Only own drafters decode to draft: the other books' steps are not theirs (the hybrid's mixes them).
-        books = {name: {"draft": costs.draft.as_dict() if name in own else {}, "per_token": costs.per_token}
+        books = {name: {"draft": costs.draft.as_dict() if name in own else {}, "per_token": costs.per_token,
+                        **({"draft_context": costs.draft_context.as_dict()}
+                           if name in own and costs.draft_context.at is not None else {})}
                  for name, costs in self._costs.items()}
         throughput = {name: context.throughput.per_token
                       for name, context in (("target", self.sources.target), ("draft", self.sources.draft))
@@ -391,6 +396,17 @@ def _means(means: dict[str, float]) -> dict[str, float]:
     checked = {str(int(n)): float(seconds) for n, seconds in means.items()}
     if any(not 0.0 < seconds < 1e6 for seconds in checked.values()):
         raise ValueError("a cost out of range")
+    return checked
+
+
+def _context(kept: Any) -> dict[str, float] | None:
+    """A cost book's context slope of a draft's decodes (`ContextSlope.as_dict`'s form), checked; None where the
+    book has none (one written before it was kept)."""
+    if kept is None:
+        return None
+    checked = {"at": float(kept["at"]), "slope": float(kept["slope"])}
+    if not 0.0 <= checked["at"] < 1e7 or not 0.0 <= checked["slope"] < 1.0:
+        raise ValueError("a context slope out of range")
     return checked
 
 
