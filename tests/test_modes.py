@@ -83,6 +83,26 @@ def test_each_text_starts_from_an_own_drafters_acceptance_over_every_text(other:
     assert learnt["texts"]["model"] == [text, pool.texts[-1].as_counts()]
 
 
+def test_a_lookup_starts_each_text_from_its_acceptance_over_every_text(other: Pair) -> None:
+    """The lookup is priced from what it kept on the texts before, as an own drafter is, not as if it kept every draft
+    (a fresh estimate's optimism), which drew the default out of the draft model's use on a chat answer's first
+    match; the cost book keeps it."""
+    drafting = modes.Drafting(other.drafting.sources)
+    assert drafting.proposers() == ("model", "ngram", "memory")
+    counts = {"accepted": 40.0, "rejections": 60.0, "reached": [100.0, 30.0], "accepted_at": [30.0, 10.0]}
+    drafting.seed({"acceptance": {"memory": counts}})
+    hybrid = drafting.build("hybrid", 0.0, "auto")[0]
+    assert isinstance(hybrid, HybridDrafter) and hybrid.lookup_name == "memory"
+    lookup = hybrid.state.lengths["memory"].acceptance
+    assert lookup.alpha == pytest.approx(0.4) and lookup.measured == modes.BOOK_ROUNDS
+    hybrid.start([1, 2, 3])  # a new text: the lookup's prior weighs about two rounds
+    assert lookup.alpha == pytest.approx(0.4) and lookup.measured < 3
+    lookup.update(4, 4)
+    drafting._verify.record(0, 0.01)
+    learnt = drafting.learnt()
+    assert learnt is not None and learnt["acceptance"]["memory"]["accepted"] > 40.0
+
+
 def test_a_book_size_dearer_a_row_than_a_smaller_one_is_read_at_the_smaller_ones_rate(other: Pair) -> None:
     """A pass measured while the machine was busy would price its size out of use for good (never chosen, never
     measured again): read from the book, no size costs more a row than a smaller one; cheaper ones stand."""

@@ -243,9 +243,9 @@ class Drafting:
         self._costs: dict[str, LoopCosts] = {}
         self._lengths: dict[tuple[str, str, int | str], DraftLength] = {}
         self._hybrids: dict[int | str, HybridState] = {}
-        self._acceptance: dict[str, dict[str, float | list[float]]] = {}  # the cost book's, by own drafter
-        self._texts: dict[str, list[dict[str, float | list[float]]]] = {}  # the cost book's, by own drafter
-        self._pooled: dict[str, Pool] = {}  # by own drafter, over every text (`pooled`)
+        self._acceptance: dict[str, dict[str, float | list[float]]] = {}  # the cost book's, by proposer
+        self._texts: dict[str, list[dict[str, float | list[float]]]] = {}  # the cost book's, by proposer
+        self._pooled: dict[str, Pool] = {}  # by proposer, over every text (`pooled`)
 
     @property
     def modes(self) -> tuple[str, ...]:
@@ -256,6 +256,12 @@ class Drafting:
         """Every mode that drafts with a model of this pair's own."""
         return tuple(m.name for m in MODES.values() if m.own_model and m.available(self.sources))
 
+    def proposers(self) -> tuple[str, ...]:
+        """Every mode whose drafter proposes on its own (a lookup, an own drafter; not one that chooses among them):
+        each keeps its acceptance over every text (`pooled`)."""
+        return tuple(m.name for m in MODES.values()
+                     if m.drafter is not None and not m.drafter.chooses_ways and m.available(self.sources))
+
     def check(self, name: str) -> Mode:
         """The mode called `name`, if this pair can draft that way."""
         found = mode(name)
@@ -264,7 +270,7 @@ class Drafting:
         return found
 
     def build(self, name: str, p_min: float, k: int | str) -> tuple[Drafter | None, DraftLength]:
-        """The drafter for mode `name` and the controller of its K, for a new text: every own drafter's
+        """The drafter for mode `name` and the controller of its K, for a new text: every proposer's
         controller starts again from that drafter's acceptance over every text (`PositionAcceptance.new_text`), and the
         default drafting prices each own drafter at the best K for it (`_first_k`): the K the planner last gave a way
         is kept while the way is not drafted, and a way priced at a K that was best on another text (3, where its
@@ -289,15 +295,17 @@ class Drafting:
     def length(self, key: tuple[str, str, int | str], drafter: str, limit: int = AUTO_K_MAX,
                planned: bool = False) -> DraftLength:
         """The controller of K under `key` (mode, drafter, K asked) for `drafter` (a mode's name), priced with
-        that drafter's costs, at most `limit` a round; kept across generations. An own drafter's starts each text
-        from its acceptance over every text (`pooled`), the cost book's to begin with. `planned`: under auto the
+        that drafter's costs, at most `limit` a round; kept across generations. A proposer's (a lookup, an own
+        drafter) starts each text from its acceptance over every text (`pooled`), the cost book's to begin with: a
+        lookup priced as if it kept every draft (a fresh estimate's optimism) drew the default out of the draft
+        model's use on a chat answer's first 6-token match, where the memory then kept 13 of the 35 tokens it drafted. `planned`: under auto the
         planner chooses this way's K round by round (a way of the default drafting), so it only keeps acceptance, at
         most `limit`."""
         if key not in self._lengths:
             k = key[2]
             length: DraftLength = FixedK(min(k, limit)) if k != "auto" else FixedK(min(AUTO_K_MAX, limit)) \
                 if planned else AdaptiveK(self.costs(drafter), k_max=min(AUTO_K_MAX, limit))
-            if drafter in self.own_models():
+            if drafter in self.proposers():
                 pool = length.acceptance.pooled = self.pooled(drafter)
                 if pool.every.measured:
                     length.seed(pool.every.as_counts(), BOOK_ROUNDS)
@@ -305,8 +313,8 @@ class Drafting:
         return self._lengths[key]
 
     def pooled(self, drafter: str) -> Pool:
-        """Own drafter `drafter`'s acceptance over every text and on each of the last texts, which each of its
-        controllers adds its rounds to: the cost book's to begin with (over every text, worth as many rounds as its
+        """Proposer `drafter`'s (a lookup's, an own drafter's) acceptance over every text and on each of the last
+        texts, which each of its controllers adds its rounds to: the cost book's to begin with (over every text, worth as many rounds as its
         decay keeps)."""
         if drafter not in self._pooled:
             pool = self._pooled[drafter] = Pool(POOLED_DECAY)
@@ -351,9 +359,9 @@ class Drafting:
                             _context(book.get("draft_context")))
                      for name, book in entry.get("books", {}).items() if name in MODES}
             acceptance = {name: _counts(counts) for name, counts in entry.get("acceptance", {}).items()
-                          if name in self.own_models()}
+                          if name in self.proposers()}
             texts = {name: [_counts(counts) for counts in kept] for name, kept in entry.get("texts", {}).items()
-                     if name in self.own_models()}
+                     if name in self.proposers()}
             throughput = {name: float(rate) for name, rate in entry.get("throughput", {}).items()
                           if name in ("target", "draft") and 0.0 < float(rate) < 1e3}
         except (AttributeError, KeyError, TypeError, ValueError):
@@ -372,7 +380,7 @@ class Drafting:
         self._acceptance, self._texts, self._pooled = acceptance, texts, {}
 
     def learnt(self) -> dict[str, Any] | None:
-        """What to keep in the cost book: the costs measured so far, and each own drafter's acceptance over every
+        """What to keep in the cost book: the costs measured so far, and each proposer's acceptance over every
         text and on each of the last texts; None when nothing was measured."""
         if not self._verify.weight:
             return None
