@@ -428,3 +428,18 @@ def test_the_regimes_rates_age_by_the_text_emitted_not_by_rounds() -> None:
         drafter.state.regimes[OUT] = DecayedRate(20.0, 0.1)  # a burst: 200 tokens/s
         choice(drafter, list(range(10, 11 + emitted)))  # no n-gram match: the out regime's pick is a plain round
         assert drafter.state.regimes[OUT].tokens == pytest.approx(20.0 * TEXT_DECAY ** emitted + 1.0)
+
+
+def test_a_round_where_staying_is_best_takes_back_from_the_regret_but_does_not_restart_it() -> None:
+    """The regret is a running sum of the time staying out loses, net of what it gains: a near-tie that flipped for one
+    round restarted the wait for a draft model 1.2x the target alone, whose backlog grew meanwhile, until the answer
+    ended."""
+    drafter, _ = hybrid(model_accepts=4, pending=40)
+    for _ in range(3):
+        choice(drafter, NO_MATCH)
+    regret = drafter.state.regret_s
+    assert drafter.state.in_use == OUT and 0 < regret < drafter.state.price_s
+    model = drafter.state.regimes["model"]
+    drafter.state.regimes[OUT] = DecayedRate(model.tokens * 1.3, model.seconds)  # out looks better for a round
+    choice(drafter, NO_MATCH)
+    assert drafter.state.in_use == OUT and 0 < drafter.state.regret_s < regret

@@ -5,6 +5,7 @@ notes)."""
 
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -380,9 +381,18 @@ class HybridDrafter(Drafter):
             state.regret_s += tokens / rates[state.in_use] - tokens / rates[best]  # every regime has a round now
             if state.regret_s >= state.price_s or self._pays_back(rates[state.in_use], rates[best]):
                 state.in_use, state.regret_s = best, 0.0
-        else:
-            state.regret_s = 0.0
+        elif state.regret_s:
+            state.regret_s = max(0.0, state.regret_s - self._gained(picks[state.in_use][1], rates, state.in_use))
         return picks[state.in_use][0]
+
+    @staticmethod
+    def _gained(tokens: float, rates: dict[str, float], in_use: str) -> float:
+        """The seconds a round of `tokens` in regime `in_use` gained over the best other regime: what a round where
+        staying is best takes back from the regret (a running sum, not restarted: a near-tie that flipped for one
+        round restarted the wait for a draft model 1.2x the target alone, whose backlog grew meanwhile, until the
+        answer ended)."""
+        other = max((rate for regime, rate in rates.items() if regime != in_use), default=0.0)
+        return tokens / other - tokens / rates[in_use] if other > 0.0 else math.inf
 
     def _trial(self, options: dict[str, Option], pending: dict[str, int], ks: dict[str, int],
                out_rate: float) -> str | None:
