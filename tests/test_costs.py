@@ -261,6 +261,10 @@ def test_a_context_slope_needs_contexts_that_spread() -> None:
     for i in range(200):  # one short text: its contexts spread ~10 tokens, its noise says nothing of a slope
         costs.record_draft([(1, 0.007 + 0.001 * (i % 2))], 40 + i % 20)
     assert costs.draft_context.slope == 0.0
+    rare = LoopCosts(decay=0.95)
+    for context in range(0, 1000, 100):  # a drafter that seldom drafts: ten steps spread wide say little either
+        rare.record_draft([(1, 0.007 + 0.00001 * context)], context)
+    assert rare.draft_context.slope == 0.0
     costs.draft_context.prior = 0.000005  # a cost book's
     costs.at(1040)
     assert costs.step_costs(1)[0] == pytest.approx(0.0075 + 0.000005 * 1000, rel=0.01)

@@ -37,6 +37,7 @@ PROBE_ROUNDS = 32  # the fewest idle rounds before a probe; doubled after each p
 STEADY_BACKLOG = 2  # the most a drafter lacks after a round it drafted: [d_K, bonus] after a full acceptance
 SLOPE_DECAY = 0.998  # the context slope's one-token steps weigh 0.2% less at each one after: ~500 steps, texts apart
 SPREAD = 64  # the least spread (weighted s.d., tokens) of the contexts steps were measured at that shows a slope
+SLOPE_STEPS = 64  # the fewest one-token steps (aged) a slope stands on
 
 
 class Acceptance(Protocol):
@@ -278,7 +279,8 @@ class ContextSlope:
     reads the whole cache once whatever it feeds, so each call pays b a token of context. L̄ is the mean context of
     the calls a book's means hold (aged as they are, `decay`); b is the least-squares slope of one-token steps'
     seconds over their contexts, over ~500 steps (`SLOPE_DECAY`), several texts long and short, and stands only
-    once their contexts spread `SPREAD` tokens (else the slope a cost book brought, `prior`).
+    on `SLOPE_STEPS` steps or more whose contexts spread `SPREAD` tokens (else the slope a cost book brought,
+    `prior`): a drafter that seldom drafts (probes of a tiny model's twin) fitted a slope to a few noisy steps.
 
     Why: a draft model's book is measured only while it drafts. On the demo pair a draft step costs 7.2 ms near a
     text's start and 10.5 ms 600 tokens in; the book kept the long text's price, and the short prompts after it
@@ -308,7 +310,7 @@ class ContextSlope:
         """b: seconds a token of context adds to a decode, never below 0."""
         w, wl, ws, wll, wls = self._sums
         spread = wll * w - wl * wl
-        if not w or spread < (SPREAD * w) ** 2:
+        if w < SLOPE_STEPS or spread < (SPREAD * w) ** 2:
             return self.prior
         return max(0.0, (wls * w - wl * ws) / spread)
 
