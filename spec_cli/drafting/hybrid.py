@@ -79,8 +79,8 @@ class HybridState:
 
     def new_text(self) -> None:
         """A new prompt: the regimes' rates, learnt on other text, count for about two rounds, and so does the
-        lookup's acceptance over every text (`Drafting.build` starts each way from its own; a lookup right on copied
-        code is wrong on prose, and the reverse)."""
+        lookup's acceptance (a lookup right on copied code is wrong on prose, and the reverse). The own drafters'
+        start again from their acceptance over every text (`Drafting.build`)."""
         self.regret_s = 0.0
         for regime in self.regimes.values():
             regime.scale(CARRIED)

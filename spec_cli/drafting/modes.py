@@ -270,7 +270,7 @@ class Drafting:
         return found
 
     def build(self, name: str, p_min: float, k: int | str) -> tuple[Drafter | None, DraftLength]:
-        """The drafter for mode `name` and the controller of its K, for a new text: every proposer's
+        """The drafter for mode `name` and the controller of its K, for a new text: every own drafter's
         controller starts again from that drafter's acceptance over every text (`PositionAcceptance.new_text`), and the
         default drafting prices each own drafter at the best K for it (`_first_k`): the K the planner last gave a way
         is kept while the way is not drafted, and a way priced at a K that was best on another text (3, where its
@@ -278,10 +278,12 @@ class Drafting:
         for pool in self._pooled.values():
             pool.new_text()
         built = self.check(name).build(self, p_min, k)
-        for length in self._lengths.values():
-            length.acceptance.new_text(BOOK_ROUNDS)
+        own = self.own_models()
+        for (_mode, drafter, _k), length in self._lengths.items():
+            if drafter in own:  # a lookup's goes on from the last text's (`HybridState.new_text`)
+                length.acceptance.new_text(BOOK_ROUNDS)
         for state in self._hybrids.values():
-            for way in state.ks.keys() & self._pooled.keys():
+            for way in state.ks.keys() & set(own):
                 state.ks[way] = self._first_k(way, state.lengths[way], state.lookup)
         return built
 
@@ -295,10 +297,12 @@ class Drafting:
     def length(self, key: tuple[str, str, int | str], drafter: str, limit: int = AUTO_K_MAX,
                planned: bool = False) -> DraftLength:
         """The controller of K under `key` (mode, drafter, K asked) for `drafter` (a mode's name), priced with
-        that drafter's costs, at most `limit` a round; kept across generations. A proposer's (a lookup, an own
-        drafter) starts each text from its acceptance over every text (`pooled`), the cost book's to begin with: a
-        lookup priced as if it kept every draft (a fresh estimate's optimism) drew the default out of the draft
-        model's use on a chat answer's first 6-token match, where the memory then kept 13 of the 35 tokens it drafted. `planned`: under auto the
+        that drafter's costs, at most `limit` a round; kept across generations. An own drafter's starts each text
+        from its acceptance over every text (`pooled`), the cost book's to begin with. A lookup's starts from the cost
+        book's once, when the pair loads (then each text from the last one's, `HybridState.new_text`: its acceptance
+        differs most from text to text, and a pool over rounds weighs the texts it copies most): priced as if it kept
+        every draft (a fresh estimate's optimism), the memory drew the default out of the draft model's use on a chat
+        answer's first 6-token match, where it then kept 13 of the 35 tokens it drafted. `planned`: under auto the
         planner chooses this way's K round by round (a way of the default drafting), so it only keeps acceptance, at
         most `limit`."""
         if key not in self._lengths:
