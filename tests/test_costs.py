@@ -141,16 +141,6 @@ def test_a_model_round_pays_k_steps_and_the_catch_up_of_a_full_acceptance() -> N
     assert costs.rate(0, acceptance) == pytest.approx(1 / 0.040)  # no draft: one target step
 
 
-def test_the_planner_and_the_regimes_price_a_round_after_a_full_acceptance_alike() -> None:
-    """The first draft step feeds the catch-up [d_K, bonus]: a round of K costs c_d(2) + (K − 1)·c_d(1). Read as
-    c_d(2) more than K steps, the planner priced every such round a step dearer than the hybrid's regimes did."""
-    costs = loop_costs(c1=0.010, c2=0.016)
-    assert costs.step_costs(1) == (pytest.approx(0.010), 0.0)
-    step, once = costs.step_costs(2)
-    assert (step, once) == (pytest.approx(0.010), pytest.approx(0.006))
-    assert costs.draft_seconds(4, Fixed(expected=5.0, all_accepted=1.0)) == pytest.approx(4 * step + once)
-
-
 def test_a_block_round_pays_one_pass_whatever_k() -> None:
     costs = loop_costs(c1=0.004, c2=0.006, shape=PER_ROUND)  # smaller passes cost less (`BatchCosts`' floor)
     costs.draft.record(5, 0.012)

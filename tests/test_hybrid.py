@@ -12,8 +12,7 @@ from spec_cli.decoding.costs import HOST, LoopCosts
 from spec_cli.decoding.draft_length import FixedK, Pool
 from spec_cli.decoding.drafter import CatchUp, Draft, Terms
 from spec_cli.decoding.sampling import SamplingParams
-from spec_cli.drafting.hybrid import (K_START, OUT, TEXT_DECAY, TRIAL_PRIOR, TRIAL_ROUNDS, TRIAL_TEXTS, DecayedRate,
-                                     HybridDrafter, HybridState)
+from spec_cli.drafting.hybrid import K_START, OUT, TRIAL_PRIOR, TRIAL_ROUNDS, TRIAL_TEXTS, HybridDrafter, HybridState
 from spec_cli.drafting.ngram import NgramDrafter
 from spec_cli.llama.grammar import Grammar
 
@@ -201,7 +200,7 @@ def test_a_new_prompt_starts_afresh() -> None:
     assert drafter.state.regret_s == 0.0 and drafter.state.in_use == OUT
     assert drafter.state.regimes[OUT].rate == pytest.approx(rate)
     for _ in range(3):
-        drafter.state.regimes[OUT].add(1, 0.025, drafter.state.text_decay)
+        drafter.state.regimes[OUT].add(1, 0.025, drafter.state.decay)
     assert drafter.state.regimes[OUT].rate < 0.5 * rate
 
 
@@ -417,29 +416,3 @@ def test_a_new_text_tries_an_own_drafter_whose_acceptance_on_other_texts_says_it
     drafter.update(4, 0)
     choice(drafter, NO_MATCH)
     assert drafter.state.in_use == OUT
-
-
-def test_the_regimes_rates_age_by_the_text_emitted_not_by_rounds() -> None:
-    """A lookup's long proposal once priced in a regime's rate weighs as much after one round that emitted 16 tokens
-    as after 16 rounds of one token each: aged by rounds, one 6-token proposal outweighed the plain rounds after it
-    for ~15 of them and drew the default out of the draft model's regime for the rest of a chat answer."""
-    for emitted in (1, 16):
-        drafter, _ = hybrid(model_accepts=4, in_use="model")
-        drafter.state.regimes[OUT] = DecayedRate(20.0, 0.1)  # a burst: 200 tokens/s
-        choice(drafter, list(range(10, 11 + emitted)))  # no n-gram match: the out regime's pick is a plain round
-        assert drafter.state.regimes[OUT].tokens == pytest.approx(20.0 * TEXT_DECAY ** emitted + 1.0)
-
-
-def test_a_round_where_staying_is_best_takes_back_from_the_regret_but_does_not_restart_it() -> None:
-    """The regret is a running sum of the time staying out loses, net of what it gains: a near-tie that flipped for one
-    round restarted the wait for a draft model 1.2x the target alone, whose backlog grew meanwhile, until the answer
-    ended."""
-    drafter, _ = hybrid(model_accepts=4, pending=40)
-    for _ in range(3):
-        choice(drafter, NO_MATCH)
-    regret = drafter.state.regret_s
-    assert drafter.state.in_use == OUT and 0 < regret < drafter.state.price_s
-    model = drafter.state.regimes["model"]
-    drafter.state.regimes[OUT] = DecayedRate(model.tokens * 1.3, model.seconds)  # out looks better for a round
-    choice(drafter, NO_MATCH)
-    assert drafter.state.in_use == OUT and 0 < drafter.state.regret_s < regret

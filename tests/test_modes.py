@@ -83,31 +83,6 @@ def test_each_text_starts_from_an_own_drafters_acceptance_over_every_text(other:
     assert learnt["texts"]["model"] == [text, pool.texts[-1].as_counts()]
 
 
-def test_a_lookup_starts_from_the_cost_books_acceptance_then_from_the_last_texts(other: Pair) -> None:
-    """A pair loaded anew prices the lookup from what it kept on the texts before (the cost book keeps it), not as if
-    it kept every draft (a fresh estimate's optimism), which drew the default out of the draft model's use on a chat
-    answer's first match; each later text starts from the last one's, as before."""
-    drafting = modes.Drafting(other.drafting.sources)
-    assert drafting.proposers() == ("model", "ngram", "memory")
-    counts = {"accepted": 40.0, "rejections": 60.0, "reached": [100.0, 30.0], "accepted_at": [30.0, 10.0]}
-    drafting.seed({"acceptance": {"memory": counts}})
-    hybrid = drafting.build("hybrid", 0.0, "auto")[0]
-    assert isinstance(hybrid, HybridDrafter) and hybrid.lookup_name == "memory"
-    lookup = hybrid.state.lengths["memory"].acceptance
-    assert lookup.alpha == pytest.approx(0.4) and lookup.measured == modes.BOOK_ROUNDS
-    hybrid.start([1, 2, 3])  # a new text: the lookup's prior weighs about two rounds
-    assert lookup.alpha == pytest.approx(0.4) and lookup.measured < 3
-    for _ in range(20):  # this text copies its prompt: every draft kept
-        lookup.update(4, 4)
-    hybrid = drafting.build("hybrid", 0.0, "auto")[0]
-    assert isinstance(hybrid, HybridDrafter)
-    hybrid.start([4, 5, 6])
-    assert lookup.alpha > 0.9  # the last text's, not the pool's 0.4-and-some
-    drafting._verify.record(0, 0.01)
-    learnt = drafting.learnt()
-    assert learnt is not None and learnt["acceptance"]["memory"]["accepted"] > 40.0
-
-
 def test_a_book_size_dearer_a_row_than_a_smaller_one_is_read_at_the_smaller_ones_rate(other: Pair) -> None:
     """A pass measured while the machine was busy would price its size out of use for good (never chosen, never
     measured again): read from the book, no size costs more a row than a smaller one; cheaper ones stand."""

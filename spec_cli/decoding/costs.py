@@ -352,9 +352,8 @@ class LoopCosts:
     so far.
 
     c_v is the target's, whoever drafted: books that price different drafters share one (`sharing`). c_d is read
-    at the context the loop is at now (`at`), by how the draft's decodes
-    grow with context (`ContextSlope`): the target's passes are measured every round, the draft's only while it
-    drafts."""
+    at the context the loop is at now (`at`), by how the draft's decodes grow with context (`ContextSlope`): the
+    target's passes are measured every round, the draft's only while it drafts."""
 
     decay: float = 1.0
     shape: str = PER_TOKEN
@@ -410,8 +409,8 @@ class LoopCosts:
 
     def draft_seconds(self, k: int, acceptance: Acceptance) -> float | None:
         """Expected drafting seconds of a round drafting k, in the steady state, at the context the loop is at now.
-        Host only: none. Per token: k steps of c_d(1), and c_d(2) − c_d(1) more when the round before was fully accepted (the catch-up on [d_K, bonus]).
-        Per round: one pass over the block of k + 1, c_d(k + 1)."""
+        Host only: none. Per token: k steps of c_d(1), and c_d(2) − c_d(1) more when the round before was fully
+        accepted (the catch-up on [d_K, bonus]). Per round: one pass over the block of k + 1, c_d(k + 1)."""
         if self.shape == HOST or k == 0:
             return 0.0
         if self.shape == PER_ROUND:
@@ -448,20 +447,18 @@ class LoopCosts:
 
     def step_costs(self, backlog: int) -> tuple[float, float] | None:
         """(seconds a drafted token adds, seconds a round that drafts at all adds) for a drafter that lacks `backlog`
-        tokens: per token, c_d(1) a token and c_d(backlog) − c_d(1) once (the first draft step feeds the catch-up: a
-        round of K costs c_d(backlog) + (K − 1)·c_d(1), as `draft_seconds` prices it; read as c_d(backlog) more, every
-        round after a full acceptance was a step dearer to the planner than to the hybrid's regimes); per round, the
-        block's pass once; host only, nothing. None while a cost it needs is unmeasured."""
+        tokens: per token, c_d(1) a token and the catch-up c_d(backlog) once; per round, the block's pass once; host
+        only, nothing. None while a cost it needs is unmeasured."""
         if self.shape == HOST:
             return 0.0, 0.0
         if self.shape == PER_ROUND:
             block = self.draft.seconds(2)
             return None if block is None else (0.0, self._now(block))
         step = self.draft.seconds(1)
-        catch_up = self.draft.interpolated(backlog) if backlog > 1 else step
+        catch_up = self.draft.interpolated(backlog) if backlog > 1 else 0.0
         if step is None or catch_up is None:
             return None
-        return self._now(step), max(0.0, catch_up - step)
+        return self._now(step), self._now(catch_up) if backlog > 1 else 0.0
 
     def as_dict(self) -> dict[str, object]:
         return {"draft_step_s": self.draft.as_dict(), "verify_s": self.verify.as_dict(),

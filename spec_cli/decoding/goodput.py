@@ -34,8 +34,8 @@ from spec_cli.decoding.costs import BatchCosts
 class Candidate:
     """One sequence of the coming pass, drafting one way: its position rates a_1..a_cap (`rates`, cap = the most it
     may draft), `fixed` K when its request set one (None: the batch chooses), `step_s`, a draft token's seconds, and
-    `round_s`, what a round that drafts at all costs once (`LoopCosts.step_costs`: the catch-up, beyond the first
-    step that feeds it, on the tokens its drafter did not see, or a block drafter's pass). `others`: the other ways it may draft instead (a
+    `round_s`, what a round that drafts at all costs once (`LoopCosts.step_costs`: the catch-up on the tokens its
+    drafter did not see while idle, or a block drafter's pass). `others`: the other ways it may draft instead (a
     drafter of several ways offers its preferred one and the others), each priced alike; the batch takes one."""
 
     rates: Sequence[float]

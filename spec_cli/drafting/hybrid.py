@@ -5,7 +5,6 @@ notes)."""
 
 from __future__ import annotations
 
-import math
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -30,7 +29,6 @@ ANSWERS_KEPT = 16  # the lengths of the last answers that ended on their own, fo
 TRIAL_TEXTS = 2  # the texts an own drafter must have drafted in before a new one weighs a trial of it (`_trial`)
 TRIAL_ROUNDS = 2  # the rounds a trial drafts before its regime may be left
 TRIAL_PRIOR = 2.0  # rounds' worth of the acceptance over every text that a trial's text keeps as its prior
-TEXT_DECAY = 0.97  # a regime's rate weighs a round 3% less at each token emitted after it (`HybridState`)
 NONE, NGRAM = "none", "ngram"
 
 
@@ -67,10 +65,9 @@ class HybridState:
     lengths: dict[str, DraftLength]
     lookup: str = NGRAM  # the name of the drafter that costs no decode (n-gram lookup, or the memory)
     ks: dict[str, int] = field(default_factory=dict)  # empty under a fixed K: each way's controller's K
-    decay: float = 0.8  # the lookup's host seconds: a short memory (~5 rounds)
-    # A regime's yield is priced by the cost model, not measured, so it is smooth: a short memory of the text, ~32
-    # tokens (`TEXT_DECAY` a token emitted), follows it (a stretch of copied code, then prose) without chasing noise.
-    text_decay: float = TEXT_DECAY
+    # A regime's yield is priced by the cost model, not measured, so it is smooth: a short memory (~5 rounds)
+    # follows the text (a stretch of copied code, then prose) without chasing noise.
+    decay: float = 0.8
     regimes: dict[str, DecayedRate] = field(default_factory=dict)
     answers: deque[int] = field(default_factory=lambda: deque(maxlen=ANSWERS_KEPT))  # lengths of those that ended
     in_use: str = OUT
@@ -79,8 +76,8 @@ class HybridState:
 
     def new_text(self) -> None:
         """A new prompt: the regimes' rates, learnt on other text, count for about two rounds, and so does the
-        lookup's acceptance (a lookup right on copied code is wrong on prose, and the reverse). The own drafters'
-        start again from their acceptance over every text (`Drafting.build`)."""
+        n-gram's acceptance (a lookup right on copied code is wrong on prose, and the reverse). The own
+        drafters' start again from their acceptance over every text (`Drafting.build`)."""
         self.regret_s = 0.0
         for regime in self.regimes.values():
             regime.scale(CARRIED)
@@ -139,7 +136,6 @@ class HybridDrafter(Drafter):
         self.chosen: tuple[str, float] | None = None  # the option of the round in flight, and its E[seconds]
         self._draft = Draft()  # the proposal of the round in flight
         self._context = 0  # the tokens it follows
-        self._priced_at = 0  # the tokens the regimes' rates were last priced after
         self._decided: Draft | None = None  # a round `stepped` chose, for the `propose` that follows it
         self._offered: tuple[int, str, Draft] | None = None  # (where, the option, the lookup's proposal) `offer` chose
         self._unused: tuple[int, list[int]] | None = None  # (where, what): the n-gram proposal a round passed over
@@ -193,7 +189,6 @@ class HybridDrafter(Drafter):
 
     def _new_prompt(self, tokens: Sequence[int]) -> None:
         self.state.new_text()
-        self._priced_at = len(tokens)
         self._unused = self._decided = None
         self._weighed, self._trying = False, None
         self._new = True
@@ -308,8 +303,7 @@ class HybridDrafter(Drafter):
             if name in options and options[name].seconds is None and pending[name] > self._chunk:
                 drafter.narrow(tokens)  # a trial: the cheapest catch-up, the latest tokens only
                 pending[name] = drafter.pending(tokens)
-        name = self._choose(options, pending, ks, self.state.text_decay ** max(1, len(tokens) - self._priced_at))
-        self._priced_at = len(tokens)
+        name = self._choose(options, pending, ks)
         if not shared or name not in self.books or not self.books[name].draft.weight:
             name = self._ready(name, options, pending)
         self.chosen = (name, options[name].seconds or 0.0)
@@ -343,14 +337,11 @@ class HybridDrafter(Drafter):
                                        self.books[name].round_seconds(k, acceptance))
         return options
 
-    def _choose(self, options: dict[str, Option], pending: dict[str, int], ks: dict[str, int], aged: float) -> str:
+    def _choose(self, options: dict[str, Option], pending: dict[str, int], ks: dict[str, int]) -> str:
         """Try what is not priced yet (the n-gram first: it costs no decode; an own drafter in its regime, so
         that it catches up first); else the choice of the regime the loop runs in, after weighing a move to the
         regime with the best rate (see the class notes), or a trial of an own drafter on a new text (`_trial`), which
-        drafts `TRIAL_ROUNDS` rounds before its regime may be left. The regimes' rates weigh the rounds before `aged`×
-        less: they age by the text emitted since, not by rounds. Aged by rounds, a lookup's 6-token proposal outweighed
-        the 1-token plain rounds after it for ~15 of them, 15 tokens of text, and the default left the draft model's
-        regime (5.6 tokens a round) for a plain target's rate for the rest of a chat answer."""
+        drafts `TRIAL_ROUNDS` rounds before its regime may be left."""
         for name in (self.lookup_name, *self.own, NONE):
             if name in options and options[name].seconds is None:
                 if name in self.own:
@@ -359,7 +350,7 @@ class HybridDrafter(Drafter):
         state = self.state
         picks = {regime: self._regime_choice(regime, options) for regime in state.regimes}
         for regime, (name, tokens, seconds) in picks.items():
-            state.regimes[regime].add(tokens, seconds, aged)
+            state.regimes[regime].add(tokens, seconds, state.decay)
         rates = {regime: state.regimes[regime].rate or 0.0 for regime in state.regimes}
         best = max(rates, key=lambda regime: rates[regime])
         if state.in_use == OUT and best == OUT and not self._weighed:
@@ -381,18 +372,9 @@ class HybridDrafter(Drafter):
             state.regret_s += tokens / rates[state.in_use] - tokens / rates[best]  # every regime has a round now
             if state.regret_s >= state.price_s or self._pays_back(rates[state.in_use], rates[best]):
                 state.in_use, state.regret_s = best, 0.0
-        elif state.regret_s:
-            state.regret_s = max(0.0, state.regret_s - self._gained(picks[state.in_use][1], rates, state.in_use))
+        else:
+            state.regret_s = 0.0
         return picks[state.in_use][0]
-
-    @staticmethod
-    def _gained(tokens: float, rates: dict[str, float], in_use: str) -> float:
-        """The seconds a round of `tokens` in regime `in_use` gained over the best other regime: what a round where
-        staying is best takes back from the regret (a running sum, not restarted: a near-tie that flipped for one
-        round restarted the wait for a draft model 1.2x the target alone, whose backlog grew meanwhile, until the
-        answer ended)."""
-        other = max((rate for regime, rate in rates.items() if regime != in_use), default=0.0)
-        return tokens / other - tokens / rates[in_use] if other > 0.0 else math.inf
 
     def _trial(self, options: dict[str, Option], pending: dict[str, int], ks: dict[str, int],
                out_rate: float) -> str | None:

@@ -243,9 +243,9 @@ class Drafting:
         self._costs: dict[str, LoopCosts] = {}
         self._lengths: dict[tuple[str, str, int | str], DraftLength] = {}
         self._hybrids: dict[int | str, HybridState] = {}
-        self._acceptance: dict[str, dict[str, float | list[float]]] = {}  # the cost book's, by proposer
-        self._texts: dict[str, list[dict[str, float | list[float]]]] = {}  # the cost book's, by proposer
-        self._pooled: dict[str, Pool] = {}  # by proposer, over every text (`pooled`)
+        self._acceptance: dict[str, dict[str, float | list[float]]] = {}  # the cost book's, by own drafter
+        self._texts: dict[str, list[dict[str, float | list[float]]]] = {}  # the cost book's, by own drafter
+        self._pooled: dict[str, Pool] = {}  # by own drafter, over every text (`pooled`)
 
     @property
     def modes(self) -> tuple[str, ...]:
@@ -255,12 +255,6 @@ class Drafting:
     def own_models(self) -> tuple[str, ...]:
         """Every mode that drafts with a model of this pair's own."""
         return tuple(m.name for m in MODES.values() if m.own_model and m.available(self.sources))
-
-    def proposers(self) -> tuple[str, ...]:
-        """Every mode whose drafter proposes on its own (a lookup, an own drafter; not one that chooses among them):
-        each keeps its acceptance over every text (`pooled`)."""
-        return tuple(m.name for m in MODES.values()
-                     if m.drafter is not None and not m.drafter.chooses_ways and m.available(self.sources))
 
     def check(self, name: str) -> Mode:
         """The mode called `name`, if this pair can draft that way."""
@@ -278,12 +272,10 @@ class Drafting:
         for pool in self._pooled.values():
             pool.new_text()
         built = self.check(name).build(self, p_min, k)
-        own = self.own_models()
-        for (_mode, drafter, _k), length in self._lengths.items():
-            if drafter in own:  # a lookup's goes on from the last text's (`HybridState.new_text`)
-                length.acceptance.new_text(BOOK_ROUNDS)
+        for length in self._lengths.values():
+            length.acceptance.new_text(BOOK_ROUNDS)
         for state in self._hybrids.values():
-            for way in state.ks.keys() & set(own):
+            for way in state.ks.keys() & self._pooled.keys():
                 state.ks[way] = self._first_k(way, state.lengths[way], state.lookup)
         return built
 
@@ -298,18 +290,14 @@ class Drafting:
                planned: bool = False) -> DraftLength:
         """The controller of K under `key` (mode, drafter, K asked) for `drafter` (a mode's name), priced with
         that drafter's costs, at most `limit` a round; kept across generations. An own drafter's starts each text
-        from its acceptance over every text (`pooled`), the cost book's to begin with. A lookup's starts from the cost
-        book's once, when the pair loads (then each text from the last one's, `HybridState.new_text`: its acceptance
-        differs most from text to text, and a pool over rounds weighs the texts it copies most): priced as if it kept
-        every draft (a fresh estimate's optimism), the memory drew the default out of the draft model's use on a chat
-        answer's first 6-token match, where it then kept 13 of the 35 tokens it drafted. `planned`: under auto the
+        from its acceptance over every text (`pooled`), the cost book's to begin with. `planned`: under auto the
         planner chooses this way's K round by round (a way of the default drafting), so it only keeps acceptance, at
         most `limit`."""
         if key not in self._lengths:
             k = key[2]
             length: DraftLength = FixedK(min(k, limit)) if k != "auto" else FixedK(min(AUTO_K_MAX, limit)) \
                 if planned else AdaptiveK(self.costs(drafter), k_max=min(AUTO_K_MAX, limit))
-            if drafter in self.proposers():
+            if drafter in self.own_models():
                 pool = length.acceptance.pooled = self.pooled(drafter)
                 if pool.every.measured:
                     length.seed(pool.every.as_counts(), BOOK_ROUNDS)
@@ -317,8 +305,8 @@ class Drafting:
         return self._lengths[key]
 
     def pooled(self, drafter: str) -> Pool:
-        """Proposer `drafter`'s (a lookup's, an own drafter's) acceptance over every text and on each of the last
-        texts, which each of its controllers adds its rounds to: the cost book's to begin with (over every text, worth as many rounds as its
+        """Own drafter `drafter`'s acceptance over every text and on each of the last texts, which each of its
+        controllers adds its rounds to: the cost book's to begin with (over every text, worth as many rounds as its
         decay keeps)."""
         if drafter not in self._pooled:
             pool = self._pooled[drafter] = Pool(POOLED_DECAY)
@@ -363,9 +351,9 @@ class Drafting:
                             _context(book.get("draft_context")))
                      for name, book in entry.get("books", {}).items() if name in MODES}
             acceptance = {name: _counts(counts) for name, counts in entry.get("acceptance", {}).items()
-                          if name in self.proposers()}
+                          if name in self.own_models()}
             texts = {name: [_counts(counts) for counts in kept] for name, kept in entry.get("texts", {}).items()
-                     if name in self.proposers()}
+                     if name in self.own_models()}
             throughput = {name: float(rate) for name, rate in entry.get("throughput", {}).items()
                           if name in ("target", "draft") and 0.0 < float(rate) < 1e3}
         except (AttributeError, KeyError, TypeError, ValueError):
@@ -384,7 +372,7 @@ class Drafting:
         self._acceptance, self._texts, self._pooled = acceptance, texts, {}
 
     def learnt(self) -> dict[str, Any] | None:
-        """What to keep in the cost book: the costs measured so far, and each proposer's acceptance over every
+        """What to keep in the cost book: the costs measured so far, and each own drafter's acceptance over every
         text and on each of the last texts; None when nothing was measured."""
         if not self._verify.weight:
             return None
