@@ -69,9 +69,28 @@ def test_appending_and_truncating_keep_the_index_right() -> None:
     assert len(index) == 4 and index.match([5, 6], k=2).tokens == [7, 8]
 
 
+@pytest.mark.parametrize("kept", [700, 300])
+def test_a_truncated_index_answers_as_a_fresh_one_of_the_tokens_kept(kept: int,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Going back within the tokens scanned since the last rebuild (700 of 1000, rebuilt at 512) or into the NumPy
+    index (300) leaves an index that drafts as one built from the tokens kept."""
+    monkeypatch.setattr(suffix, "REBUILD", 512)
+    rng = np.random.default_rng(3)
+    tokens = rng.integers(0, 6, 1000).tolist()
+    index = SuffixIndex()
+    for i in range(0, len(tokens), 50):
+        index.extend(tokens[i:i + 50])
+    index.truncate(kept)
+    fresh = SuffixIndex(tokens[:kept])
+    assert index.tokens.tolist() == tokens[:kept]
+    contexts = [rng.integers(0, 6, 12).tolist() for _ in range(200)]
+    assert [index.match(c, k=6) for c in contexts] == [fresh.match(c, k=6) for c in contexts]
+    assert sum(bool(fresh.match(c, k=6).tokens) for c in contexts) > 100
+
+
 @pytest.mark.parametrize("vocabulary", [3, 40])
 def test_the_numpy_index_answers_as_the_incremental_one(vocabulary: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The same documents, indexed all at once in NumPy and appended a few tokens at a time (the dict, rebuilt
+    """The same documents, indexed all at once in NumPy and appended a few tokens at a time (scanned, rebuilt
     every 512 tokens), give the same drafts for 300 random contexts; each draft is what followed the context's
     longest suffix somewhere."""
     rng = np.random.default_rng(7)

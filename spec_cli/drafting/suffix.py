@@ -9,9 +9,9 @@ are dropped.
 `SuffixIndex` answers that query without building the tree. It keeps the tokens in one array (documents
 separated by `END`) and an index from each n-gram (n in `KEYS`) to the positions that followed it. The
 deepest node is the set of recent occurrences that share the longest suffix (up to `MAX_MATCH` tokens,
-SuffixDecoding's tree depth). Its counts are the continuations read off those positions. Most of the index is
-two NumPy arrays (hashes sorted, and their positions) rebuilt in one sort. The tokens added since the last
-rebuild are in a small dict, so appending costs O(new tokens) and a query O(log N).
+SuffixDecoding's tree depth). Its counts are the continuations read off those positions. The index is two NumPy
+arrays (hashes sorted, and their positions) rebuilt in one sort; the tokens added since the last rebuild (at most
+`REBUILD`) are scanned at each query, so appending is a copy and a query O(log N + REBUILD) in NumPy.
 """
 
 from __future__ import annotations
@@ -55,18 +55,12 @@ class SuffixIndex:
         self._reset(tokens)
 
     def _reset(self, tokens: Sequence[int]) -> None:
-        """Hold `tokens` alone; a long start is indexed in NumPy at once."""
+        """Hold `tokens` alone (indexed in NumPy where they are more than a scan's worth)."""
         self._array = np.full(max(1024, 2 * len(tokens)), END, dtype=np.int32)
         self._n = 0
-        self._indexed = 0  # tokens[:_indexed] are in the NumPy index
+        self._indexed = 0  # tokens[:_indexed] are in the NumPy index; those after it are scanned
         self._hashes: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-        self._recent: dict[tuple[int, ...], list[int]] = {}
-        if len(tokens) >= REBUILD // 4:
-            self._array[:len(tokens)] = tokens
-            self._n = len(tokens)
-            self._rebuild()
-        else:
-            self.extend(tokens)
+        self.extend(tokens)
 
     def __len__(self) -> int:
         return self._n
@@ -82,7 +76,8 @@ class SuffixIndex:
         self.extend(tokens)
 
     def extend(self, tokens: Sequence[int]) -> None:
-        """Append `tokens` to the last document, indexing each position they make a continuation of."""
+        """Append `tokens` to the last document: a copy, until the tokens since the last rebuild are more than
+        `REBUILD` (a query scans them: `_scanned`)."""
         if not len(tokens):
             return
         start = self._n
@@ -94,24 +89,16 @@ class SuffixIndex:
         self._n += len(tokens)
         if self._n - self._indexed > REBUILD:
             self._rebuild()
-            return
-        window = self._array[max(0, start - KEYS[-1]):self._n].tolist()
-        offset = max(0, start - KEYS[-1])
-        for position in range(max(start, 1), self._n):
-            at = position - offset
-            for n in KEYS:
-                if at < n:
-                    break
-                gram = tuple(window[at - n:at])
-                if END in gram:
-                    break
-                self._recent.setdefault(gram, []).append(position)
 
     def truncate(self, n: int) -> None:
         """Keep only the first `n` tokens (a sequence that went back)."""
         if n >= self._n:
             return
-        self._reset(self.tokens[:n].copy())
+        if n < self._indexed:
+            self._reset(self.tokens[:n].copy())
+            return
+        self._array[n:self._n] = END
+        self._n = n
 
     def match(self, context: Sequence[int], k: int) -> Match:
         """The continuation to draft after `context` (at most k tokens): from the occurrences sharing its longest
@@ -140,7 +127,23 @@ class SuffixIndex:
             key = np.uint64(_gram_hash(gram))
             lo, hi = np.searchsorted(hashes, key, "left"), np.searchsorted(hashes, key, "right")
             found = positions[lo:hi].tolist()
-        return found + self._recent.get(tuple(gram), [])
+        return found + self._scanned(gram)
+
+    def _scanned(self, gram: list[int]) -> list[int]:
+        """The positions after the NumPy index that followed `gram`, oldest first: the tokens added since the last
+        rebuild (at most `REBUILD`) compared with its last token, the few that equal it with each token before. An
+        index of each n-gram in a dict, kept as tokens came, cost ~1 µs a token in Python: on a tiny model, where a
+        lookup is made every ~100 steps, more than a plain step's share."""
+        n = len(gram)
+        first = max(self._indexed, n)
+        if first >= self._n or END in gram:
+            return []
+        positions = np.flatnonzero(self._array[first - 1:self._n - 1] == gram[-1]) + first
+        for back in range(2, n + 1):
+            if not len(positions):
+                break
+            positions = positions[self._array[positions - back] == gram[-back]]
+        return positions.tolist()
 
     def _suffix_lengths(self, starts: np.ndarray, tail: list[int]) -> np.ndarray:
         """For each position, how many tokens before it equal the last tokens of `tail` (at most its length)."""
