@@ -8,9 +8,9 @@ from types import SimpleNamespace
 import pytest
 
 from spec_cli.decoding import planner as planning
-from spec_cli.decoding.costs import PER_TOKEN, PROBE_ROUNDS, LoopCosts
-from spec_cli.decoding.draft_length import AdaptiveK
-from spec_cli.decoding.drafter import Drafter
+from spec_cli.decoding.costs import HOST, PER_TOKEN, PROBE_ROUNDS, LoopCosts
+from spec_cli.decoding.draft_length import AdaptiveK, FixedK, PositionAcceptance
+from spec_cli.decoding.drafter import Drafter, Offer
 from spec_cli.decoding.planner import Planned, Planner
 
 CHUNK = 512  # the most a lone sequence's drafter catches up on in a step
@@ -75,6 +75,56 @@ def test_a_choice_of_no_drafts_stands_until_a_probe_falls_due() -> None:
         if ks == [0]:
             assert planner._quiet is not None and planner._quiet.left == PROBE_ROUNDS - 1
     assert ks == [0] * PROBE_ROUNDS + [1]
+
+
+def ways_planned(cap: int) -> tuple[Planner, Planned]:
+    """The planner of `planned`, for a drafter of several ways that prefers to draft up to `cap` tokens by lookup, of
+    which the target has kept none (cap 0: its own choice is no draft)."""
+    planner, _ = planned(LoopCosts(shape=PER_TOKEN))
+    acceptance = PositionAcceptance()
+    for _ in range(8):
+        acceptance.update(4, 0)
+    offer = Offer("lookup", acceptance, LoopCosts(shape=HOST), cap)
+    generation = SimpleNamespace(drafter=SimpleNamespace(chooses_ways=True, plan_s=0.0), draft_length=FixedK(16),
+                                 room=lambda: 1000, offer=lambda k, chunk, shared: [offer], take=lambda way, k: None,
+                                 stats=SimpleNamespace(draft_mode="hybrid", adaptive=True, draft_s=0.0, plan_s=0.0),
+                                 drafter_backlog=lambda: 0)
+    return planner, Planned(generation)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("cap", [0, 4])
+def test_a_drafter_of_several_ways_is_probed_only_where_its_own_choice_drafts(cap: int) -> None:
+    """A probe drafts the way its drafter prefers: where that is no draft there is nothing to probe, and a choice of no
+    drafts stands for `QUIET_MAX` steps instead of ending at `PROBE_ROUNDS`."""
+    planner, running = ways_planned(cap)
+    planner._chosen_s.extend([1.0] * planning.CHOICES_KEPT)  # choosing looks dear: quiet steps as long as may be
+    ks, streaks = [], []
+    for _ in range(planning.QUIET_MAX + 2):
+        ks.append(planner.ks([running], CHUNK, False)[0])
+        streaks.append(id(planner._quiet))
+    if cap:
+        assert ks[:PROBE_ROUNDS + 1] == [0] * PROBE_ROUNDS + [1]
+    else:
+        assert set(ks) == {0}
+        assert len(set(streaks)) == 2 and streaks.index(streaks[-1]) == planning.QUIET_MAX + 1  # chosen twice
+
+
+def test_a_choice_of_no_drafts_outlasts_a_sequence_that_leaves_but_not_one_that_joins() -> None:
+    """Four answers of a batch end at different steps: each one that leaves keeps the others' quiet streak (choosing
+    afresh at each cost a tiny model 7% of its speed); a newcomer ends it, so that its first round is chosen."""
+    costs = LoopCosts(shape=PER_TOKEN)
+    costs.draft.record(1, 0.002)
+    planner, first = planned(costs)
+    _, second = planned(costs)
+    _, third = planned(costs)
+    planner._chosen_s.extend([1.0] * planning.CHOICES_KEPT)
+    assert planner.ks([first, second], CHUNK, False) == [0, 0]
+    streak = planner._quiet
+    assert streak is not None and streak.left == PROBE_ROUNDS - 1
+    assert planner.ks([second], CHUNK, False) == [0]
+    assert planner._quiet is streak and streak.left == PROBE_ROUNDS - 2 and streak.running == [second]
+    planner.ks([second, third], CHUNK, False)
+    assert planner._quiet is not streak and second.idle == 3  # the choices before and after, and the quiet step
 
 
 def test_a_cold_first_choice_does_not_stand_for_quiet_steps() -> None:
