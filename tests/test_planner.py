@@ -123,8 +123,11 @@ def test_a_choice_of_no_drafts_outlasts_a_sequence_that_leaves_but_not_one_that_
     assert streak is not None and streak.left == PROBE_ROUNDS - 1
     assert planner.ks([second], CHUNK, False) == [0]
     assert planner._quiet is streak and streak.left == PROBE_ROUNDS - 2 and streak.running == [second]
+    assert planner.ks([], CHUNK, False) == [] and planner._quiet is None  # none generating (a prompt being fed)
+    assert planner.ks([second], CHUNK, False) == [0]
+    streak = planner._quiet
     planner.ks([second, third], CHUNK, False)
-    assert planner._quiet is not streak and second.idle == 3  # the choices before and after, and the quiet step
+    assert planner._quiet is not streak and second.idle == 4  # three choices and the quiet step
 
 
 def test_a_cold_first_choice_does_not_stand_for_quiet_steps() -> None:

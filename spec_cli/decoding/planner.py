@@ -73,7 +73,7 @@ class _Quiet:
         """Count a quiet step down, if one is left for these same sequences, or some of them: one that finished does
         not end the streak (four answers of a batch, ending at four different steps, made a tiny model choose afresh at
         each, ~400 µs, 7% of the target alone's speed), one that joins does (its first round is chosen)."""
-        if not self.left:
+        if not self.left or not generating:
             return False
         if len(generating) != len(self.running) or any(a is not b for a, b in zip(generating, self.running)):
             if not self._narrowed(generating):
