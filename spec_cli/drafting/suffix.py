@@ -104,10 +104,11 @@ class SuffixIndex:
         """The continuation to draft after `context` (at most k tokens): from the occurrences sharing its longest
         suffix, the most frequent path while its probability stays above `MIN_PROB`, for at most α·m tokens."""
         tail = list(context[-MAX_MATCH:])
+        scanned = self._scanned(tail)
         occurrences: list[int] = []
         for n in reversed(KEYS):
             if n <= len(tail):
-                occurrences = self._occurrences(tail[-n:])
+                occurrences = self._indexed_occurrences(tail[-n:]) + scanned.get(n, [])
                 if occurrences:
                     break
         if not occurrences or k <= 0:
@@ -119,31 +120,36 @@ class SuffixIndex:
             return NO_MATCH
         return self._walk(starts[lengths == m], m, min(k, math.ceil(SPEC_FACTOR * m)))
 
-    def _occurrences(self, gram: list[int]) -> list[int]:
-        """The positions that followed `gram`, oldest first."""
-        found: list[int] = []
-        if self._indexed:
-            hashes, positions = self._hashes[len(gram)]
-            key = np.uint64(_gram_hash(gram))
-            lo, hi = np.searchsorted(hashes, key, "left"), np.searchsorted(hashes, key, "right")
-            found = positions[lo:hi].tolist()
-        return found + self._scanned(gram)
-
-    def _scanned(self, gram: list[int]) -> list[int]:
-        """The positions after the NumPy index that followed `gram`, oldest first: the tokens added since the last
-        rebuild (at most `REBUILD`) compared with its last token, the few that equal it with each token before. An
-        index of each n-gram in a dict, kept as tokens came, cost ~1 µs a token in Python: on a tiny model, where a
-        lookup is made every ~100 steps, more than a plain step's share."""
-        n = len(gram)
-        first = max(self._indexed, n)
-        if first >= self._n or END in gram:
+    def _indexed_occurrences(self, gram: list[int]) -> list[int]:
+        """The positions in the NumPy index that followed `gram`, oldest first."""
+        if not self._indexed:
             return []
-        positions = np.flatnonzero(self._array[first - 1:self._n - 1] == gram[-1]) + first
-        for back in range(2, n + 1):
-            if not len(positions):
+        hashes, positions = self._hashes[len(gram)]
+        key = np.uint64(_gram_hash(gram))
+        lo, hi = np.searchsorted(hashes, key, "left"), np.searchsorted(hashes, key, "right")
+        return positions[lo:hi].tolist()
+
+    def _scanned(self, tail: list[int]) -> dict[int, list[int]]:
+        """For each n of `KEYS`, the positions after the NumPy index that followed the last n tokens of `tail`, oldest
+        first: the tokens added since the last rebuild (at most `REBUILD`) compared with its last token, then the few
+        that equal it with each token before, one n after another. An index of each n-gram in a dict, kept as tokens
+        came, cost ~1 µs a token in Python: on a tiny model, where a lookup is made every ~100 steps, more than a
+        plain step's share."""
+        found: dict[int, list[int]] = {}
+        first = max(self._indexed, 1)
+        if first >= self._n or not tail:
+            return found
+        positions = (self._array[first - 1:self._n - 1] == tail[-1]).nonzero()[0] + first
+        for back in range(1, min(len(tail), KEYS[-1]) + 1):
+            if back > 1:
+                if len(positions) and positions[0] < back:  # too near the start for this gram
+                    positions = positions[positions >= back]
+                positions = positions[self._array[positions - back] == tail[-back]]
+            if not len(positions) or tail[-back] == END:  # no gram with an END in it is indexed
                 break
-            positions = positions[self._array[positions - back] == gram[-back]]
-        return positions.tolist()
+            if back in KEYS:
+                found[back] = positions.tolist()
+        return found
 
     def _suffix_lengths(self, starts: np.ndarray, tail: list[int]) -> np.ndarray:
         """For each position, how many tokens before it equal the last tokens of `tail` (at most its length)."""
