@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import itertools
+import operator
 from dataclasses import replace
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -24,8 +25,13 @@ def pass_costs(seconds: Callable[[int], float], sizes: range = range(1, 65)) -> 
     return costs
 
 
+def kept(rates: Sequence[float]) -> list[float]:
+    """g_i = a_1·…·a_i, a candidate's chance of keeping draft position i, from the rates a_i."""
+    return list(itertools.accumulate(rates, operator.mul))
+
+
 def goodput(ks: list[int], candidates: list[Candidate], seconds: Callable[[int], float]) -> float:
-    expected = sum(1 + np.cumprod(c.rates)[:k].sum() for c, k in zip(candidates, ks))
+    expected = sum(1 + sum(c.gains[:k]) for c, k in zip(candidates, ks))
     return expected / (seconds(len(ks) + sum(ks)) + sum(k * c.step_s for c, k in zip(candidates, ks)))
 
 
@@ -34,14 +40,14 @@ def cheap_rows(rows: int) -> float:
 
 
 def test_nothing_measured_yet_drafts_nothing_but_what_requests_fix() -> None:
-    candidates = [Candidate(np.ones(8)), Candidate(np.ones(8), fixed=3)]
+    candidates = [Candidate(kept(np.ones(8))), Candidate(kept(np.ones(8)), fixed=3)]
     assert choose_ks(candidates, BatchCosts()) == [0, 3]
 
 
 def test_the_choice_is_the_best_allocation_of_draft_rows() -> None:
     """Against every allocation of up to 4 tokens to each of three sequences: none has a higher goodput."""
-    candidates = [Candidate(np.full(4, 0.9), step_s=0.002), Candidate(np.full(4, 0.6), step_s=0.002),
-                  Candidate(np.array([0.95, 0.5, 0.5, 0.5]), step_s=0.004)]
+    candidates = [Candidate(kept(np.full(4, 0.9)), step_s=0.002), Candidate(kept(np.full(4, 0.6)), step_s=0.002),
+                  Candidate(kept(np.array([0.95, 0.5, 0.5, 0.5])), step_s=0.004)]
     ks = choose_ks(candidates, pass_costs(cheap_rows))
     best = max(goodput(list(choice), candidates, cheap_rows)
                for choice in itertools.product(range(5), repeat=3))
@@ -52,12 +58,12 @@ def test_the_choice_is_the_best_allocation_of_draft_rows() -> None:
 def test_rows_that_cost_as_much_as_tokens_draft_nothing() -> None:
     """Compute-bound passes (each row a whole token's work): no draft of α = 0.8 pays for its row and step."""
     linear = lambda rows: 0.010 * rows  # noqa: E731
-    candidates = [Candidate(np.full(8, 0.8), step_s=0.004) for _ in range(4)]
+    candidates = [Candidate(kept(np.full(8, 0.8)), step_s=0.004) for _ in range(4)]
     assert choose_ks(candidates, pass_costs(linear)) == [0, 0, 0, 0]
 
 
 def test_a_draft_dearer_than_its_target_is_not_used_even_alone() -> None:
-    candidates = [Candidate(np.full(8, 0.9), step_s=0.030)]
+    candidates = [Candidate(kept(np.full(8, 0.9)), step_s=0.030)]
     assert choose_ks(candidates, pass_costs(cheap_rows)) == [0]
 
 
@@ -66,21 +72,21 @@ def test_a_busier_batch_gives_each_sequence_fewer_drafts() -> None:
     def knee(rows: int) -> float:
         return 0.015 + 0.0005 * min(rows, 16) + 0.005 * max(0, rows - 16)
     costs = pass_costs(knee)
-    alone = choose_ks([Candidate(np.full(8, 0.8), step_s=0.001)], costs)
-    eight = choose_ks([Candidate(np.full(8, 0.8), step_s=0.001) for _ in range(8)], costs)
+    alone = choose_ks([Candidate(kept(np.full(8, 0.8)), step_s=0.001)], costs)
+    eight = choose_ks([Candidate(kept(np.full(8, 0.8)), step_s=0.001) for _ in range(8)], costs)
     assert alone[0] > max(eight) >= 0 and sum(eight) + 8 <= 24
 
 
 def test_unmeasured_sizes_are_tried_at_most_twice_the_largest_measured() -> None:
     costs = pass_costs(cheap_rows, sizes=range(4, 5))  # only passes of 4 rows so far
-    ks = choose_ks([Candidate(np.ones(16)) for _ in range(4)], costs)
+    ks = choose_ks([Candidate(kept(np.ones(16))) for _ in range(4)], costs)
     assert sum(ks) + 4 == 8
 
 
 def test_host_work_a_step_makes_more_drafts_worth_their_cost() -> None:
     """A draft position worth g tokens for c seconds joins a step of E tokens and C seconds where g·C > E·c: a step
     made dearer by its host work h (Python between passes, at every K) takes positions it turned down."""
-    candidates = [Candidate(np.full(8, 0.5), step_s=0.010)]
+    candidates = [Candidate(kept(np.full(8, 0.5)), step_s=0.010)]
     without = choose_ks(candidates, pass_costs(cheap_rows))
     with_host = choose_ks(candidates, pass_costs(cheap_rows), 0.030)
     assert without == [0] and with_host[0] >= 1
@@ -89,8 +95,8 @@ def test_host_work_a_step_makes_more_drafts_worth_their_cost() -> None:
 def test_a_round_cost_paid_once_is_weighed_against_all_its_positions() -> None:
     """A block drafter's pass (or a catch-up) is paid once however many positions it drafts: it drafts all its
     positions that pay, or none, where step-priced positions of the same total cost would not."""
-    block = Candidate(np.full(8, 0.9), round_s=0.020)
-    stepped = Candidate(np.full(8, 0.9), step_s=0.020)
+    block = Candidate(kept(np.full(8, 0.9)), round_s=0.020)
+    stepped = Candidate(kept(np.full(8, 0.9)), step_s=0.020)
     assert choose_ks([block], pass_costs(cheap_rows)) == [8]
     assert choose_ks([stepped], pass_costs(cheap_rows))[0] < 8
 
@@ -98,12 +104,12 @@ def test_a_round_cost_paid_once_is_weighed_against_all_its_positions() -> None:
 def test_a_sequence_takes_the_way_that_pays_best_in_the_pass() -> None:
     """A sequence offered two ways (a draft model whose catch-up is due, and a lookup that costs host time only)
     drafts the one whose positions pay best in this pass; one with a single way keeps it."""
-    model = Candidate(np.full(8, 0.9), step_s=0.004, round_s=0.060)
-    lookup = Candidate(np.full(3, 0.8))
+    model = Candidate(kept(np.full(8, 0.9)), step_s=0.004, round_s=0.060)
+    lookup = Candidate(kept(np.full(3, 0.8)))
     [(k, way)] = choose([replace(model, others=(lookup,))], pass_costs(cheap_rows))
     assert way == 1 and k == 3
-    cheap_model = Candidate(np.full(8, 0.9), step_s=0.001)
-    [(k, way)] = choose([replace(cheap_model, others=(Candidate(np.full(2, 0.3)),))], pass_costs(cheap_rows))
+    cheap_model = Candidate(kept(np.full(8, 0.9)), step_s=0.001)
+    [(k, way)] = choose([replace(cheap_model, others=(Candidate(kept(np.full(2, 0.3))),))], pass_costs(cheap_rows))
     assert way == 0 and k > 2
 
 
@@ -111,12 +117,12 @@ def test_alone_acceptance_and_the_drafters_cost_set_k() -> None:
     """One sequence (a lone run is a schedule of one): high acceptance with cheap drafts drafts long, low acceptance
     short, and the same acceptance drafts less where each draft costs a step than where it costs host time only."""
     rows = lambda n: 0.040 + 0.002 * n  # noqa: E731
-    [long] = choose_ks([Candidate(np.full(16, 0.95), step_s=0.001)], pass_costs(rows))
-    [short] = choose_ks([Candidate(np.full(16, 0.3), step_s=0.001)], pass_costs(rows))
+    [long] = choose_ks([Candidate(kept(np.full(16, 0.95)), step_s=0.001)], pass_costs(rows))
+    [short] = choose_ks([Candidate(kept(np.full(16, 0.3)), step_s=0.001)], pass_costs(rows))
     assert long >= 10 and short <= 2
     falling = np.array([0.95, 0.9, 0.85, 0.8, 0.7, 0.6, 0.5, 0.4])
-    [dear] = choose_ks([Candidate(falling, step_s=0.015)], pass_costs(rows))
-    [free] = choose_ks([Candidate(falling)], pass_costs(rows))
+    [dear] = choose_ks([Candidate(kept(falling), step_s=0.015)], pass_costs(rows))
+    [free] = choose_ks([Candidate(kept(falling))], pass_costs(rows))
     assert 0 < dear < free
 
 
@@ -127,8 +133,8 @@ def test_a_step_that_drafts_pays_the_choice_it_makes_the_next_step_make() -> Non
     make that once-cost worth the most."""
     seconds = lambda rows: 0.0010 + 0.0005 * rows  # noqa: E731  (a tiny model: a pass about what a choice costs)
     costs = pass_costs(seconds, range(1, 20))
-    marginal = [Candidate([0.5, 0.2])]
+    marginal = [Candidate(kept([0.5, 0.2]))]
     assert choose_ks(marginal, costs) == [1]
     assert [k for k, _ in choose(marginal, costs, replan_s=0.0015)] == [0]
-    sure = [Candidate(np.full(8, 0.99))]
+    sure = [Candidate(kept(np.full(8, 0.99)))]
     assert [k for k, _ in choose(sure, costs, replan_s=0.0015)] == [8]

@@ -154,19 +154,25 @@ def test_a_planner_that_always_drafts_measures_the_plain_pass_again() -> None:
     assert plain == [0, PROBE_ROUNDS, 2 * PROBE_ROUNDS]  # the drafting steps before counted
 
 
+def steps(planner: Planner, drafted: bool, seconds: list[float]) -> None:
+    """Book steps of `seconds` outside their passes, drafting or not."""
+    for each in seconds:
+        planner.stepped(drafted, each)
+
+
 def test_host_work_is_the_middle_of_the_last_steps() -> None:
     """h is not dragged up by the cold first steps, nor down to a busy machine's luckiest step: the lower middle of
     the last steps of each kind, the lesser kind (a step that drafted adds its drafting's host work); before any step,
     nothing."""
     planner, _ = planned(LoopCosts(shape=PER_TOKEN))
     assert planner.host_s == 0.0
-    planner.host[True].extend([0.9e-3, 1.1e-3])
+    steps(planner, True, [0.9e-3, 1.1e-3])
     assert planner.host_s == pytest.approx(0.9e-3)
-    planner.host[False].extend([1.2e-3, 0.5e-3, 0.07e-3, 0.3e-3, 0.08e-3])
+    steps(planner, False, [1.2e-3, 0.5e-3, 0.07e-3, 0.3e-3, 0.08e-3])
     assert planner.host_s == pytest.approx(0.3e-3)
-    planner.host[False].extend([0.07e-3, 0.09e-3])
+    steps(planner, False, [0.07e-3, 0.09e-3])
     assert planner.host_s == pytest.approx(0.09e-3)  # the cold ones outvoted
-    planner.host[False].extend([0.2e-3] * planning.HOST_KEPT)  # the cheap steps were long ago
+    steps(planner, False, [0.2e-3] * planning.HOST_KEPT)  # the cheap steps were long ago
     assert planner.host_s == pytest.approx(0.2e-3)
 
 

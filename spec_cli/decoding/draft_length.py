@@ -157,6 +157,10 @@ class PositionAcceptance:
         """a_1..a_k (`_rates`)."""
         return self._table(k)[0][:k]
 
+    def gains(self, k: int) -> list[float]:
+        """g_1..g_k, g_i = a_1·…·a_i: the chance each draft position is kept (what the goodput choice reads)."""
+        return self._table(k)[2][1:k + 1]
+
     def expected_tokens(self, k: int) -> float:
         return self._table(k)[1][k]
 

@@ -23,8 +23,6 @@ cost more, gives fewer draft tokens to each.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from itertools import accumulate
-from operator import mul
 from typing import Sequence
 
 from spec_cli.decoding.costs import BatchCosts
@@ -32,13 +30,13 @@ from spec_cli.decoding.costs import BatchCosts
 
 @dataclass(frozen=True)
 class Candidate:
-    """One sequence of the coming pass, drafting one way: its position rates a_1..a_cap (`rates`, cap = the most it
-    may draft), `fixed` K when its request set one (None: the batch chooses), `step_s`, a draft token's seconds, and
+    """One sequence of the coming pass, drafting one way: g_1..g_cap, its chance of keeping each draft position, g_i =
+    a_1·…·a_i (`gains`, `PositionAcceptance.gains`; cap = the most it may draft), `fixed` K when its request set one (None: the batch chooses), `step_s`, a draft token's seconds, and
     `round_s`, what a round that drafts at all costs once (`LoopCosts.step_costs`: the catch-up on the tokens its
     drafter did not see while idle, or a block drafter's pass). `others`: the other ways it may draft instead (a
     drafter of several ways offers its preferred one and the others), each priced alike; the batch takes one."""
 
-    rates: Sequence[float]
+    gains: Sequence[float]
     fixed: int | None = None
     step_s: float = 0.0
     round_s: float = 0.0
@@ -69,8 +67,7 @@ def choose(candidates: Sequence[Candidate], pass_costs: BatchCosts, host_s: floa
     chosen = [0] * len(candidates)
     if not pass_costs.weight or all(c.fixed is not None for c in candidates):
         return list(zip(ks, chosen))
-    gains = [[list(accumulate(way.rates, mul)) for way in c.ways] for c in candidates]  # a_1·…·a_i (plain Python:
-    # a few positions, read many times a round)
+    gains = [[way.gains for way in c.ways] for c in candidates]
     expected = sum(1.0 + sum(g[0][:k]) for g, k in zip(gains, ks))
     rows = len(candidates) + sum(ks)
     seconds = host_s + _pass(pass_costs, rows) + sum(c.drafting_s(k) for k, c in zip(ks, candidates))

@@ -112,6 +112,7 @@ class Planner:
         if verify is not None and verify.weight:
             self.pass_costs.seed({str(int(k) + 1): seconds for k, seconds in verify.as_dict().items()}, 1.0)
         self.host: dict[bool, deque[float]] = {True: deque(maxlen=HOST_KEPT), False: deque(maxlen=HOST_KEPT)}
+        self._host_s: float | None = None  # h as last read, until the next step is booked
         self.acceptance: dict[str, PositionAcceptance] = {}
         self._quiet: _Quiet | None = None  # a choice of no drafts that stands for some steps
         self._chosen_s: deque[float] = deque(maxlen=CHOICES_KEPT)  # the last steps' choosing, their offers included
@@ -125,6 +126,7 @@ class Planner:
     def stepped(self, drafted: bool, seconds: float) -> None:
         """A step that fed no prompt and caught no drafter up spent `seconds` outside its passes: h (`host_s`)."""
         self.host[drafted].append(seconds)
+        self._host_s = None
 
     def settled(self, generation: Generation, drafted: int, accepted: int) -> None:
         """A round of `generation` kept `accepted` of its `drafted` tokens: they join its mode's pooled acceptance."""
@@ -278,7 +280,7 @@ class Planner:
             if not offers:
                 return Candidate((), fixed=0)
             first, *others = [self._way(offer, cap) for offer in offers]
-            return Candidate(first.rates, step_s=first.step_s, round_s=first.round_s, others=tuple(others))
+            return Candidate(first.gains, step_s=first.step_s, round_s=first.round_s, others=tuple(others))
         pooled = self.acceptance.get(mode)
         if not length.priced and (pooled is None or pooled.measured < length.warmup_rounds):
             return Candidate((), fixed=min(length.next_k(), cap))  # not priced yet: tried at its warm-up K
@@ -286,14 +288,14 @@ class Planner:
         # which no one pass can weigh (a pass priced with it never drafts, and the backlog only grows).
         step_s, round_s = length.costs.step_costs(min(generation.drafter_backlog(), STEADY_BACKLOG)) or (0.0, 0.0)
         acceptance = length.acceptance if length.rounds else pooled or length.acceptance
-        return Candidate(acceptance.rates(cap), step_s=step_s, round_s=round_s)
+        return Candidate(acceptance.gains(cap), step_s=step_s, round_s=round_s)
 
     @staticmethod
     def _way(offer: Offer, cap: int) -> Candidate:
         """A way a drafter offers, as the goodput choice prices it: its acceptance, its steps, what a round costs
         once."""
         step_s, round_s = offer.costs.step_costs(offer.backlog) or (0.0, 0.0)
-        return Candidate(offer.acceptance.rates(min(cap, offer.cap)), step_s=step_s, round_s=round_s)
+        return Candidate(offer.acceptance.gains(min(cap, offer.cap)), step_s=step_s, round_s=round_s)
 
     @property
     def host_s(self) -> float:
@@ -305,8 +307,10 @@ class Planner:
         nearly every step drafted: the twin of a tiny model drafted 16 tokens for each of four sequences through its
         first batch, at 0.6x the target alone's speed. The least of them instead read a busy machine's luckiest step,
         not what its steps cost: the default drafted with the model in 4% of its rounds on code where it had in 35%."""
-        middles = [sorted(seconds)[(len(seconds) - 1) // 2] for seconds in self.host.values() if seconds]
-        return min(middles, default=0.0)
+        if self._host_s is None:
+            middles = [sorted(seconds)[(len(seconds) - 1) // 2] for seconds in self.host.values() if seconds]
+            self._host_s = min(middles, default=0.0)
+        return self._host_s
 
     @staticmethod
     def drafted(running: Planned) -> None:
