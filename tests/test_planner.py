@@ -77,26 +77,28 @@ def test_a_choice_of_no_drafts_stands_until_a_probe_falls_due() -> None:
     assert ks == [0] * PROBE_ROUNDS + [1]
 
 
-def ways_planned(cap: int) -> tuple[Planner, Planned]:
-    """The planner of `planned`, for a drafter of several ways that prefers to draft up to `cap` tokens by lookup, of
-    which the target has kept none (cap 0: its own choice is no draft)."""
+def ways_planned(cap: int, costs: LoopCosts | None = None) -> tuple[Planner, Planned, list[int]]:
+    """The planner of `planned`, for a drafter of several ways that prefers to draft up to `cap` tokens by lookup (or
+    the way `costs` prices), of which the target has kept none (cap 0: its own choice is no draft); and the list
+    the K asked of each offer it makes is added to."""
     planner, _ = planned(LoopCosts(shape=PER_TOKEN))
     acceptance = PositionAcceptance()
     for _ in range(8):
         acceptance.update(4, 0)
-    offer = Offer("lookup", acceptance, LoopCosts(shape=HOST), cap)
+    offer = Offer("lookup", acceptance, costs or LoopCosts(shape=HOST), cap)
+    asked: list[int] = []
     generation = SimpleNamespace(drafter=SimpleNamespace(chooses_ways=True, plan_s=0.0), draft_length=FixedK(16),
-                                 room=lambda: 1000, offer=lambda k, chunk, shared: [offer], take=lambda way, k: None,
-                                 stats=SimpleNamespace(draft_mode="hybrid", adaptive=True, draft_s=0.0, plan_s=0.0),
-                                 drafter_backlog=lambda: 0)
-    return planner, Planned(generation)  # type: ignore[arg-type]
+                                 room=lambda: 1000, offer=lambda k, chunk, shared: asked.append(k) or [offer],
+                                 take=lambda way, k: None, drafter_backlog=lambda: 0,
+                                 stats=SimpleNamespace(draft_mode="hybrid", adaptive=True, draft_s=0.0, plan_s=0.0))
+    return planner, Planned(generation), asked  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("cap", [0, 4])
 def test_a_drafter_of_several_ways_is_probed_only_where_its_own_choice_drafts(cap: int) -> None:
     """A probe drafts the way its drafter prefers: where that is no draft there is nothing to probe, and a choice of no
     drafts stands for `QUIET_MAX` steps instead of ending at `PROBE_ROUNDS`."""
-    planner, running = ways_planned(cap)
+    planner, running, _asked = ways_planned(cap)
     planner._chosen_s.extend([1.0] * planning.CHOICES_KEPT)  # choosing looks dear: quiet steps as long as may be
     ks, streaks = [], []
     for _ in range(planning.QUIET_MAX + 2):
@@ -107,6 +109,18 @@ def test_a_drafter_of_several_ways_is_probed_only_where_its_own_choice_drafts(ca
     else:
         assert set(ks) == {0}
         assert len(set(streaks)) == 2 and streaks.index(streaks[-1]) == planning.QUIET_MAX + 1  # chosen twice
+
+
+def test_a_probe_that_does_not_pay_yet_is_priced_without_choosing_afresh() -> None:
+    """A quiet streak cut short where a probe may be due goes on where it is not, priced as the streak was chosen:
+    the drafter is asked for its offers again only where the probe is made. Its way's step costs 50 ms against a
+    44 ms pass, so its probe (a step and a row) pays after 82 idle rounds, not at the first `PROBE_ROUNDS`."""
+    dear = LoopCosts(shape=PER_TOKEN)
+    dear.draft.record(1, 0.050)
+    planner, running, asked = ways_planned(4, dear)
+    planner._chosen_s.extend([1.0] * planning.CHOICES_KEPT)
+    ks = [planner.ks([running], CHUNK, False)[0] for _ in range(83)]
+    assert ks == [0] * 82 + [1] and len(asked) == 2  # the first choice, and the probe's
 
 
 def test_a_choice_of_no_drafts_outlasts_a_sequence_that_leaves_but_not_one_that_joins() -> None:

@@ -62,11 +62,15 @@ class _Quiet:
     """A choice of no drafts standing for `left` more steps of the same sequences (`running`, with the Ks it gave
     them): a quiet step only counts down, and the idle rounds the streak adds to each sequence (`steps`) are counted
     when it ends. It ends before any drafter is due a probe: its length was cut to that when it was chosen (a probe
-    left to the streak's end came after a 48-token answer had ended on a tiny model, whose streaks are long)."""
+    left to the streak's end came after a 48-token answer had ended on a tiny model, whose streaks are long), and
+    where the probe does not pay yet it goes on, up to the `budget` steps the choice may stand for, priced with the
+    sequences' `candidates` as chosen (`Planner._probes_wait`)."""
 
     left: int
     running: list[Planned]
     ks: list[int | None]
+    budget: int
+    candidates: list[Candidate]
     steps: int = 0
 
     def goes_on(self, generating: list[Planned]) -> bool:
@@ -142,7 +146,7 @@ class Planner:
         counting idle rounds every quiet step cost 3% of the target alone's speed."""
         started = time.perf_counter()
         if self._quiet is not None:
-            if self._quiet.goes_on(generating):
+            if self._quiet.goes_on(generating) or self._probes_wait(self._quiet, generating):
                 share = (time.perf_counter() - started) / len(generating)
                 for running in generating:
                     running.generation.stats.plan_s += share
@@ -198,11 +202,30 @@ class Planner:
                 running.idle = running.priced_after = 0
             else:
                 running.idle += 1
-        if quiet and not any(ks):  # quiet until the first drafter due a probe (`Planned.probe_may_be_due`) is
-            quiet = min([quiet, *(max(r.probe_after, r.priced_after) - r.idle for r in generating
-                                  if r.adaptive and not r.moot)])
-        self._quiet = _Quiet(quiet, list(generating), list(ks)) if quiet > 0 and not any(ks) else None
+        left = min([quiet, *_probes_after(generating)]) if quiet and not any(ks) else 0
+        self._quiet = _Quiet(left, list(generating), list(ks), quiet, candidates) if left > 0 else None
         return ks
+
+    def _probes_wait(self, quiet: _Quiet, generating: list[Planned]) -> bool:
+        """At the end of a quiet streak cut short for a probe that may be due (`Planned.probe_may_be_due`): whether
+        none is, priced with the candidates the streak was chosen with; if so the streak goes on (this step a quiet
+        one), up to its budget or the next probe. Choosing afresh at each such end asked every drafter for its offers
+        (~200 µs on a tiny model drafting for itself, every `PROBE_ROUNDS` steps, whose probe never paid)."""
+        if quiet.steps >= quiet.budget or len(generating) != len(quiet.running) or \
+                any(a is not b for a, b in zip(generating, quiet.running)):
+            return False
+        spent = quiet.steps
+        quiet.end()  # the idle rounds so far, counted once
+        quiet.steps = 0
+        for running, candidate in zip(quiet.running, quiet.candidates):
+            if running.probe_may_be_due and self._probe_due(running, candidate, len(generating)):
+                return False
+        quiet.budget -= spent
+        left = min([quiet.budget, *_probes_after(generating)])
+        if left <= 0:
+            return False
+        quiet.left, quiet.steps = left - 1, 1  # this step is a quiet one
+        return True
 
     def _plain_due(self, generating: list[Planned]) -> bool:
         """Whether this step, which would draft, should not: the planner's own probe. Where every step drafts, the
@@ -319,6 +342,11 @@ class Planner:
         if running.probing:
             running.probe_after = min(PROBE_MAX, running.probe_after * 2)
             running.probing = False
+
+
+def _probes_after(generating: list[Planned]) -> list[int]:
+    """The steps until each drafter may be due a probe (`Planned.probe_may_be_due`)."""
+    return [max(r.probe_after, r.priced_after) - r.idle for r in generating if r.adaptive and not r.moot]
 
 
 def _chooses_k(generation: Generation) -> bool:
