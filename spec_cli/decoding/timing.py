@@ -24,15 +24,16 @@ class RoundTimer:
     drafter); `books` the cost books every round is recorded in (the generation's own, and the pair's running
     ones, which outlive it).
 
-    A step's wall time goes to its share (drafting, verification); the time in llama.cpp is read once at each end
-    of a round (`start_round`, `end_round`): everything the round's parts decoded, the verify pass a scheduler ran
-    for it included, whatever step it fell in."""
+    A step's wall time goes to its share (drafting, verification); the time in llama.cpp is read once a round, at
+    its end (`end_round`): everything the parts decoded since the prompt was in or the last round ended, which is
+    all the round's work (the verify pass a scheduler ran for it included, whatever step it fell in), as nothing
+    decodes for a generation between its rounds."""
 
     def __init__(self, stats: Stats, parts: Sequence[InLlama], books: Sequence[LoopCosts]) -> None:
         self.stats, self.parts, self.books = stats, parts, books
         self._rollback_base = 0.0  # rollback counted before this generation's rounds (the prompt's snapshot)
         self._decode_start = self._round_start = self._prompt_start = time.perf_counter()
-        self._round_busy = 0.0
+        self._busy_at = 0.0  # the parts' seconds in llama.cpp when the prompt was in or the last round ended
         self._verify_s = 0.0
         self._step_start = 0.0
 
@@ -43,10 +44,6 @@ class RoundTimer:
             busy, rollback = busy + part.busy_s, rollback + part.rollback_s
         return busy, rollback
 
-    def _busy(self) -> float:
-        """All seconds in llama.cpp so far (a round's start needs no more)."""
-        return sum(part.busy_s for part in self.parts)
-
     def prompt_started(self) -> None:
         """Taking in the prompt begins; it lasts until `prompt_done` (`prompt_s`), and decoding time starts after it."""
         self._prompt_start = time.perf_counter()
@@ -56,13 +53,12 @@ class RoundTimer:
         """The prompt is in: the first round follows its `context` tokens, where the books price it (`LoopCosts.at`)."""
         for book in self.books:
             book.at(context)
-        self._rollback_base = self._in_llama()[1]
+        self._busy_at, self._rollback_base = self._in_llama()
         self._decode_start = time.perf_counter()
         self.stats.prompt_s = self._decode_start - self._prompt_start
 
     def start_round(self) -> None:
         self._round_start = time.perf_counter()
-        self._round_busy = self._busy()
         self._verify_s = 0.0
 
     def verified(self, seconds: float) -> None:
@@ -102,7 +98,8 @@ class RoundTimer:
         over `drafted` + 1 tokens, all it took."""
         self.tick()
         busy, rollback = self._in_llama()
-        self.stats.llama_s += busy - self._round_busy
+        self.stats.llama_s += busy - self._busy_at
+        self._busy_at = busy
         self.stats.rollback_s = rollback - self._rollback_base
         round_s = time.perf_counter() - self._round_start
         for book in self.books:
