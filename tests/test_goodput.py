@@ -138,3 +138,13 @@ def test_a_step_that_drafts_pays_the_choice_it_makes_the_next_step_make() -> Non
     assert [k for k, _ in choose(marginal, costs, replan_s=0.0015)] == [0]
     sure = [Candidate(kept(np.full(8, 0.99)))]
     assert [k for k, _ in choose(sure, costs, replan_s=0.0015)] == [8]
+
+
+def test_a_pass_whose_first_extra_row_costs_most_is_weighed_over_several_positions() -> None:
+    """llama.cpp decodes one row by another path than several: where a 2-row pass costs far more than a 1-row one and
+    more rows little more (the demo target on a busy machine), a sure 2-token proposal pays for its rows together
+    though its first position alone does not."""
+    seconds = lambda rows: 0.033 if rows == 1 else 0.0876 + 0.0014 * (rows - 2)  # noqa: E731
+    costs = pass_costs(seconds, range(1, 8))
+    assert choose_ks([Candidate(kept([1.0, 1.0]))], costs) == [2]
+    assert choose_ks([Candidate(kept([1.0]))], costs) == [0]  # one position never pays that row

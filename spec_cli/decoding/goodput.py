@@ -89,9 +89,11 @@ def _best_move(candidates: Sequence[Candidate], gains: list[list[list[float]]], 
                once_s: float) -> tuple[int, int, int, float, float] | None:
     """The next draft positions to add, (sequence, its way, how many, E[tokens] they add, seconds they add): the most
     tokens per second of added cost. A sequence not drafting yet may take any of its ways; one drafting goes on
-    with its own. A move is one position; for a way whose round costs something once (`round_s`, and `once_s` for
-    the step's first drafts), the first move takes as many as make that cost worth the most, which one position
-    alone may not."""
+    with its own, a position a move. A sequence's first move takes as many positions as make it worth the most: what
+    its way's round costs once (`round_s`, and `once_s` for the step's first drafts) and the pass's first extra rows
+    may not pay for one position alone (llama.cpp decodes one row by another path than several: on a busy machine
+    the demo target's 2-row pass cost 1.7x its 1-row pass and the 6-row pass little more, and a lookup's proposal
+    the default had chosen, 3 tokens for 2 extra rows, was given none)."""
     passes = [_pass(pass_costs, rows)]  # c(rows + j), read as a move first needs it
     best, best_value = None, 0.0
     for i, c in enumerate(candidates):
@@ -103,7 +105,7 @@ def _best_move(candidates: Sequence[Candidate], gains: list[list[list[float]]], 
             if k >= len(g):
                 continue
             once = way.round_s + once_s if k == 0 else 0.0  # what its first positions pay once
-            reach = min(len(g) - k, most_rows - rows) if once else 1
+            reach = min(len(g) - k, most_rows - rows) if k == 0 else 1
             gain = 0.0
             for j in range(1, reach + 1):
                 gain += g[k + j - 1]
