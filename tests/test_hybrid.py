@@ -416,3 +416,20 @@ def test_a_new_text_tries_an_own_drafter_whose_acceptance_on_other_texts_says_it
     drafter.update(4, 0)
     choice(drafter, NO_MATCH)
     assert drafter.state.in_use == OUT
+
+
+def test_a_lookup_proposal_is_priced_by_what_proposals_after_as_long_a_match_kept() -> None:
+    """Proposals after a long match keep more than those after a short one (the demo's memory: 4.4 tokens each after
+    8 or more matching tokens, 0.6 after 2–3): each band of match length learns its own acceptance, and a round's
+    proposal is offered and priced with its band's. After [1, 2, 3] the band of 2–3 says the lookup loses; after
+    [1, 2, 3, 4] the band of 4–7 says it wins."""
+    drafter, _ = hybrid(model_accepts=0, ngram_accepts=2)
+    short, long = drafter.state.lookup_acceptance(3), drafter.state.lookup_acceptance(4)
+    for _ in range(20):
+        short.update(4, 0)
+        long.update(4, 4)
+    for tokens, band, way in ((MATCH, short, "none"), ([1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3, 4], long, "ngram")):
+        drafter.rewind(1)
+        offers = drafter.offer(tokens, Terms(8, 64, False, 100), GREEDY, np.random.default_rng(0))
+        assert offers[-1].way == "ngram" and offers[-1].acceptance is band
+        assert drafter.chosen is not None and drafter.chosen[0] == way

@@ -30,13 +30,15 @@ class Draft:
     """Proposed tokens d1..dK and, when sampling, the distributions q1..qK they were drawn from; `steps` are
     the draft model's decodes, (tokens fed, seconds) each, for the cost model; `convert_s` the seconds spent
     translating between two vocabularies (drafting through text); `way`, the drafting mode that made it where
-    a drafter chooses among several (the hybrid), for the statistics."""
+    a drafter chooses among several (the hybrid), for the statistics; `match`, for a lookup's proposal, how many
+    tokens of the sequence's end it found before (its reliability: `drafting.matches`)."""
 
     tokens: list[int] = field(default_factory=list)
     q: list[Law] = field(default_factory=list)
     steps: list[tuple[int, float]] = field(default_factory=list)
     convert_s: float = 0.0
     way: str = ""
+    match: int = 0
 
 
 @dataclass

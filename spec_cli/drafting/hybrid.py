@@ -13,10 +13,11 @@ from typing import Sequence
 import numpy as np
 
 from spec_cli.decoding.costs import STEADY_BACKLOG, LoopCosts
-from spec_cli.decoding.draft_length import DraftLength
+from spec_cli.decoding.draft_length import DraftLength, PositionAcceptance
 from spec_cli.decoding.drafter import CatchUp, Draft, Drafter, DraftSteps, Offer, Terms
 from spec_cli.decoding.sampling import SamplingParams
 from spec_cli.drafting.base import CatchUpDrafter
+from spec_cli.drafting.matches import MatchAcceptance
 from spec_cli.llama.context import Context
 from spec_cli.llama.grammar import Grammar
 
@@ -55,7 +56,8 @@ class DecayedRate:
 @dataclass
 class HybridState:
     """What a hybrid drafter learns, kept across generations: a K controller (with its acceptance) for
-    n-gram lookup and for each own drafter; under auto (`ks`), the K the planner last gave each way, which the
+    n-gram lookup and for each own drafter, and the lookup's acceptance by the length of its match (`matches`, which
+    prices its proposals); under auto (`ks`), the K the planner last gave each way, which the
     regimes price it at (the planner owns K: the controllers only keep acceptance); for each regime (one own
     drafter in use, or none: `OUT`) the rate its choices would have yielded; the regime in use, the seconds lost
     so far by staying in it while another looked better, and that other's entry price when they began (a backlog
@@ -73,6 +75,10 @@ class HybridState:
     in_use: str = OUT
     regret_s: float = 0.0
     price_s: float = 0.0  # what entering the better regime costs, fixed when staying out began
+    matches: MatchAcceptance = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.matches = MatchAcceptance(self.lengths[self.lookup].acceptance.decay)
 
     def new_text(self) -> None:
         """A new prompt: the regimes' rates, learnt on other text, count for about two rounds, and so does the
@@ -82,6 +88,11 @@ class HybridState:
         for regime in self.regimes.values():
             regime.scale(CARRIED)
         self.lengths[self.lookup].acceptance.forget(CARRIED)
+        self.matches.forget(CARRIED)
+
+    def lookup_acceptance(self, match: int) -> PositionAcceptance:
+        """What the lookup's proposals after a match of `match` tokens keep (`MatchAcceptance`)."""
+        return self.matches.of(match, self.lengths[self.lookup].acceptance)
 
 
 @dataclass(frozen=True)
@@ -138,7 +149,7 @@ class HybridDrafter(Drafter):
         self._context = 0  # the tokens it follows
         self._decided: Draft | None = None  # a round `stepped` chose, for the `propose` that follows it
         self._offered: tuple[int, str, Draft] | None = None  # (where, the option, the lookup's proposal) `offer` chose
-        self._unused: tuple[int, list[int]] | None = None  # (where, what): the n-gram proposal a round passed over
+        self._unused: tuple[int, Draft] | None = None  # (where, what): the n-gram proposal a round passed over
         self._lookups = DecayedRate()  # n-gram lookups: calls and their host seconds
         self._chunk = 1 << 30  # the most an own drafter may lack and draft: the loop's catch-up chunk
         self._terms: Terms | None = None  # what the planner last asked `offer` for (K's bound, the tokens left)
@@ -246,7 +257,7 @@ class HybridDrafter(Drafter):
         self._chunk, self._terms = terms.chunk, terms
         name, looked_up, k_own = self._choice(tokens, terms.k, sampling, rng, offering=True, shared=terms.shared)
         self._offered = (len(tokens), name, looked_up)
-        lookup = Offer(self.lookup_name, self.state.lengths[self.lookup_name].acceptance, self.costs,
+        lookup = Offer(self.lookup_name, self.state.lookup_acceptance(looked_up.match), self.costs,
                        len(looked_up.tokens))
         if name == self.lookup_name:
             return [lookup]
@@ -287,7 +298,7 @@ class HybridDrafter(Drafter):
         offered, self._offered = self._offered, None
         if offered is not None and offered[0] == len(tokens):
             _, name, looked_up = offered
-            looked_up = Draft(looked_up.tokens[:k], looked_up.q[:k])
+            looked_up = Draft(looked_up.tokens[:k], looked_up.q[:k], match=looked_up.match)
             k_own = min(k, self.state.lengths[name].k_max) if name in self.own else 0
             return name, looked_up, k_own
         planning = time.perf_counter()
@@ -297,7 +308,7 @@ class HybridDrafter(Drafter):
         lookup_s = time.perf_counter() - started
         self._lookups.add(1.0, lookup_s, self.state.decay)
         ks = {name: self._k(name, k) for name in self.own}
-        options = self._price(min(len(looked_up.tokens), self._k(self.lookup_name, k)), ks)
+        options = self._price(min(len(looked_up.tokens), self._k(self.lookup_name, k)), looked_up.match, ks)
         pending = {name: self.own[name].pending(tokens) for name in self.own}
         for name, drafter in self.own.items():
             if name in options and options[name].seconds is None and pending[name] > self._chunk:
@@ -307,7 +318,7 @@ class HybridDrafter(Drafter):
         if not shared or name not in self.books or not self.books[name].draft.weight:
             name = self._ready(name, options, pending)
         self.chosen = (name, options[name].seconds or 0.0)
-        self._unused = (len(tokens), looked_up.tokens) if looked_up.tokens and name != self.lookup_name else None
+        self._unused = (len(tokens), looked_up) if looked_up.tokens and name != self.lookup_name else None
         self.plan_s += time.perf_counter() - planning - lookup_s
         if name not in self.own:
             return name, looked_up, 0
@@ -318,14 +329,14 @@ class HybridDrafter(Drafter):
         controller's."""
         return min(k, self.state.ks.get(name) or self.state.lengths[name].next_k())
 
-    def _price(self, n_ngram: int, ks: dict[str, int]) -> dict[str, Option]:
-        """Every option of this round: no draft, the n-gram's proposal of `n_ngram` tokens where it made one,
-        each own drafter at its K (`_k`; where it is above 0)."""
+    def _price(self, n_ngram: int, match: int, ks: dict[str, int]) -> dict[str, Option]:
+        """Every option of this round: no draft, the n-gram's proposal of `n_ngram` tokens after a match of `match`
+        where it made one, each own drafter at its K (`_k`; where it is above 0)."""
         lengths, costs = self.state.lengths, self.costs
         none = lengths[self.lookup_name].acceptance
         options = {NONE: Option(1.0, costs.round_seconds(0, none))}
         if n_ngram:
-            acceptance = lengths[self.lookup_name].acceptance
+            acceptance = self.state.lookup_acceptance(match)
             seconds = costs.round_seconds(n_ngram, acceptance)
             lookup_s = self._lookups.seconds / self._lookups.tokens
             options[self.lookup_name] = Option(acceptance.expected_tokens(n_ngram),
@@ -480,10 +491,12 @@ class HybridDrafter(Drafter):
             return
         start, proposal = self._unused
         self._unused = None
-        emitted = tokens[start:start + len(proposal)]
-        matched = next((i for i, (d, x) in enumerate(zip(proposal, emitted)) if d != x), len(emitted))
+        emitted = tokens[start:start + len(proposal.tokens)]
+        matched = next((i for i, (d, x) in enumerate(zip(proposal.tokens, emitted)) if d != x), len(emitted))
         if emitted:
-            self.state.lengths[self.lookup_name].acceptance.update(min(matched + 1, len(emitted)), matched)
+            drafted = min(matched + 1, len(emitted))
+            self.state.lengths[self.lookup_name].acceptance.update(drafted, matched)
+            self.state.lookup_acceptance(proposal.match).update(drafted, matched)
 
     def update(self, drafted: int, accepted: int) -> None:
         """The round's option learns what the target kept, its own drafter's book what its decodes cost; a round that
@@ -494,6 +507,8 @@ class HybridDrafter(Drafter):
         if name in self.state.lengths:
             started = time.perf_counter()
             self.state.lengths[name].update(drafted, accepted)
+            if name == self.lookup_name and drafted:
+                self.state.lookup_acceptance(self._draft.match).update(drafted, accepted)
             self.plan_s += time.perf_counter() - started
         if name in self.own:
             self.books[name].record_draft(self._draft.steps, self._context)

@@ -36,7 +36,8 @@ class NgramDrafter(Drafter):
                 grammar: Grammar | None = None) -> Draft:
         """The tokens that followed the match; a grammar is the loop's to apply (it cuts the draft)."""
         self._extend(tokens)
-        draft = Draft(tokens=self.lookup(k))
+        proposed, match = self.lookup(k)
+        draft = Draft(tokens=proposed, match=match)
         if not sampling.greedy:
             draft.q = [Law.one_hot(token, self.n_vocab) for token in draft.tokens]
         return draft
@@ -45,15 +46,15 @@ class NgramDrafter(Drafter):
         if n_keep < len(self._tokens):
             self.prefill(self._tokens[:n_keep])
 
-    def lookup(self, k: int) -> list[int]:
+    def lookup(self, k: int) -> tuple[list[int], int]:
         """Up to k tokens that followed the latest earlier occurrence of the longest matching suffix (never an
-        image's)."""
+        image's), and that suffix's length."""
         tokens = self._tokens
         for n in range(min(self.n_max, len(tokens) - 1), self.n_min - 1, -1):
             end = self._index.get(tuple(tokens[-n:]))
             if end is not None:
-                return up_to_image(tokens[end + 1:end + 1 + k])
-        return []
+                return up_to_image(tokens[end + 1:end + 1 + k]), n
+        return [], 0
 
     def _extend(self, tokens: Sequence[int]) -> None:
         """Index every n-gram that ends before the last token (so each indexed match has a continuation)."""

@@ -155,7 +155,7 @@ class MemoryDrafter(Drafter):
         """The continuation; a grammar is the loop's to apply (it cuts the draft)."""
         self._own.extend(tokens[len(self._own):])
         match = max(self._own.match(tokens, k), self.memory.match(tokens, k), key=lambda m: m.score)
-        draft = Draft(tokens=up_to_image(list(match.tokens)))
+        draft = Draft(tokens=up_to_image(list(match.tokens)), match=match.length)
         if not sampling.greedy:
             draft.q = [Law.one_hot(token, self.n_vocab) for token in draft.tokens]
         return draft
