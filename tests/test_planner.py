@@ -137,6 +137,7 @@ def test_a_choice_of_no_drafts_outlasts_a_sequence_that_leaves_but_not_one_that_
     assert streak is not None and streak.left == PROBE_ROUNDS - 1
     assert planner.ks([second], CHUNK, False) == [0]
     assert planner._quiet is streak and streak.left == PROBE_ROUNDS - 2 and streak.running == [second]
+    assert len(streak.candidates) == 1  # priced with its own candidate where the streak is cut for its probe
     assert planner.ks([], CHUNK, False) == [] and planner._quiet is None  # none generating (a prompt being fed)
     assert planner.ks([second], CHUNK, False) == [0]
     streak = planner._quiet

@@ -77,20 +77,23 @@ class _Quiet:
         """Count a quiet step down, if one is left for these same sequences, or some of them: one that finished does
         not end the streak (four answers of a batch, ending at four different steps, made a tiny model choose afresh at
         each, ~400 µs, 7% of the target alone's speed), one that joins does (its first round is chosen)."""
-        if not self.left or not generating:
+        if not self.left or not generating or not (self.same(generating) or self._narrowed(generating)):
             return False
-        if len(generating) != len(self.running) or any(a is not b for a, b in zip(generating, self.running)):
-            if not self._narrowed(generating):
-                return False
         self.left, self.steps = self.left - 1, self.steps + 1
         return True
 
+    def same(self, generating: list[Planned]) -> bool:
+        """Whether `generating` are the streak's sequences."""
+        return len(generating) == len(self.running) and all(a is b for a, b in zip(generating, self.running))
+
     def _narrowed(self, generating: list[Planned]) -> bool:
         """Keep the streak for `generating` if they are some of its sequences, in order (the others have left)."""
-        ks = dict(zip(map(id, self.running), self.ks))
-        if len(generating) >= len(self.running) or any(id(r) not in ks for r in generating):
+        kept = {id(running): i for i, running in enumerate(self.running)}
+        if len(generating) >= len(self.running) or any(id(r) not in kept for r in generating):
             return False
-        self.running, self.ks = list(generating), [ks[id(r)] for r in generating]
+        at = [kept[id(r)] for r in generating]
+        self.running, self.ks, self.candidates = (list(generating), [self.ks[i] for i in at],
+                                                  [self.candidates[i] for i in at])
         return True
 
     def end(self) -> None:
@@ -211,8 +214,7 @@ class Planner:
         none is, priced with the candidates the streak was chosen with; if so the streak goes on (this step a quiet
         one), up to its budget or the next probe. Choosing afresh at each such end asked every drafter for its offers
         (~200 µs on a tiny model drafting for itself, every `PROBE_ROUNDS` steps, whose probe never paid)."""
-        if quiet.steps >= quiet.budget or len(generating) != len(quiet.running) or \
-                any(a is not b for a, b in zip(generating, quiet.running)):
+        if quiet.steps >= quiet.budget or not quiet.same(generating):
             return False
         spent = quiet.steps
         quiet.end()  # the idle rounds so far, counted once
