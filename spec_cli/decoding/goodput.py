@@ -31,10 +31,11 @@ from spec_cli.decoding.costs import BatchCosts
 @dataclass(frozen=True)
 class Candidate:
     """One sequence of the coming pass, drafting one way: g_1..g_cap, its chance of keeping each draft position, g_i =
-    a_1·…·a_i (`gains`, `PositionAcceptance.gains`; cap = the most it may draft), `fixed` K when its request set one (None: the batch chooses), `step_s`, a draft token's seconds, and
-    `round_s`, what a round that drafts at all costs once (`LoopCosts.step_costs`: the catch-up on the tokens its
-    drafter did not see while idle, or a block drafter's pass). `others`: the other ways it may draft instead (a
-    drafter of several ways offers its preferred one and the others), each priced alike; the batch takes one."""
+    a_1·…·a_i (`gains`, `PositionAcceptance.gains`; cap = the most it may draft), `fixed` K when its request set one
+    (None: the batch chooses), `step_s`, a draft token's seconds, and `round_s`, what a round that drafts at all
+    costs once (`LoopCosts.step_costs`: the catch-up on the tokens its drafter did not see while idle, or a block
+    drafter's pass). `others`: the other ways it may draft instead (a drafter of several ways offers its preferred
+    one and the others), each priced alike; the batch takes one."""
 
     gains: Sequence[float]
     fixed: int | None = None

@@ -11,8 +11,9 @@ So each band of m keeps its own acceptance by position, which the default drafti
 from __future__ import annotations
 
 from spec_cli.decoding.draft_length import PositionAcceptance
+from spec_cli.drafting.suffix import KEYS
 
-BANDS = (2, 4, 8)  # the shortest match of each band (the suffix index's n-gram lengths)
+BANDS = KEYS  # the shortest match of each band: the suffix index's n-gram lengths
 FIRST_ROUNDS = 2.0  # rounds' worth of the lookup's acceptance over every match that a new band starts from
 
 
