@@ -174,6 +174,17 @@ def test_the_regime_in_use_charges_its_drafters_catch_up() -> None:
     assert choices == {"model": "model", OUT: "ngram"}
 
 
+def test_a_regime_rate_lagging_above_its_options_still_drafts() -> None:
+    """A model's regime whose running rate (200 tokens a second, from a prior since unlearnt) is above anything this
+    round's options yield (a perfect model, 5 tokens for ~90 ms): weighed at that rate every option loses, the
+    shortest least, and the regime would step without a draft. No mix of the options beats the best of them, so ρ
+    is that one's rate and the model drafts."""
+    drafter, model = hybrid(model_accepts=4, ngram_accepts=0, in_use="model")
+    drafter.state.regimes["model"].add(200.0, 1.0, 1.0)
+    drafter.state.regimes[OUT].add(1.0, 1.0, 1.0)
+    assert choice(drafter, NO_MATCH) == "model" and model.proposed == 1
+
+
 def test_the_ngram_lookups_host_time_is_priced() -> None:
     """A perfect n-gram whose lookup takes 0.1 s yields less per second than the model: the model drafts."""
     class SlowLookup(NgramDrafter):

@@ -452,10 +452,12 @@ class HybridDrafter(Drafter):
 
     def _regime_choice(self, regime: str, options: dict[str, Option]) -> tuple[str, float, float]:
         """(the option, its E[tokens], its E[seconds] with the catch-up it leaves) that `regime` chooses: the
-        largest E[tokens] − ρ·E[seconds] among no draft, the n-gram and the regime's own drafter."""
-        rho = self.state.regimes[regime].rate or options[NONE].tokens / (options[NONE].seconds or 1.0)
+        largest E[tokens] − ρ·E[seconds] among no draft, the n-gram and the regime's own drafter. ρ is the regime's
+        rate, but never above the best option's own E[tokens] / E[seconds]: no mix of this round's options yields
+        more, and a ρ that lags above them (a drafter's acceptance falling from its prior) prices every option at a
+        loss and picks the shortest, no draft, every other round of a draft model's regime."""
+        priced: dict[str, tuple[float, float]] = {}
         step_s = self._catch_up_s(regime, 1) if regime != OUT else 0.0
-        best: tuple[str, float, float] | None = None
         for name, option in options.items():
             if name in self.own and name != regime:
                 continue
@@ -463,10 +465,11 @@ class HybridDrafter(Drafter):
             seconds = option.seconds
             if regime != OUT and name != regime:  # the regime's drafter will catch up on these tokens
                 seconds += self._catch_up_s(regime, 1 + round(option.tokens)) - step_s
-            if best is None or option.tokens - rho * seconds > best[1] - rho * best[2]:
-                best = (name, option.tokens, seconds)
-        assert best is not None
-        return best
+            priced[name] = (option.tokens, seconds)
+        best_rate = max(tokens / seconds for tokens, seconds in priced.values())
+        rho = min(self.state.regimes[regime].rate or best_rate, best_rate)
+        name = max(priced, key=lambda way: priced[way][0] - rho * priced[way][1])
+        return name, *priced[name]
 
     def _backlog_price(self, name: str, pending: int) -> float:
         """What entering `name`'s regime costs beyond a steady-state round: its catch-up on `pending` tokens
