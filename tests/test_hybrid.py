@@ -9,87 +9,14 @@ import numpy as np
 import pytest
 
 from spec_cli.decoding.costs import HOST, LoopCosts
-from spec_cli.decoding.draft_length import FixedK, Pool
-from spec_cli.decoding.drafter import CatchUp, Draft, Terms
+from spec_cli.decoding.draft_length import FixedK
+from spec_cli.decoding.drafter import Draft, Terms
 from spec_cli.decoding.sampling import SamplingParams
-from spec_cli.drafting.hybrid import K_START, OUT, TRIAL_PRIOR, TRIAL_ROUNDS, TRIAL_TEXTS, HybridDrafter, HybridState
+from spec_cli.drafting.entry import OUT
+from spec_cli.drafting.hybrid import K_START, HybridDrafter, HybridState
 from spec_cli.drafting.ngram import NgramDrafter
 from spec_cli.llama.grammar import Grammar
-
-GREEDY = SamplingParams()
-
-
-class FakeModel:
-    """A draft model whose catch-up backlog is set by the test; it proposes k copies of token 9."""
-
-    busy_s = rollback_s = 0.0
-
-    def __init__(self, pending: int = 1) -> None:
-        self.backlog = pending
-        self.proposed = 0
-
-    def pending(self, _tokens: list[int]) -> int:
-        return self.backlog
-
-    def propose(self, _tokens: list[int], k: int, _sampling: SamplingParams, _rng: np.random.Generator,
-                _grammar: Grammar | None = None) -> Draft:
-        self.proposed += 1
-        return Draft(tokens=[9] * k)
-
-    def prefill(self, _tokens: list[int]) -> list[tuple[int, float]]:
-        return []
-
-    def start(self, _tokens: list[int]) -> None:
-        pass
-
-    def rewind(self, _n_keep: int) -> None:
-        pass
-
-    def narrow(self, _tokens: list[int]) -> None:
-        pass  # as a head's: no window
-
-    def catch_up(self, _tokens: list[int], chunk: int) -> CatchUp | None:
-        if self.backlog <= chunk:
-            return None
-        self.backlog -= chunk
-        return CatchUp([(chunk, 0.004 * chunk)], self.backlog)
-
-
-MATCH, NO_MATCH = [1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3], [1, 2, 3, 4, 5, 6]
-
-
-def machine() -> LoopCosts:
-    """Verify 25 ms + 4 ms a drafted token; draft steps 12 ms, a catch-up of n tokens 12 + 4 (n − 1) ms."""
-    costs = LoopCosts()
-    for k in range(9):
-        costs.verify.record(k, 0.025 + 0.004 * k)
-    for n in (1, 2, 10, 40):
-        costs.draft.record(n, 0.012 + 0.004 * (n - 1))
-    return costs
-
-
-def hybrid(model_accepts: int, ngram_accepts: int = 4, pending: int = 1, k: int = 4, in_use: str = OUT,
-           own: dict[str, LoopCosts] | None = None) -> tuple[HybridDrafter, FakeModel]:
-    """A hybrid whose drafters have each drafted k tokens 8 times, keeping the number given, running in regime
-    `in_use`; `own`: its own drafters' books by name (the draft model alone on `machine()` by default)."""
-    books = own or {"model": machine()}
-    state = HybridState({"ngram": FixedK(k), **{name: FixedK(k) for name in books}}, in_use=in_use)
-    model = FakeModel(pending)
-    drafters = {name: model if name == "model" else FakeModel(pending) for name in books}
-    lookups = LoopCosts.sharing(next(iter(books.values())).verify, 1.0, HOST)  # prices lookups and plain rounds
-    drafter = HybridDrafter(NgramDrafter(n_vocab=100), drafters, books, lookups, state)
-    drafter.start(MATCH[:1])
-    for name, accepted in (("ngram", ngram_accepts), *((name, model_accepts) for name in books)):
-        for _ in range(8):
-            state.lengths[name].update(k, accepted)
-    return drafter, model
-
-
-def choice(drafter: HybridDrafter, tokens: list[int]) -> str:
-    drafter.rewind(1)  # a new sequence for the n-gram index
-    drafter.propose(tokens, 4, GREEDY, np.random.default_rng(0))
-    assert drafter.chosen is not None
-    return drafter.chosen[0]
+from support.hybrids import GREEDY, MATCH, NO_MATCH, FakeModel, choice, hybrid, machine
 
 
 def test_hybrid_tries_what_is_not_priced_yet() -> None:
@@ -131,26 +58,6 @@ def test_the_cheapest_of_several_own_drafters_is_taken() -> None:
         cheap.draft.record(n, 0.002 * n)
     drafter, _ = hybrid(model_accepts=4, own={"model": machine(), "mtp": cheap})
     assert choice(drafter, NO_MATCH) == "mtp" and drafter.state.in_use == "mtp"
-
-
-def test_a_large_backlog_defers_the_model_until_the_regret_reaches_its_price() -> None:
-    """Ski rental: out of the model's regime, each round that regime would have done better adds the time lost
-    to the regret; the model pays its backlog once the regret reaches that backlog's price when deferring
-    began."""
-    drafter, model = hybrid(model_accepts=4, pending=40)
-    price = drafter.books["model"].draft.seconds(40) - drafter.books["model"].draft.seconds(2)
-    deferred, regrets = 0, []
-    while choice(drafter, NO_MATCH) == "none":
-        deferred += 1
-        regrets.append(drafter.state.regret_s)
-        drafter.update(0, 0)
-        assert deferred < 100
-    assert deferred >= 2 and regrets[-1] < price and drafter.state.in_use == "model"
-    assert drafter.state.price_s == pytest.approx(price)  # fixed when deferring began, though the backlog grew
-    assert regrets == sorted(regrets) and drafter.state.regret_s == 0.0
-    # A backlog of 3 costs less than one round of deferring: the model catches up at once.
-    drafter, model = hybrid(model_accepts=4, pending=3)
-    assert choice(drafter, NO_MATCH) == "model"
 
 
 def test_leaving_a_drafters_regime_is_free() -> None:
@@ -327,38 +234,6 @@ def test_a_k_cut_short_by_the_round_is_not_the_ways_k() -> None:
     assert drafter.state.ks["model"] == 4
 
 
-def test_a_clearly_better_regime_is_entered_at_once_where_the_answer_has_room_to_pay_it_back() -> None:
-    """Out of the model's regime, with a 40-token backlog to pay on entering: told that the generation may emit 1000
-    more tokens, the hybrid enters at once (the model's rate pays the backlog back within them); told 10, or not
-    told (the ski-rental wait), it stays out this round."""
-    entered = []
-    for left in (1000, 10, None):
-        drafter, _model = hybrid(model_accepts=4, ngram_accepts=0, pending=40)
-        drafter.rewind(1)
-        if left is None:
-            drafter.propose(NO_MATCH, 8, GREEDY, np.random.default_rng(0))
-        else:
-            drafter.offer(NO_MATCH, Terms(8, 64, False, left), GREEDY, np.random.default_rng(0))
-        entered.append(drafter.state.in_use)
-    assert entered == ["model", OUT, OUT]
-
-
-def test_the_tokens_an_answer_still_emits_follow_the_answers_that_ended_before() -> None:
-    """The same request (1000 tokens left, 10 emitted) and backlog: with no answer ended yet, half the limit pays the
-    backlog back and the model's regime is entered; after answers that ended on their own at 30 tokens (20 more
-    expected) it is not; an answer already longer than all of them goes by its limit again. Answers cut at a limit
-    say nothing."""
-    entered = []
-    for answers, ended in (([], True), ([30] * 3, True), ([8] * 3, True), ([30] * 3, False)):
-        drafter, _model = hybrid(model_accepts=4, ngram_accepts=0, pending=40)
-        for n in answers:
-            drafter.done([1] * (4 + n), 4, ended=ended)
-        drafter.rewind(1)
-        drafter.offer(NO_MATCH, Terms(8, 64, False, 1000, emitted=10), GREEDY, np.random.default_rng(0))
-        entered.append(drafter.state.in_use)
-    assert entered == ["model", OUT, "model", "model"]
-
-
 def test_the_batch_may_take_the_lookup_the_hybrid_offers_beside_its_choice() -> None:
     """Where the hybrid prefers its model, it offers the lookup's proposal too: a batch that finds the model's steps
     and catch-up too dear in a full pass takes the lookup (`take`), and the round drafts it; its acceptance learns."""
@@ -402,31 +277,6 @@ def test_an_unpriced_catch_up_is_not_offered_whole_to_a_batch() -> None:
     drafter.state.in_use = "model"
     [offer] = drafter.offer(NO_MATCH, Terms(8, 64, True, 100), GREEDY, np.random.default_rng(0))
     assert offer.way == "model" and offer.backlog == 300 and drafter.catch_up(NO_MATCH, 64) is None
-
-
-def test_a_new_text_tries_an_own_drafter_whose_acceptance_on_other_texts_says_it_may_pay() -> None:
-    """A draft model that kept 1 of 4 of late stays out of use, unless on the last texts it drafted on it kept every
-    draft: over those the trial's expected saving pays its entry (a 10-token catch-up) many times over. On trial it
-    drafts `TRIAL_ROUNDS` rounds whatever they keep, and is then left as any regime is."""
-    outcomes = []
-    for kept in (None, 0, 4):  # no texts drafted on yet, texts where it kept nothing, texts where it kept all
-        drafter, _model = hybrid(model_accepts=1, ngram_accepts=0, pending=10)
-        pool = drafter.state.lengths["model"].acceptance.pooled = Pool(0.995)
-        for _ in range(TRIAL_TEXTS if kept is not None else 0):
-            for _ in range(10):
-                pool.update(4, kept)
-            pool.new_text()
-        drafter.rewind(1)
-        drafter.offer(NO_MATCH, Terms(8, 64, False, 1000), GREEDY, np.random.default_rng(0))
-        outcomes.append(drafter.state.in_use)
-    assert outcomes == [OUT, OUT, "model"]
-    assert drafter.state.lengths["model"].acceptance.measured == pytest.approx(TRIAL_PRIOR)  # the text decides soon
-    drafter.propose(NO_MATCH, 8, GREEDY, np.random.default_rng(0))  # the round the offer chose
-    drafter.update(4, 0)  # the trial's first round keeps nothing
-    assert choice(drafter, NO_MATCH) == "model" and TRIAL_ROUNDS == 2
-    drafter.update(4, 0)
-    choice(drafter, NO_MATCH)
-    assert drafter.state.in_use == OUT
 
 
 def test_a_lookup_proposal_is_priced_by_what_proposals_after_as_long_a_match_kept() -> None:

@@ -17,19 +17,14 @@ from spec_cli.decoding.draft_length import DraftLength, PositionAcceptance
 from spec_cli.decoding.drafter import CatchUp, Draft, Drafter, DraftSteps, Offer, Terms
 from spec_cli.decoding.sampling import SamplingParams
 from spec_cli.drafting.base import CatchUpDrafter
+from spec_cli.drafting.entry import OUT, RegimeEntry
 from spec_cli.drafting.matches import MatchAcceptance
 from spec_cli.llama.context import Context
 from spec_cli.llama.grammar import Grammar
 
 CARRIED = 0.3  # of decayed yields worth ~5 rounds, what a new prompt keeps: about two rounds
-OUT = "out"  # the regime in which none of the pair's own drafters is in use
 K_START = 4  # under auto, the K a way is priced at until the planner has given it one
-LEFT_SHARE = 0.5  # of the tokens a generation may still emit, those a regime's entry is expected to pay back over,
-# before any answer has ended on its own (`HybridDrafter._ahead`)
-ANSWERS_KEPT = 16  # the lengths of the last answers that ended on their own, for the tokens an answer still emits
-TRIAL_TEXTS = 2  # the texts an own drafter must have drafted in before a new one weighs a trial of it (`_trial`)
-TRIAL_ROUNDS = 2  # the rounds a trial drafts before its regime may be left
-TRIAL_PRIOR = 2.0  # rounds' worth of the acceptance over every text that a trial's text keeps as its prior
+ANSWERS_KEPT = 16  # the lengths of the last answers (and whether each ended on its own): what an answer still emits
 NONE, NGRAM = "none", "ngram"
 
 
@@ -62,7 +57,7 @@ class HybridState:
     drafter in use, or none: `OUT`) the rate its choices would have yielded; the regime in use, the seconds lost
     so far by staying in it while another looked better, and that other's entry price when they began (a backlog
     grows while its drafter waits: a price fixed at the start keeps the rule from chasing it); the lengths of the
-    last answers that ended on their own (`answers`: what an entry is expected to pay back over)."""
+    last answers and whether each ended on its own (`answers`: what an entry is expected to pay back over)."""
 
     lengths: dict[str, DraftLength]
     lookup: str = NGRAM  # the name of the drafter that costs no decode (n-gram lookup, or the memory)
@@ -71,7 +66,7 @@ class HybridState:
     # follows the text (a stretch of copied code, then prose) without chasing noise.
     decay: float = 0.8
     regimes: dict[str, DecayedRate] = field(default_factory=dict)
-    answers: deque[int] = field(default_factory=lambda: deque(maxlen=ANSWERS_KEPT))  # lengths of those that ended
+    answers: deque[tuple[int, bool]] = field(default_factory=lambda: deque(maxlen=ANSWERS_KEPT))  # (length, ended)
     in_use: str = OUT
     regret_s: float = 0.0
     price_s: float = 0.0  # what entering the better regime costs, fixed when staying out began
@@ -119,10 +114,9 @@ class HybridDrafter(Drafter):
     catch-up grows by) or "out" (n-gram or none, uncharged). Within a regime the choice is the largest
     E[tokens] − ρ·E[seconds], ρ the rate that regime's choices have been yielding (a renewal-reward argument:
     the rule that maximises tokens per second over many rounds). Every regime's choice is priced every round,
-    so each regime's rate is known whichever runs; the loop runs in the regime with the best rate.
-    Leaving a drafter's regime is free. Entering it means paying its backlog first, so it is entered only
-    once the time lost by staying out adds up to that backlog's price (the ski-rental rule: never more than
-    twice the best choice in hindsight). Which drafter proposed a token never touches exactness.
+    so each regime's rate is known whichever runs; the loop runs in the regime with the best rate, except that
+    entering a drafter's regime means paying its backlog first (`entry.RegimeEntry`: when that pays). Which drafter
+    proposed a token never touches exactness.
     """
 
     chooses_ways = True
@@ -152,11 +146,9 @@ class HybridDrafter(Drafter):
         self._unused: tuple[int, Draft] | None = None  # (where, what): the n-gram proposal a round passed over
         self._lookups = DecayedRate()  # n-gram lookups: calls and their host seconds
         self._chunk = 1 << 30  # the most an own drafter may lack and draft: the loop's catch-up chunk
-        self._terms: Terms | None = None  # what the planner last asked `offer` for (K's bound, the tokens left)
+        self.entry = RegimeEntry(state, books)  # its `terms`: what the planner last asked `offer` for
         self._new = False  # a new prompt's first round is next
         self._wanted: str | None = None  # the own drafter the last choice picked while it lacked more than a chunk
-        self._weighed = False  # whether this text has weighed a trial of an own drafter (`_trial`)
-        self._trying: str | None = None  # the own drafter on trial on this text
 
     @property
     def busy_s(self) -> float:
@@ -201,7 +193,7 @@ class HybridDrafter(Drafter):
     def _new_prompt(self, tokens: Sequence[int]) -> None:
         self.state.new_text()
         self._unused = self._decided = None
-        self._weighed, self._trying = False, None
+        self.entry.new_text()
         self._new = True
         self.lookup.prefill(tokens)
 
@@ -254,7 +246,7 @@ class HybridDrafter(Drafter):
         chunk a step first. Alone, entering a regime has been priced against the rounds after it (the ski-rental rule),
         so the drafter is offered at its steady round's price (a catch-up of at most [d_K, bonus]), and one that lacks
         more than a chunk catches up a chunk a step (`_ready`), which nobody waits on."""
-        self._chunk, self._terms = terms.chunk, terms
+        self._chunk, self.entry.terms = terms.chunk, terms
         name, looked_up, k_own = self._choice(tokens, terms.k, sampling, rng, offering=True, shared=terms.shared)
         self._offered = (len(tokens), name, looked_up)
         lookup = Offer(self.lookup_name, self.state.lookup_acceptance(looked_up.match), self.costs,
@@ -274,12 +266,13 @@ class HybridDrafter(Drafter):
         this round (the tokens left before the answer's end, the lookup's proposal), where the planner may have wanted
         more: a K cut short so is not that way's (an answer's last round, drafting 3, priced the draft model at 3 for
         the answers after, whose regime then looked no better than the target alone's)."""
-        if self._offered is None or self._terms is None:
+        terms = self.entry.terms
+        if self._offered is None or terms is None:
             return
         where, name, looked_up = self._offered
         if way in self.state.ks:
             k_max = self.state.lengths[way].k_max
-            cap = len(looked_up.tokens) if way == self.lookup_name else min(self._terms.k, k_max)
+            cap = len(looked_up.tokens) if way == self.lookup_name else min(terms.k, k_max)
             self.state.ks[way] = k if k < cap else max(k, self.state.ks[way])
         if name == way:
             return
@@ -350,9 +343,8 @@ class HybridDrafter(Drafter):
 
     def _choose(self, options: dict[str, Option], pending: dict[str, int], ks: dict[str, int]) -> str:
         """Try what is not priced yet (the n-gram first: it costs no decode; an own drafter in its regime, so
-        that it catches up first); else the choice of the regime the loop runs in, after weighing a move to the
-        regime with the best rate (see the class notes), or a trial of an own drafter on a new text (`_trial`), which
-        drafts `TRIAL_ROUNDS` rounds before its regime may be left."""
+        that it catches up first); else the choice of the regime the loop runs in, after weighing a trial of an own
+        drafter on a new text or a move to the regime with the best rate (`entry`)."""
         for name in (self.lookup_name, *self.own, NONE):
             if name in options and options[name].seconds is None:
                 if name in self.own:
@@ -364,83 +356,11 @@ class HybridDrafter(Drafter):
             state.regimes[regime].add(tokens, seconds, state.decay)
         rates = {regime: state.regimes[regime].rate or 0.0 for regime in state.regimes}
         best = max(rates, key=lambda regime: rates[regime])
-        if state.in_use == OUT and best == OUT and not self._weighed:
-            self._weighed = True
-            self._trying = self._trial(options, pending, ks, rates[OUT])
-            if self._trying is not None:
-                state.in_use, state.regret_s = self._trying, 0.0
-                acceptance = state.lengths[self._trying].acceptance
-                if acceptance.measured > TRIAL_PRIOR:
-                    acceptance.forget(TRIAL_PRIOR / acceptance.measured)
-        if self._trying == state.in_use and self._trying in options and self._trial_rounds() < TRIAL_ROUNDS:
-            state.regret_s = 0.0
-            return self._trying
-        if best != state.in_use and rates[best] > rates[state.in_use]:
-            if state.regret_s == 0.0:
-                state.price_s = 0.0 if best == OUT else self._backlog_price(best, pending[best])
-            # This round's tokens, at the best regime's rate instead of this one's: the time staying loses.
-            tokens = picks[state.in_use][1]
-            state.regret_s += tokens / rates[state.in_use] - tokens / rates[best]  # every regime has a round now
-            if state.regret_s >= state.price_s or self._pays_back(rates[state.in_use], rates[best]):
-                state.in_use, state.regret_s = best, 0.0
-        else:
-            state.regret_s = 0.0
+        trying = self.entry.trial(options, pending, ks, rates[OUT])
+        if trying is not None:
+            return trying
+        self.entry.weigh(best, rates, picks[state.in_use][1], pending)
         return picks[state.in_use][0]
-
-    def _trial(self, options: dict[str, Option], pending: dict[str, int], ks: dict[str, int],
-               out_rate: float) -> str | None:
-        """The own drafter worth a trial on this new text though its regime, priced at the acceptance over every text,
-        is not the best; None where none is. Its acceptance differs from text to text (the demo pair's draft model keeps
-        0.97 of its drafts on code and 0.78 on a rewrite), and the mean priced it below the target alone on code, where
-        it was then never drafted, after a rewrite. A trial shows within a round or two which this text is, and leaving
-        is free: it is worth its entry price (its catch-up) where E over the last texts' acceptance (`Pool.texts`) of
-        max(0, the seconds a token it saves against the rate out of its regime) × the tokens this answer is expected to
-        emit (`_ahead`) pays it (the value of the information)."""
-        ahead = self._ahead()
-        if ahead is None or out_rate <= 0.0:
-            return None
-        best: tuple[float, str] | None = None
-        for name, k in ks.items():
-            pool = self.state.lengths[name].acceptance.pooled
-            if not k or name not in options or pool is None or len(pool.texts) < TRIAL_TEXTS:
-                continue
-            saved = 0.0
-            for text in pool.texts:
-                seconds = self.books[name].round_seconds(k, text)
-                if seconds is not None:
-                    saved += max(0.0, 1.0 / out_rate - seconds / text.expected_tokens(k))
-            gain = saved / len(pool.texts) * ahead - self._backlog_price(name, pending[name])
-            if gain > 0.0 and (best is None or gain > best[0]):
-                best = (gain, name)
-        return best[1] if best is not None else None
-
-    def _trial_rounds(self) -> float:
-        """The rounds the own drafter on trial has drafted on this text."""
-        assert self._trying is not None
-        pool = self.state.lengths[self._trying].acceptance.pooled
-        assert pool is not None  # `_trial` tries only a drafter with a pool
-        return pool.text.measured
-
-    def _pays_back(self, rate: float, better: float) -> bool:
-        """Whether the seconds a regime of rate `better` saves a token over the one of `rate`, over the tokens this
-        answer is expected to emit still (`_ahead`), pay its entry price. Where that is known, a regime clearly better
-        is entered at once rather than after the ski-rental wait (a chat answer of 160 tokens waited ~35 rounds for a
-        draft model 1.4x the target alone); unknown, the wait alone."""
-        ahead = self._ahead()
-        return ahead is not None and (1.0 / rate - 1.0 / better) * ahead >= self.state.price_s
-
-    def _ahead(self) -> float | None:
-        """E[the tokens this answer still emits], within what the request leaves (`Terms.left`): what the answers
-        that ended on their own before (`HybridState.answers`) and were longer than this one so far had left at this
-        point; before any, or where this one is longer than all, `LEFT_SHARE` of what the request leaves. A request's
-        limit says little (rewrites asked for 512 tokens ended after 76-136: the draft model's regime, entered for the
-        445 tokens the limit left, paid a 131-token catch-up, 0.45 s, for two rounds). None where the planner has not
-        said."""
-        if self._terms is None:
-            return None
-        left, emitted = self._terms.left, self._terms.emitted
-        longer = [n - emitted for n in self.state.answers if n > emitted]
-        return min(left, sum(longer) / len(longer)) if longer else LEFT_SHARE * left
 
     def _ready(self, name: str, options: dict[str, Option], pending: dict[str, int]) -> str:
         """`name`, unless it is an own drafter that lacks more than a chunk: that one catches up between the next
@@ -457,29 +377,19 @@ class HybridDrafter(Drafter):
         more, and a ρ that lags above them (a drafter's acceptance falling from its prior) prices every option at a
         loss and picks the shortest, no draft, every other round of a draft model's regime."""
         priced: dict[str, tuple[float, float]] = {}
-        step_s = self._catch_up_s(regime, 1) if regime != OUT else 0.0
+        step_s = self.entry.catch_up_s(regime, 1) if regime != OUT else 0.0
         for name, option in options.items():
             if name in self.own and name != regime:
                 continue
             assert option.seconds is not None
             seconds = option.seconds
             if regime != OUT and name != regime:  # the regime's drafter will catch up on these tokens
-                seconds += self._catch_up_s(regime, 1 + round(option.tokens)) - step_s
+                seconds += self.entry.catch_up_s(regime, 1 + round(option.tokens)) - step_s
             priced[name] = (option.tokens, seconds)
         best_rate = max(tokens / seconds for tokens, seconds in priced.values())
         rho = min(self.state.regimes[regime].rate or best_rate, best_rate)
         name = max(priced, key=lambda way: priced[way][0] - rho * priced[way][1])
         return name, *priced[name]
-
-    def _backlog_price(self, name: str, pending: int) -> float:
-        """What entering `name`'s regime costs beyond a steady-state round: its catch-up on `pending` tokens
-        instead of on the two a fully accepted round leaves."""
-        return max(0.0, self._catch_up_s(name, pending) - self._catch_up_s(name, 2))
-
-    def _catch_up_s(self, name: str, pending: int) -> float:
-        """c_d(pending) of own drafter `name` (0 while none has been measured), read between the sizes
-        measured: a backlog is far larger than a draft step."""
-        return self.books[name].draft.interpolated(max(pending, 1)) or 0.0
 
     def _learn_in_hindsight(self, tokens: Sequence[int]) -> None:
         """Score last round's untaken n-gram proposal against the tokens the round emitted.
@@ -517,11 +427,10 @@ class HybridDrafter(Drafter):
             self.books[name].record_draft(self._draft.steps, self._context)
 
     def done(self, tokens: Sequence[int], n_prompt: int, ended: bool = False) -> None:
-        """The lookup keeps the output; an answer that ended on its own gives its length to what the next answers are
-        expected to emit (`_ahead`)."""
+        """The lookup keeps the output; the answer's length, and whether it ended on its own, tells what the next answers
+        are expected to emit (`RegimeEntry.ahead`)."""
         self.lookup.done(tokens, n_prompt, ended)
-        if ended:
-            self.state.answers.append(len(tokens) - n_prompt)
+        self.state.answers.append((len(tokens) - n_prompt, ended))
 
     def rewind(self, n_keep: int) -> None:
         self.lookup.rewind(n_keep)

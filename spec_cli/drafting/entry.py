@@ -1,0 +1,148 @@
+"""When the default drafting enters an own drafter's regime: leaving one is free, but entering means paying the
+drafter's backlog (its catch-up on every token it sat out) first.
+
+Three rules, each for what the others cannot see:
+- ski rental: out of the regime with the best rate, the seconds each round loses by staying add up (the regret); the
+  better regime is entered once they reach its backlog's price, fixed when the wait began (never more than twice
+  the best choice in hindsight);
+- pay-back: where the tokens this answer still emits are known well enough (`ahead`), a regime clearly better is
+  entered at once when the seconds it saves a token over them pay its price;
+- a trial on a new text: an own drafter whose acceptance over the last texts says it may pay on this one, though its
+  mean does not, drafts a few rounds here (the value of the information), as acceptance differs most from text to
+  text.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from spec_cli.decoding.costs import LoopCosts
+from spec_cli.decoding.drafter import Terms
+
+if TYPE_CHECKING:
+    from spec_cli.drafting.hybrid import HybridState, Option
+
+OUT = "out"  # the regime in which none of the pair's own drafters is in use
+LEFT_SHARE = 0.5  # of the tokens a generation may still emit, those a regime's entry is expected to pay back over,
+# before any answer has ended on its own (`RegimeEntry.ahead`)
+TRIAL_TEXTS = 2  # the texts an own drafter must have drafted in before a new one weighs a trial of it
+TRIAL_ROUNDS = 2  # the rounds a trial drafts before its regime may be left
+TRIAL_PRIOR = 2.0  # rounds' worth of the acceptance over every text that a trial's text keeps as its prior
+
+
+class RegimeEntry:
+    """The regime a hybrid drafter runs in (`HybridState.in_use`), moved by the rules above; `terms`: what the planner
+    last asked for (the tokens the request leaves), which `ahead` reads."""
+
+    def __init__(self, state: HybridState, books: dict[str, LoopCosts]) -> None:
+        self.state = state
+        self.books = books
+        self.terms: Terms | None = None
+        self._weighed = False  # whether this text has weighed a trial of an own drafter
+        self._trying: str | None = None  # the own drafter on trial on this text
+
+    def new_text(self) -> None:
+        self._weighed, self._trying = False, None
+
+    def trial(self, options: dict[str, Option], pending: dict[str, int], ks: dict[str, int],
+              out_rate: float) -> str | None:
+        """The own drafter on trial this round, if any: weighed once a text, at its first round out of every own
+        drafter's regime, whichever regime's rate is the best (a draft model whose mean acceptance, learnt on rewrites,
+        put its regime a little above the target alone's did not pay its entry on a code prompt, where it keeps nearly
+        every draft); it drafts `TRIAL_ROUNDS` rounds before its regime may be left. Its acceptance keeps `TRIAL_PRIOR`
+        rounds of the mean over texts, so this text decides."""
+        state = self.state
+        if state.in_use == OUT and not self._weighed:
+            self._weighed = True
+            self._trying = self._worth_a_trial(options, pending, ks, out_rate)
+            if self._trying is not None:
+                state.in_use, state.regret_s = self._trying, 0.0
+                acceptance = state.lengths[self._trying].acceptance
+                if acceptance.measured > TRIAL_PRIOR:
+                    acceptance.forget(TRIAL_PRIOR / acceptance.measured)
+        if self._trying == state.in_use and self._trying in options and self._trial_rounds() < TRIAL_ROUNDS:
+            state.regret_s = 0.0
+            return self._trying
+        return None
+
+    def weigh(self, best: str, rates: dict[str, float], tokens: float, pending: dict[str, int]) -> None:
+        """Move to regime `best` where the ski-rental wait or the pay-back says so; `tokens`: what this round's choice
+        in the regime in use emits, which staying prices at the difference of the two rates."""
+        state = self.state
+        if best == state.in_use or rates[best] <= rates[state.in_use]:
+            state.regret_s = 0.0
+            return
+        if state.regret_s == 0.0:
+            state.price_s = 0.0 if best == OUT else self.backlog_price(best, pending[best])
+        state.regret_s += tokens / rates[state.in_use] - tokens / rates[best]  # every regime has a round now
+        if state.regret_s >= state.price_s or self._pays_back(rates[state.in_use], rates[best]):
+            state.in_use, state.regret_s = best, 0.0
+
+    def backlog_price(self, name: str, pending: int) -> float:
+        """What entering `name`'s regime costs beyond a steady-state round: its catch-up on `pending` tokens
+        instead of on the two a fully accepted round leaves."""
+        return max(0.0, self.catch_up_s(name, pending) - self.catch_up_s(name, 2))
+
+    def catch_up_s(self, name: str, pending: int) -> float:
+        """c_d(pending) of own drafter `name` (0 while none has been measured), read between the sizes
+        measured: a backlog is far larger than a draft step."""
+        return self.books[name].draft.interpolated(max(pending, 1)) or 0.0
+
+    def ahead(self) -> float | None:
+        """E[the tokens this answer still emits], within what the request leaves (`Terms.left`): what the last answers
+        longer than this one so far (`HybridState.answers`) had left at this point. One cut short (at its limit, a stop
+        string) says only that it went at least so far, which counts where that is as far as this one may go (a
+        benchmark's answers, all cut at their limit, were priced at half of what each had left, and a draft model whose
+        entry paid back over the whole answer was not entered). Before any, `LEFT_SHARE` of what the request leaves: a
+        request's limit says little (rewrites asked for 512 tokens ended after 76-136: the draft model's regime, entered
+        for the 445 tokens the limit left, paid a 131-token catch-up, 0.45 s, for two rounds). None where the planner has
+        not said."""
+        if self.terms is None:
+            return None
+        left, emitted = self.terms.left, self.terms.emitted
+        longer = [min(left, n - emitted) for n, ended in self.state.answers
+                  if n > emitted and (ended or n >= emitted + left)]
+        return sum(longer) / len(longer) if longer else LEFT_SHARE * left
+
+    def _pays_back(self, rate: float, better: float) -> bool:
+        """Whether the seconds a regime of rate `better` saves a token over the one of `rate`, over the tokens this
+        answer is expected to emit still (`ahead`), pay its entry price. Where that is known, a regime clearly better
+        is entered at once rather than after the ski-rental wait (a chat answer of 160 tokens waited ~35 rounds for a
+        draft model 1.4x the target alone); unknown, the wait alone."""
+        ahead = self.ahead()
+        return ahead is not None and (1.0 / rate - 1.0 / better) * ahead >= self.state.price_s
+
+    def _worth_a_trial(self, options: dict[str, Option], pending: dict[str, int], ks: dict[str, int],
+                       out_rate: float) -> str | None:
+        """The own drafter worth a trial on this new text though its regime, priced at the acceptance over every text,
+        is not the best; None where none is. Its acceptance differs from text to text (the demo pair's draft model keeps
+        0.97 of its drafts on code and 0.78 on a rewrite), and the mean priced it below the target alone on code, where
+        it was then never drafted, after a rewrite. A trial shows within a round or two which this text is, and leaving
+        is free: it is worth its entry price (its catch-up) where E over the last texts' acceptance (`Pool.texts`) of
+        max(0, the seconds a token it saves at its best K against the rate out of its regime) × the tokens this answer
+        is expected to emit (`ahead`) pays it."""
+        ahead = self.ahead()
+        if ahead is None or out_rate <= 0.0:
+            return None
+        best: tuple[float, str] | None = None
+        for name, k in ks.items():
+            pool = self.state.lengths[name].acceptance.pooled
+            if not k or name not in options or pool is None or len(pool.texts) < TRIAL_TEXTS:
+                continue
+            saved, book, most = 0.0, self.books[name], range(1, self.state.lengths[name].k_max + 1)
+            for text in pool.texts:  # each at its best K: the K the planner gave it lately was for the texts it had
+                best_k = book.best_k(text, most)
+                rate = book.rate(best_k, text) if best_k is not None else None
+                if rate:
+                    saved += max(0.0, 1.0 / out_rate - 1.0 / rate)
+            gain = saved / len(pool.texts) * ahead - self.backlog_price(name, pending[name])
+            if gain > 0.0 and (best is None or gain > best[0]):
+                best = (gain, name)
+        return best[1] if best is not None else None
+
+    def _trial_rounds(self) -> float:
+        """The rounds the own drafter on trial has drafted on this text."""
+        assert self._trying is not None
+        pool = self.state.lengths[self._trying].acceptance.pooled
+        assert pool is not None  # `_worth_a_trial` tries only a drafter with a pool
+        return pool.text.measured

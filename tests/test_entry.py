@@ -1,0 +1,119 @@
+"""When the default drafting enters an own drafter's regime (`drafting.entry`): the ski-rental wait, the pay-back over
+the tokens an answer still emits, a trial on a new text; on a synthetic machine with stand-in drafters."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from spec_cli.decoding.draft_length import Pool
+from spec_cli.decoding.drafter import Terms
+from spec_cli.drafting.entry import OUT, TRIAL_PRIOR, TRIAL_ROUNDS, TRIAL_TEXTS
+from support.hybrids import GREEDY, NO_MATCH, choice, hybrid
+
+
+def test_a_large_backlog_defers_the_model_until_the_regret_reaches_its_price() -> None:
+    """Ski rental: out of the model's regime, each round that regime would have done better adds the time lost
+    to the regret; the model pays its backlog once the regret reaches that backlog's price when deferring
+    began."""
+    drafter, model = hybrid(model_accepts=4, pending=40)
+    price = drafter.books["model"].draft.seconds(40) - drafter.books["model"].draft.seconds(2)
+    deferred, regrets = 0, []
+    while choice(drafter, NO_MATCH) == "none":
+        deferred += 1
+        regrets.append(drafter.state.regret_s)
+        drafter.update(0, 0)
+        assert deferred < 100
+    assert deferred >= 2 and regrets[-1] < price and drafter.state.in_use == "model"
+    assert drafter.state.price_s == pytest.approx(price)  # fixed when deferring began, though the backlog grew
+    assert regrets == sorted(regrets) and drafter.state.regret_s == 0.0
+    # A backlog of 3 costs less than one round of deferring: the model catches up at once.
+    drafter, model = hybrid(model_accepts=4, pending=3)
+    assert choice(drafter, NO_MATCH) == "model"
+
+
+def test_a_clearly_better_regime_is_entered_at_once_where_the_answer_has_room_to_pay_it_back() -> None:
+    """Out of the model's regime, with a 40-token backlog to pay on entering: told that the generation may emit 1000
+    more tokens, the hybrid enters at once (the model's rate pays the backlog back within them); told 10, or not
+    told (the ski-rental wait), it stays out this round."""
+    entered = []
+    for left in (1000, 10, None):
+        drafter, _model = hybrid(model_accepts=4, ngram_accepts=0, pending=40)
+        drafter.rewind(1)
+        if left is None:
+            drafter.propose(NO_MATCH, 8, GREEDY, np.random.default_rng(0))
+        else:
+            drafter.offer(NO_MATCH, Terms(8, 64, False, left), GREEDY, np.random.default_rng(0))
+        entered.append(drafter.state.in_use)
+    assert entered == ["model", OUT, OUT]
+
+
+def test_the_tokens_an_answer_still_emits_follow_the_answers_that_ended_before() -> None:
+    """The same request (1000 tokens left, 10 emitted) and backlog: with no answer ended yet, half the limit pays the
+    backlog back and the model's regime is entered; after answers that ended on their own at 30 tokens (20 more
+    expected) it is not; an answer already longer than all of them goes by its limit again. Answers cut at a limit
+    say nothing."""
+    entered = []
+    for answers, ended in (([], True), ([30] * 3, True), ([8] * 3, True), ([30] * 3, False)):
+        drafter, _model = hybrid(model_accepts=4, ngram_accepts=0, pending=40)
+        for n in answers:
+            drafter.done([1] * (4 + n), 4, ended=ended)
+        drafter.rewind(1)
+        drafter.offer(NO_MATCH, Terms(8, 64, False, 1000, emitted=10), GREEDY, np.random.default_rng(0))
+        entered.append(drafter.state.in_use)
+    assert entered == ["model", OUT, "model", "model"]
+
+
+def test_a_new_text_tries_an_own_drafter_whose_acceptance_on_other_texts_says_it_may_pay() -> None:
+    """A draft model that kept 1 of 4 of late stays out of use, unless on the last texts it drafted on it kept every
+    draft: over those the trial's expected saving pays its entry (a 10-token catch-up) many times over. On trial it
+    drafts `TRIAL_ROUNDS` rounds whatever they keep, and is then left as any regime is."""
+    outcomes = []
+    for kept in (None, 0, 4):  # no texts drafted on yet, texts where it kept nothing, texts where it kept all
+        drafter, _model = hybrid(model_accepts=1, ngram_accepts=0, pending=10)
+        pool = drafter.state.lengths["model"].acceptance.pooled = Pool(0.995)
+        for _ in range(TRIAL_TEXTS if kept is not None else 0):
+            for _ in range(10):
+                pool.update(4, kept)
+            pool.new_text()
+        drafter.rewind(1)
+        drafter.offer(NO_MATCH, Terms(8, 64, False, 1000), GREEDY, np.random.default_rng(0))
+        outcomes.append(drafter.state.in_use)
+    assert outcomes == [OUT, OUT, "model"]
+    assert drafter.state.lengths["model"].acceptance.measured == pytest.approx(TRIAL_PRIOR)  # the text decides soon
+    drafter.propose(NO_MATCH, 8, GREEDY, np.random.default_rng(0))  # the round the offer chose
+    drafter.update(4, 0)  # the trial's first round keeps nothing
+    assert choice(drafter, NO_MATCH) == "model" and TRIAL_ROUNDS == 2
+    drafter.update(4, 0)
+    choice(drafter, NO_MATCH)
+    assert drafter.state.in_use == OUT
+
+
+def test_an_answer_cut_at_its_limit_counts_where_it_went_as_far_as_this_one_may() -> None:
+    """The tokens an answer still emits: answers cut at 64 tokens, when this one may go to 64 too, had all that was left
+    (a benchmark's answers all run to their limit); cut at 30, they say nothing of the 54 left here (half of it, as
+    before any answer); one that ended on its own at 40 had 30 left."""
+    expected = []
+    for answers in ([(64, False)] * 3, [(30, False)] * 3, [(40, True), (64, False)]):
+        drafter, _ = hybrid(model_accepts=4)
+        for n, ended in answers:
+            drafter.done([1] * (4 + n), 4, ended=ended)
+        drafter.entry.terms = Terms(8, 64, False, 54, emitted=10)
+        expected.append(drafter.entry.ahead())
+    assert expected == [54, 27, 42]
+
+
+def test_a_new_text_weighs_a_trial_though_the_drafters_regime_looks_best_without_paying_its_entry() -> None:
+    """A draft model right 3 times in 4 on average, its regime a little better than the target alone's (42 tokens a
+    second to 40) but its 40-token entry not paid back over the 50 tokens expected: on the last texts it kept every
+    draft, so a trial pays, and it is entered for `TRIAL_ROUNDS` rounds."""
+    drafter, _model = hybrid(model_accepts=3, ngram_accepts=0, pending=40)
+    pool = drafter.state.lengths["model"].acceptance.pooled = Pool(0.995)
+    for _ in range(TRIAL_TEXTS):
+        for _ in range(10):
+            pool.update(4, 4)
+        pool.new_text()
+    drafter.rewind(1)
+    drafter.offer(NO_MATCH, Terms(8, 64, False, 100), GREEDY, np.random.default_rng(0))
+    rates = {name: regime.rate for name, regime in drafter.state.regimes.items()}
+    assert rates["model"] > rates[OUT] and drafter.state.in_use == "model" and drafter.entry._trying == "model"
