@@ -83,6 +83,24 @@ def test_each_text_starts_from_an_own_drafters_acceptance_over_every_text(other:
     assert learnt["texts"]["model"] == [text, pool.texts[-1].as_counts()]
 
 
+def test_a_book_keeps_the_last_answers_lengths_for_the_next_process(other: Pair) -> None:
+    """`spec run` answers one prompt a process: the lengths of the last answers (and whether each ended on its own),
+    which price an entry into a drafter's regime, are kept in the book and shared by every hybrid of the next one."""
+    drafting = modes.Drafting(other.drafting.sources)
+    hybrid = drafting.build("hybrid", 0.0, "auto")[0]
+    assert isinstance(hybrid, HybridDrafter)
+    hybrid.done([1] * 70, 6, ended=True)
+    hybrid.done([1] * 30, 6)
+    drafting._verify.record(0, 0.01)
+    learnt = drafting.learnt()
+    assert learnt is not None and learnt["answers"] == [[64, True], [24, False]]
+    later = modes.Drafting(other.drafting.sources)
+    later.seed({**learnt, "answers": [*learnt["answers"], [-1, True]]})  # a length out of range is left out
+    assert list(later.hybrid_state("auto").answers) == [(64, True), (24, False)] == list(later.hybrid_state(5).answers)
+    later.seed({**learnt, "answers": [["many", True]]})  # an entry that does not read as one is ignored whole
+    assert list(later.hybrid_state("auto").answers) == [(64, True), (24, False)]
+
+
 def test_a_book_size_dearer_a_row_than_a_smaller_one_is_read_at_the_smaller_ones_rate(other: Pair) -> None:
     """A pass measured while the machine was busy would price its size out of use for good (never chosen, never
     measured again): read from the book, no size costs more a row than a smaller one; cheaper ones stand."""

@@ -11,6 +11,7 @@ left off (`cost_book`).
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -20,7 +21,7 @@ from spec_cli.decoding.drafter import Drafter
 from spec_cli.drafting.base import CatchUpDrafter
 from spec_cli.drafting.dflash import DFlashDrafter
 from spec_cli.drafting.eagle3 import Eagle3Drafter
-from spec_cli.drafting.hybrid import K_START, HybridDrafter, HybridState
+from spec_cli.drafting.hybrid import ANSWERS_KEPT, K_START, HybridDrafter, HybridState
 from spec_cli.drafting.model import ModelDrafter
 from spec_cli.drafting.mtp import MtpDrafter
 from spec_cli.drafting.ngram import NgramDrafter
@@ -246,6 +247,8 @@ class Drafting:
         self._acceptance: dict[str, dict[str, float | list[float]]] = {}  # the cost book's, by own drafter
         self._texts: dict[str, list[dict[str, float | list[float]]]] = {}  # the cost book's, by own drafter
         self._pooled: dict[str, Pool] = {}  # by own drafter, over every text (`pooled`)
+        # The last answers' (length, whether it ended on its own), every hybrid's: what an entry pays back over.
+        self._answers: deque[tuple[int, bool]] = deque(maxlen=ANSWERS_KEPT)
 
     @property
     def modes(self) -> tuple[str, ...]:
@@ -328,7 +331,7 @@ class Drafting:
                 own = MODES[name]
                 lengths[name] = self.length(("hybrid", name, k), name, own.k_limit(self.sources), planned)
             ks = {name: self._first_k(name, length, lookup) for name, length in lengths.items()} if planned else {}
-            self._hybrids[k] = HybridState(lengths, lookup, ks=ks)
+            self._hybrids[k] = HybridState(lengths, lookup, ks=ks, answers=self._answers)
         return self._hybrids[k]
 
     def _first_k(self, name: str, length: DraftLength, lookup: str) -> int:
@@ -356,6 +359,7 @@ class Drafting:
                      if name in self.own_models()}
             throughput = {name: float(rate) for name, rate in entry.get("throughput", {}).items()
                           if name in ("target", "draft") and 0.0 < float(rate) < 1e3}
+            answers = [(int(n), bool(ended)) for n, ended in entry.get("answers", []) if int(n) >= 0]
         except (AttributeError, KeyError, TypeError, ValueError):
             return
         for name, rate in throughput.items():
@@ -370,10 +374,13 @@ class Drafting:
                 costs.draft_context.seed(context, BOOK_CALLS)
             costs.other_s, costs.other_tokens = BOOK_CALLS * per_token, BOOK_CALLS
         self._acceptance, self._texts, self._pooled = acceptance, texts, {}
+        self._answers.clear()
+        self._answers.extend(answers)
 
     def learnt(self) -> dict[str, Any] | None:
-        """What to keep in the cost book: the costs measured so far, and each own drafter's acceptance over every
-        text and on each of the last texts; None when nothing was measured."""
+        """What to keep in the cost book: the costs measured so far, each own drafter's acceptance over every text and
+        on each of the last texts, and the last answers' lengths (a process that answers one prompt, as `spec run` does,
+        otherwise prices an entry before any); None when nothing was measured."""
         if not self._verify.weight:
             return None
         own = self.own_models()
@@ -388,7 +395,8 @@ class Drafting:
                       for name, context in (("target", self.sources.target), ("draft", self.sources.draft))
                       if context is not None and context.throughput.per_token is not None}
         return {"verify": self._verify.as_dict(), "books": books, "acceptance": {**self._acceptance, **acceptance},
-                "texts": {**self._texts, **texts}, "throughput": throughput}
+                "texts": {**self._texts, **texts}, "throughput": throughput,
+                "answers": [[n, ended] for n, ended in self._answers]}
 
 
 def _means(means: dict[str, float]) -> dict[str, float]:
