@@ -8,8 +8,18 @@ import pytest
 
 from spec_cli.decoding.draft_length import Pool
 from spec_cli.decoding.drafter import Terms
-from spec_cli.drafting.entry import OUT, TRIAL_PRIOR, TRIAL_ROUNDS, TRIAL_TEXTS
+from spec_cli.drafting.entry import OUT, TRIAL_AFTER, TRIAL_PRIOR, TRIAL_ROUNDS, TRIAL_TEXTS
+from spec_cli.drafting.hybrid import HybridDrafter
 from support.hybrids import GREEDY, NO_MATCH, choice, hybrid
+
+
+def rounds_out(drafter: HybridDrafter, terms: Terms) -> None:
+    """A new text's first `TRIAL_AFTER` rounds, which run out of every regime before a trial is weighed."""
+    for _ in range(TRIAL_AFTER):
+        drafter.offer(NO_MATCH, terms, GREEDY, np.random.default_rng(0))
+        drafter.propose(NO_MATCH, 8, GREEDY, np.random.default_rng(0))
+        drafter.update(0, 0)
+        assert drafter.state.in_use == OUT
 
 
 def test_a_large_backlog_defers_the_model_until_the_regret_reaches_its_price() -> None:
@@ -77,6 +87,7 @@ def test_a_new_text_tries_an_own_drafter_whose_acceptance_on_other_texts_says_it
                 pool.update(4, kept)
             pool.new_text()
         drafter.rewind(1)
+        rounds_out(drafter, Terms(8, 64, False, 1000))
         drafter.offer(NO_MATCH, Terms(8, 64, False, 1000), GREEDY, np.random.default_rng(0))
         outcomes.append(drafter.state.in_use)
     assert outcomes == [OUT, OUT, "model"]
@@ -114,6 +125,7 @@ def test_a_new_text_weighs_a_trial_though_the_drafters_regime_looks_best_without
             pool.update(4, 4)
         pool.new_text()
     drafter.rewind(1)
+    rounds_out(drafter, Terms(8, 64, False, 100))
     drafter.offer(NO_MATCH, Terms(8, 64, False, 100), GREEDY, np.random.default_rng(0))
     rates = {name: regime.rate for name, regime in drafter.state.regimes.items()}
     assert rates["model"] > rates[OUT] and drafter.state.in_use == "model" and drafter.entry._trying == "model"

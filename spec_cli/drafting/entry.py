@@ -28,6 +28,7 @@ LEFT_SHARE = 0.5  # of the tokens a generation may still emit, those a regime's 
 # before any answer has ended on its own (`RegimeEntry.ahead`)
 TRIAL_TEXTS = 2  # the texts an own drafter must have drafted in before a new one weighs a trial of it
 TRIAL_ROUNDS = 2  # the rounds a trial drafts before its regime may be left
+TRIAL_AFTER = 2  # the rounds a new text runs out of every regime before a trial is weighed: the rate out is then its own
 TRIAL_PRIOR = 2.0  # rounds' worth of the acceptance over every text that a trial's text keeps as its prior
 
 
@@ -40,22 +41,26 @@ class RegimeEntry:
         self.books = books
         self.terms: Terms | None = None
         self._weighed = False  # whether this text has weighed a trial of an own drafter
+        self._waited = 0  # the rounds this text has run out of every regime before weighing one
         self._trying: str | None = None  # the own drafter on trial on this text
 
     def new_text(self) -> None:
-        self._weighed, self._trying = False, None
+        self._weighed, self._trying, self._waited = False, None, 0
 
     def trial(self, options: dict[str, Option], pending: dict[str, int], ks: dict[str, int],
               out_rate: float) -> str | None:
-        """The own drafter on trial this round, if any: weighed once a text, at its first round out of every own
-        drafter's regime, whichever regime's rate is the best (a draft model whose mean acceptance, learnt on rewrites,
-        put its regime a little above the target alone's did not pay its entry on a code prompt, where it keeps nearly
-        every draft); it drafts `TRIAL_ROUNDS` rounds before its regime may be left. Its acceptance keeps `TRIAL_PRIOR`
-        rounds of the mean over texts, so this text decides."""
+        """The own drafter on trial this round, if any: weighed once a text, after `TRIAL_AFTER` rounds out of every own
+        drafter's regime (the rate out is then this text's: weighed at its first round, against the last text's rate,
+        a rewrite the memory copies at twice the target alone's speed paid a 68-token catch-up for two model rounds),
+        whichever regime's rate is the best (a draft model whose mean acceptance, learnt on rewrites, put its regime a
+        little above the target alone's did not pay its entry on a code prompt, where it keeps nearly every draft); it
+        drafts `TRIAL_ROUNDS` rounds before its regime may be left. Its acceptance keeps `TRIAL_PRIOR` rounds of the
+        mean over texts, so this text decides."""
         state = self.state
         if state.in_use == OUT and not self._weighed:
-            self._weighed = True
-            self._trying = self._worth_a_trial(options, pending, ks, out_rate)
+            self._waited += 1
+            self._weighed = self._waited > TRIAL_AFTER
+            self._trying = self._worth_a_trial(options, pending, ks, out_rate) if self._weighed else None
             if self._trying is not None:
                 state.in_use, state.regret_s = self._trying, 0.0
                 acceptance = state.lengths[self._trying].acceptance
