@@ -78,6 +78,23 @@ def test_runs_rotate_through_configurations(target_path: Path) -> None:
     assert [len(side.runs) for side in sides] == [4, 4, 4]
 
 
+def test_every_configuration_takes_the_prompt_in_itself(target_path: Path) -> None:
+    """A configuration run after another on the same prompt does not find it in the models' caches: the draft's
+    catch-up on the prompt counts in decoding time, and only the first to draft with the model would pay it."""
+    held: list[tuple[int, int]] = []
+    with load_pair(target_path, target_path) as pair:
+        assert pair.draft_context is not None
+        draft = pair.draft_context
+
+        def starting(_label: str) -> None:
+            held.append((pair.target_context.n_past, draft.n_past))
+
+        compare(pair, [TARGET_ALONE, Config("model", 2), Config("model", 3)], {None: ["the cat sat"]}, max_tokens=6,
+                raw=True, progress=starting)
+        assert draft.n_past > 0  # the last configuration drafted with the model
+    assert held == [(0, 0)] * 3
+
+
 def test_prompt_files(tmp_path: Path) -> None:
     plain = tmp_path / "p.txt"
     plain.write_text("first prompt\n\nsecond prompt\n")

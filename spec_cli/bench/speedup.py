@@ -239,16 +239,18 @@ def compare(pair: Pair, configs: Sequence[Config], prompts: Mapping[str | None, 
     through the configurations; one Side each. Configurations placed "rpc" run on `rpc_pair` (the same files,
     the target split over RPC workers).
 
-    Each run of a prompt uses the same seed in every configuration, so sampled runs compare like with like.
+    Each run of a prompt uses the same seed in every configuration, so sampled runs compare like with like, and starts
+    from models that hold nothing of it (`Pair.forget_prompts`) and an empty memory of earlier outputs.
     `sampling` gives every setting but the temperature, which each configuration brings.
     """
     sides = [Side(config) for config in configs]
     for round_number, (task, task_prompts) in itertools.product(range(repeat), prompts.items()):
         for prompt_number, prompt in enumerate(task_prompts):
             for side in (side for side in sides if side.config.task == task):
-                progress(side.label)
                 config = side.config
                 runner = rpc_pair if config.where == "rpc" and rpc_pair is not None else pair
+                runner.forget_prompts()  # each configuration takes the prompt in itself, as the first to run it did
+                progress(side.label)
                 request = GenerationRequest(sampling=replace(sampling, temperature=config.temperature),
                                             seed=round_number * len(task_prompts) + prompt_number,
                                             draft_max=config.draft_max, draft_mode=config.draft_mode,
