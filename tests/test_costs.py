@@ -279,3 +279,19 @@ def test_a_context_slope_kept_and_seeded() -> None:
     fresh.at(100)
     assert fresh.draft_context.slope == pytest.approx(0.000005)
     assert fresh.step_costs(1)[0] == pytest.approx(0.0075, rel=0.02)
+
+
+def test_the_peak_rate_is_climbed_to_from_any_k() -> None:
+    """From below or above the best K, climbing one K at a time reaches the rate `best_k` finds over every K."""
+    costs = LoopCosts()
+    for k in range(17):
+        costs.verify.record(k, 0.020 + 0.002 * k)
+    costs.draft.record(1, 0.004)
+    costs.draft.record(2, 0.006)
+    acceptance = PositionAcceptance()
+    for _ in range(50):
+        acceptance.update(16, 6)  # six of sixteen kept each round: the rate peaks at a middling K
+    best = costs.best_k(acceptance, range(1, 17))
+    assert best is not None and 1 < best < 16
+    peak = costs.rate(best, acceptance)
+    assert [costs.peak_rate(acceptance, k, 16) for k in (1, best, 16)] == pytest.approx([peak] * 3)

@@ -17,7 +17,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from spec_cli.decoding.costs import LoopCosts
-from spec_cli.decoding.draft_length import PositionAcceptance
 from spec_cli.decoding.drafter import Terms
 
 if TYPE_CHECKING:
@@ -25,7 +24,7 @@ if TYPE_CHECKING:
 
 OUT = "out"  # the regime in which none of the pair's own drafters is in use
 LEFT_SHARE = 0.5  # of the tokens a generation may still emit, those a regime's entry is expected to pay back over,
-# before any answer has ended on its own (`RegimeEntry.ahead`)
+# before any answer has said how long answers run (`RegimeEntry.ahead`)
 TRIAL_TEXTS = 2  # the texts an own drafter must have drafted in before a new one weighs a trial of it
 TRIAL_ROUNDS = 2  # the rounds a trial drafts before its regime may be left
 TRIAL_AFTER = 2  # the rounds a new text runs out of every regime before a trial is weighed: the rate out is then its own
@@ -137,7 +136,7 @@ class RegimeEntry:
                 continue
             saved, book, most = 0.0, self.books[name], self.state.lengths[name].k_max
             for text in pool.texts:  # each at its best K: the K the planner gave it lately was for the texts it had
-                rate = _best_rate(book, text, min(k, most), most)
+                rate = book.peak_rate(text, min(k, most), most)
                 if rate:
                     saved += max(0.0, 1.0 / out_rate - 1.0 / rate)
             gain = saved / len(pool.texts) * ahead - self.backlog_price(name, pending[name])
@@ -152,18 +151,3 @@ class RegimeEntry:
         assert pool is not None  # `_worth_a_trial` tries only a drafter with a pool
         return pool.text.measured
 
-
-def _best_rate(book: LoopCosts, text: PositionAcceptance, k: int, most: int) -> float | None:
-    """The rate of drafting text `text` at its best K within 1..`most`, climbed to from `k` while a K one further yields
-    more (the rate rises to one peak as K grows): a few rates a text, where every K of 16 texts cost ~0.5 ms a new text
-    on the demo pair. None while a cost it needs is unmeasured."""
-    rate = book.rate(k, text)
-    if rate is None:
-        return None
-    for step in (1, -1):
-        while 1 <= k + step <= most:
-            further = book.rate(k + step, text)
-            if further is None or further <= rate:
-                break
-            k, rate = k + step, further
-    return rate
