@@ -52,7 +52,7 @@ def bench(
     ks: Annotated[Optional[str], typer.Option("--k", "-k", help="Draft lengths to compare, comma-separated numbers or auto (default: the pair's recommended K, and auto).", show_default=False)] = None,
     modes: Annotated[Optional[str], typer.Option("--modes", help=f"Draft modes to compare, comma-separated: {', '.join(m for m in MODES if m != 'none')} (default: every way this pair allows, the default hybrid beside each mode it chooses among).", show_default=False)] = None,
     max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", min=1, help="Tokens generated per run.")] = 128,
-    repeat: Annotated[int, typer.Option("--repeat", "-r", min=1, help="Runs of each prompt in each configuration.")] = 1,
+    repeat: Annotated[int, typer.Option("--repeat", "-r", min=1, help="Runs of each prompt in each configuration (2 or more: the default's ratio to the best pinned mode is also given held out, the best chosen on half the rounds and read on the others).")] = 1,
     temps: Annotated[str, typer.Option("--temp", help="Temperatures to compare, comma-separated; 0 is greedy. Each has its own target-alone baseline.")] = "0",
     verify: Annotated[str, typer.Option("--verify", help="Verification rules to compare at temperatures above 0, comma-separated: block, token, gumbel.")] = DEFAULT_VERIFY,
     json_file: Annotated[Optional[Path], typer.Option("--json", help="Also write every figure (and each run's statistics) to this JSON file.", show_default=False)] = None,
@@ -98,7 +98,7 @@ def bench(
                         "prompts": sum(map(len, prompts.values())), "task": None if prompts_file else task,
                         "max_tokens": max_tokens, "repeat": repeat, "temperatures": temperatures,
                         "threads": load.threads or os.cpu_count()}
-            result = benchmark.report(sides, settings)
+            result = benchmark.report(sides, settings, repeat)
             show_comparison(result)
             if json_file is not None:
                 _write(json_file, json.dumps(result, indent=2) + "\n")
