@@ -8,14 +8,14 @@ import pytest
 
 from spec_cli.decoding.draft_length import Pool
 from spec_cli.decoding.drafter import Terms
-from spec_cli.drafting.entry import OUT, TRIAL_AFTER, TRIAL_PRIOR, TRIAL_ROUNDS, TRIAL_TEXTS
+from spec_cli.drafting.entry import OUT, SETTLE_ROUNDS, TRIAL_PRIOR, TRIAL_ROUNDS, TRIAL_TEXTS
 from spec_cli.drafting.hybrid import HybridDrafter
 from support.hybrids import GREEDY, NO_MATCH, choice, hybrid
 
 
 def rounds_out(drafter: HybridDrafter, terms: Terms) -> None:
-    """A new text's first `TRIAL_AFTER` rounds, which run out of every regime before a trial is weighed."""
-    for _ in range(TRIAL_AFTER):
+    """A new text's first `SETTLE_ROUNDS` rounds, which run out of every regime: its rates are not its own yet."""
+    for _ in range(SETTLE_ROUNDS):
         drafter.offer(NO_MATCH, terms, GREEDY, np.random.default_rng(0))
         drafter.propose(NO_MATCH, 8, GREEDY, np.random.default_rng(0))
         drafter.update(0, 0)
@@ -43,12 +43,13 @@ def test_a_large_backlog_defers_the_model_until_the_regret_reaches_its_price() -
 
 
 def test_a_clearly_better_regime_is_entered_at_once_where_the_answer_has_room_to_pay_it_back() -> None:
-    """Out of the model's regime, with a 40-token backlog to pay on entering: told that the generation may emit 1000
-    more tokens, the hybrid enters at once (the model's rate pays the backlog back within them); told 10, or not
-    told (the ski-rental wait), it stays out this round."""
+    """Out of the model's regime, with a 40-token backlog to pay on entering, once the text's first rounds have made
+    the rates its own: told that the generation may emit 1000 more tokens, the hybrid enters at once (the model's rate
+    pays the backlog back within them); told 10, or not told (the ski-rental wait), it stays out this round."""
     entered = []
     for left in (1000, 10, None):
         drafter, _model = hybrid(model_accepts=4, ngram_accepts=0, pending=40)
+        rounds_out(drafter, Terms(8, 64, False, 10))
         drafter.rewind(1)
         if left is None:
             drafter.propose(NO_MATCH, 8, GREEDY, np.random.default_rng(0))
@@ -56,6 +57,16 @@ def test_a_clearly_better_regime_is_entered_at_once_where_the_answer_has_room_to
             drafter.offer(NO_MATCH, Terms(8, 64, False, left), GREEDY, np.random.default_rng(0))
         entered.append(drafter.state.in_use)
     assert entered == ["model", OUT, OUT]
+
+
+def test_a_new_text_is_entered_for_its_pay_back_only_once_its_rates_are_its_own() -> None:
+    """In a new text's first `SETTLE_ROUNDS` rounds the regimes' rates are the last text's: the model's regime is not
+    entered for its pay-back though the 1000 tokens the answer may emit would pay its backlog back at those rates;
+    the round after, it is."""
+    drafter, _model = hybrid(model_accepts=4, ngram_accepts=0, pending=40)
+    rounds_out(drafter, Terms(8, 64, False, 1000))
+    drafter.offer(NO_MATCH, Terms(8, 64, False, 1000), GREEDY, np.random.default_rng(0))
+    assert drafter.state.in_use == "model"
 
 
 def test_the_tokens_an_answer_still_emits_follow_the_answers_that_ended_before() -> None:
@@ -68,6 +79,7 @@ def test_the_tokens_an_answer_still_emits_follow_the_answers_that_ended_before()
         drafter, _model = hybrid(model_accepts=4, ngram_accepts=0, pending=40)
         for n in answers:
             drafter.done([1] * (4 + n), 4, ended=ended)
+        rounds_out(drafter, Terms(8, 64, False, 10))
         drafter.rewind(1)
         drafter.offer(NO_MATCH, Terms(8, 64, False, 1000, emitted=10), GREEDY, np.random.default_rng(0))
         entered.append(drafter.state.in_use)

@@ -6,7 +6,7 @@ Three rules, each for what the others cannot see:
   better regime is entered once they reach its backlog's price, fixed when the wait began (never more than twice
   the best choice in hindsight);
 - pay-back: where the tokens this answer still emits are known well enough (`ahead`), a regime clearly better is
-  entered at once when the seconds it saves a token over them pay its price;
+  entered at once when the seconds it saves a token over them pay its price, once a new text's rates are its own;
 - a trial on a new text: an own drafter whose acceptance over the last texts says it may pay on this one, though its
   mean does not, drafts a few rounds here (the value of the information), as acceptance differs most from text to
   text.
@@ -27,7 +27,8 @@ LEFT_SHARE = 0.5  # of the tokens a generation may still emit, those a regime's 
 # before any answer has said how long answers run (`RegimeEntry.ahead`)
 TRIAL_TEXTS = 2  # the texts an own drafter must have drafted in before a new one weighs a trial of it
 TRIAL_ROUNDS = 2  # the rounds a trial drafts before its regime may be left
-TRIAL_AFTER = 2  # the rounds a new text runs out of every regime before a trial is weighed: the rate out is then its own
+SETTLE_ROUNDS = 2  # the rounds a new text runs before the regimes' rates are read as its own: a trial is weighed, and
+# a regime entered at once for its pay-back, only after them (at its first round they are the last text's)
 TRIAL_PRIOR = 2.0  # rounds' worth of the acceptance over every text that a trial's text keeps as its prior
 
 
@@ -40,25 +41,25 @@ class RegimeEntry:
         self.books = books
         self.terms: Terms | None = None
         self._weighed = False  # whether this text has weighed a trial of an own drafter
-        self._waited = 0  # the rounds this text has run out of every regime before weighing one
+        self._rounds = 0  # the rounds this text has chosen in (`SETTLE_ROUNDS`)
         self._trying: str | None = None  # the own drafter on trial on this text
 
     def new_text(self) -> None:
-        self._weighed, self._trying, self._waited = False, None, 0
+        self._weighed, self._trying, self._rounds = False, None, 0
 
     def trial(self, options: dict[str, Option], pending: dict[str, int], ks: dict[str, int],
               out_rate: float) -> str | None:
-        """The own drafter on trial this round, if any: weighed once a text, after `TRIAL_AFTER` rounds out of every own
-        drafter's regime (the rate out is then this text's: weighed at its first round, against the last text's rate,
-        a rewrite the memory copies at twice the target alone's speed paid a 68-token catch-up for two model rounds),
+        """The own drafter on trial this round, if any: weighed once a text, out of every own drafter's regime, after
+        `SETTLE_ROUNDS` rounds (the rate out is then this text's: weighed at its first round, against the last text's
+        rate, a rewrite the memory copies at twice the target alone's speed paid a 68-token catch-up for two rounds),
         whichever regime's rate is the best (a draft model whose mean acceptance, learnt on rewrites, put its regime a
         little above the target alone's did not pay its entry on a code prompt, where it keeps nearly every draft); it
         drafts `TRIAL_ROUNDS` rounds before its regime may be left. Its acceptance keeps `TRIAL_PRIOR` rounds of the
         mean over texts, so this text decides."""
         state = self.state
+        self._rounds += 1
         if state.in_use == OUT and not self._weighed:
-            self._waited += 1
-            self._weighed = self._waited > TRIAL_AFTER
+            self._weighed = self._rounds > SETTLE_ROUNDS
             self._trying = self._worth_a_trial(options, pending, ks, out_rate) if self._weighed else None
             if self._trying is not None:
                 state.in_use, state.regret_s = self._trying, 0.0
@@ -113,9 +114,12 @@ class RegimeEntry:
         """Whether the seconds a regime of rate `better` saves a token over the one of `rate`, over the tokens this
         answer is expected to emit still (`ahead`), pay its entry price. Where that is known, a regime clearly better
         is entered at once rather than after the ski-rental wait (a chat answer of 160 tokens waited ~35 rounds for a
-        draft model 1.4x the target alone); unknown, the wait alone."""
+        draft model 1.4x the target alone); unknown, the wait alone. Not in a new text's first `SETTLE_ROUNDS` rounds:
+        the rates are the last text's (a rewrite after a story entered the draft model's regime at its first round, a
+        68-token catch-up of 250 ms for one round, where the memory then drafted at twice the model's rate)."""
         ahead = self.ahead()
-        return ahead is not None and (1.0 / rate - 1.0 / better) * ahead >= self.state.price_s
+        return self._rounds > SETTLE_ROUNDS and ahead is not None and \
+            (1.0 / rate - 1.0 / better) * ahead >= self.state.price_s
 
     def _worth_a_trial(self, options: dict[str, Option], pending: dict[str, int], ks: dict[str, int],
                        out_rate: float) -> str | None:
