@@ -55,7 +55,8 @@ class RegimeEntry:
         whichever regime's rate is the best (a draft model whose mean acceptance, learnt on rewrites, put its regime a
         little above the target alone's did not pay its entry on a code prompt, where it keeps nearly every draft); it
         drafts `TRIAL_ROUNDS` rounds before its regime may be left. Its acceptance keeps `TRIAL_PRIOR` rounds of the
-        mean over texts, so this text decides."""
+        mean over texts, so this text decides. Asked once each round the hybrid chooses: it counts the text's rounds,
+        which the pay-back reads too."""
         state = self.state
         self._rounds += 1
         if state.in_use == OUT and not self._weighed:
