@@ -164,7 +164,7 @@ def test_bench_concurrency_puts_the_default_beside_every_pinned_mode_at_each_lev
         chat_target_path: Path, other_draft_path: Path, tmp_path: Path) -> None:
     out = tmp_path / "concurrency.json"
     result = CliRunner().invoke(app, ["bench", "--target", str(chat_target_path), "--draft", str(other_draft_path),
-                                      "--concurrency", "1,3", "-n", "12", "--json", str(out)])
+                                      "--concurrency", "1,3", "-n", "12", "-r", "2", "--json", str(out)])
     assert result.exit_code == 0, result.output
     assert "Several requests at once" in result.stdout and all(name in result.stdout for name in ("hybrid", "memory", "none"))
     levels = json.loads(out.read_text())["concurrency"]
@@ -174,7 +174,10 @@ def test_bench_concurrency_puts_the_default_beside_every_pinned_mode_at_each_lev
         assert list(sides) == ["hybrid", "model", "ngram", "memory", "none"]
         assert sides["none"]["mean_k"] == 0 and sides["none"]["speedup"] == pytest.approx(1.0)
         assert max(side["of_best"] for side in sides.values()) == 1.0
-        assert all(side["requests"] == level["concurrency"] for side in sides.values())
+        assert all(side["requests"] == 2 * level["concurrency"] for side in sides.values())
+        held_out = sides["hybrid"]["of_best_other_held_out"]
+        assert held_out > 0 and f"hybrid at {level['concurrency']}: {held_out:.2f}× the fastest of the others" in \
+            result.stdout
     assert levels[1]["sides"][-1]["batch_size"] > 1.5
     pinned = CliRunner().invoke(app, ["bench", "--target", str(chat_target_path), "--draft", str(other_draft_path),
                                       "--concurrency", "2", "--modes", "ngram", "-n", "8", "--json", str(out)])

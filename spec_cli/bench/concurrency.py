@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
 
+from spec_cli.bench.held_out import held_out_ratio
 from spec_cli.decoding.scheduler import Scheduler
 from spec_cli.decoding.stats import Stats
 from spec_cli.pair import Pair, Slot
@@ -37,9 +38,14 @@ class Batch:
     totals: Stats = field(default_factory=lambda: Stats(draft_max=0))
 
     @property
+    def rounds(self) -> list[list[float]]:
+        """Each batch's tokens per second, a round each."""
+        return [[n / s] for n, s in zip(self.tokens, self.wall_s) if s > 0]
+
+    @property
     def tokens_per_second(self) -> float:
         """Every request's tokens over the wall time of the batches (median of the batches' rates)."""
-        return statistics.median(n / s for n, s in zip(self.tokens, self.wall_s) if s > 0)
+        return statistics.median(rate for (rate,) in self.rounds)
 
     def as_dict(self) -> dict[str, object]:
         t = self.totals
@@ -112,8 +118,9 @@ def _mode(pair: Pair, request: GenerationRequest) -> str:
 
 
 def report(batches: Sequence[Batch]) -> dict[str, object]:
-    """At each concurrency every side, with its tokens per second over the target alone's (`speedup`) and over the
-    best side's (`of_best`)."""
+    """At each concurrency every side, with its tokens per second over the target alone's (`speedup`), over the
+    best side's (`of_best`), and with two batches of each side or more over the best of the others' held out
+    (`of_best_other_held_out`: without the best one's luck, `held_out.held_out_ratio`)."""
     levels = []
     for level in dict.fromkeys(batch.concurrency for batch in batches):
         sides = [batch for batch in batches if batch.concurrency == level]
@@ -121,5 +128,8 @@ def report(batches: Sequence[Batch]) -> dict[str, object]:
         alone = next((batch.tokens_per_second for batch in sides if batch.mode == "none"), None)
         levels.append({"concurrency": level, "sides": [
             {**batch.as_dict(), "speedup": batch.tokens_per_second / alone if alone else None,
-             "of_best": batch.tokens_per_second / best} for batch in sides]})
+             "of_best": batch.tokens_per_second / best,
+             "of_best_other_held_out": held_out_ratio(batch.rounds, [other.rounds for other in sides
+                                                                      if other is not batch])}
+            for batch in sides]})
     return {"concurrency": levels}

@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from spec_cli.bench.held_out import held_out_ratio
 from spec_cli.decoding.costs import PER_TOKEN, LoopCosts
 from spec_cli.decoding.draft_length import PositionAcceptance
 from spec_cli.decoding.sampling import SamplingParams
@@ -373,12 +374,8 @@ def _same_text(side: Side) -> dict[str, Any] | None:
 def _against_pinned(configs: list[dict[str, Any]], repeat: int) -> None:
     """Give each hybrid row (the default) its tokens/s over the best pinned mode's, at whichever K that mode ran
     best, on the same prompts and settings: the default exists to be at least as fast as the best single way,
-    and this is where to see whether it is.
-
-    The best of several noisy rows reads high by their noise alone (of eight rows equally fast, each ±3%, the best
-    reads ~4% above them), which the plain ratio charges to the default. With two rounds of runs or more (`repeat`),
-    `held_out` is the ratio without that bias: the best pinned mode is chosen on the runs of the even rounds and the
-    ratio read on the odd rounds', and the other way about, the two averaged (cross-fitting)."""
+    and this is where to see whether it is. With two rounds of runs or more (`repeat`), also `held_out`: that ratio
+    without the best row's luck (`held_out.held_out_ratio`)."""
     def setting(c: dict[str, Any]) -> tuple:
         return c["task"], c["temperature"], c["verify"], c["where"]
     for c in configs:
@@ -387,23 +384,16 @@ def _against_pinned(configs: list[dict[str, Any]], repeat: int) -> None:
             best = max(peers, key=lambda p: p["tokens_per_second"]["median"])
             c["against_best_pinned"] = {"label": best["label"], "ratio": c["tokens_per_second"]["median"]
                                         / best["tokens_per_second"]["median"]}
-            if repeat >= 2:
-                c["against_best_pinned"]["held_out"] = statistics.mean(_held_out(c, peers, repeat, half)
-                                                                       for half in (0, 1))
+            held_out = held_out_ratio(_rounds(c, repeat), [_rounds(peer, repeat) for peer in peers])
+            if held_out is not None:
+                c["against_best_pinned"]["held_out"] = held_out
 
 
-def _held_out(default: dict[str, Any], peers: list[dict[str, Any]], repeat: int, half: int) -> float:
-    """The default's tokens/s over the pinned row that ran best in `half` of the rounds, both read in the other."""
-    chosen = max(peers, key=lambda peer: _half(peer, repeat, half))
-    return _half(default, repeat, 1 - half) / _half(chosen, repeat, 1 - half)
-
-
-def _half(config: dict[str, Any], repeat: int, half: int) -> float:
-    """The median tokens/s of a row's runs in the even rounds (`half` 0) or the odd ones (1): each round runs every
-    prompt once, in order (`compare`)."""
-    per_round = len(config["runs"]) // repeat
-    return statistics.median(run["tokens_per_second"] for i, run in enumerate(config["runs"])
-                             if (i // per_round) % 2 == half)
+def _rounds(config: dict[str, Any], repeat: int) -> list[list[float]]:
+    """A row's tokens/s run by run, in its `repeat` rounds: each round runs every prompt once, in order (`compare`)."""
+    rates = [run["tokens_per_second"] for run in config["runs"]]
+    per_round = len(rates) // repeat
+    return [rates[i * per_round:(i + 1) * per_round] for i in range(repeat)]
 
 
 def _group_name(task: str | None, where: str | None) -> str:
