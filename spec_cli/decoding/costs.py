@@ -29,6 +29,7 @@ from typing import Iterable, Protocol
 HOST, PER_TOKEN, PER_ROUND = "host", "per token", "per round"
 DECAY = 0.95  # every call weighs 5% less at each call recorded after it: the costs follow the machine's load
 REFIT_EVERY = 16  # calls of sizes already seen between two fits of `BatchCosts`' line
+REF_MARGIN = 2.0  # how many times the size called most another size's calls must weigh to take its place
 STALE = 0.5  # the weight (in calls) below which a size measured long ago is read off `BatchCosts`' line
 FLOOR = 0.01  # the least weight (in calls) a size measured long ago keeps in the line's fit: its shape stays known
 RESCALE = 1e150  # `BatchCosts`' scale past which its weights are brought back to real calls (the rest forgotten)
@@ -60,10 +61,14 @@ class BatchCosts:
     on a tiny model whose 2-row pass costs three 1-row ones the planner drafted 7 rows every ~135 rounds),
     refitted when a new size is seen and every `REFIT_EVERY` calls otherwise. A size seen long ago was measured beside
     the size called most (`_shape`: its mean over that one's when it was last called), and is at that ratio of the
-    other's cost today, in the line and, where fewer than two sizes are fresh (no line to read it off), as its price:
-    passes cost more as contexts grow and as the machine's load changes, and a 6-row pass measured early beside 4-row
-    ones priced it cheap long after the 4-row passes had doubled (four sequences on a tiny model drafted where a row
-    costs more than the whole pass). With one size n0 seen, the guess errs cheap on both sides, so that whatever
+    other's cost today, in the line, between the sizes seen (`interpolated`) and, where fewer than two sizes are fresh
+    (no line to read it off), as its price: passes cost more as contexts grow and as the machine's load changes, and a
+    6-row pass measured early beside 4-row ones priced it cheap long after the 4-row passes had doubled (four
+    sequences on a tiny model drafted where a row costs more than the whole pass). So is a size a cost book seeded
+    until this process measures it: the book's sizes were measured together, on a machine that may have been quiet;
+    under a process taking a core, draft steps cost 31 ms where the book said 8, and a 64-token catch-up read at the
+    book's 220 ms entered the draft model where it cost ~850. The size called most changes only when another's calls
+    weigh `REF_MARGIN` times its own, and the shapes are carried over to it (`_rebase`). With one size n0 seen, the guess errs cheap on both sides, so that whatever
     depends on it gets tried and measured: proportional to n + 1 below n0, the same as n0 above (as if batching were
     free).
 
@@ -100,6 +105,7 @@ class BatchCosts:
         self._scale = 1.0  # decay^-(calls recorded since the last rescale)
         self._ref: int | None = None  # the size called most (aged): what the others' shapes are measured against
         self._shape: dict[int, tuple[int, float]] = {}  # size: (the size called most, its mean over that one's)
+        self._seeded: set[int] = set()  # sizes whose calls all came from a seed: none measured in this process
         self._first: dict[int, tuple[float, float] | None] = {}  # a size's first call (weight, total) until its second
         self.context = 0  # the tokens the loop's round follows now (`LoopCosts.at`)
 
@@ -117,9 +123,11 @@ class BatchCosts:
         if self.decay < 1.0:  # a live book's (plain means, a benchmark's, count every call)
             self._first[n] = None if n in self._first else (self._scale, self._scale * seconds)
         self._add(n, self._scale, self._scale * seconds)
+        self._seeded.discard(n)
         shaped: int | None = n  # the size whose shape this call updates
-        if self._ref is None or self.weight[n] > self.weight[self._ref]:  # only the size called can overtake
-            self._ref, shaped = n, self._ref  # the one overtaken keeps its shape against the new most called
+        if self._ref is None or self.weight[n] > REF_MARGIN * self.weight[self._ref]:  # only the size called can
+            self._ref, shaped = n, self._ref  # overtake; the one overtaken keeps its shape against the new most called
+            self._rebase()
         if shaped is not None and shaped != self._ref:
             self._shape[shaped] = (self._ref, self._mean[shaped] / self._mean[self._ref])
         self._since_fit += 1
@@ -161,6 +169,7 @@ class BatchCosts:
                 del self.weight[size], self.total[size], self._mean[size]
                 self._shape.pop(size, None)
                 self._first.pop(size, None)
+                self._seeded.discard(size)
         self._scale = 1.0
         self._sorted = sorted(self.weight)
         self._changed()
@@ -169,7 +178,18 @@ class BatchCosts:
         """Many sizes changed at once (a merge, a seed, a rescale): what reads kept is found again."""
         self._ref = max(self.weight, key=self.weight.__getitem__, default=None)
         self._shape = {n: shape for n, shape in self._shape.items() if shape[0] in self.weight}
+        self._rebase()
         self._line, self._fresh, self._ceiling, self._read, self._between = None, None, None, {}, {}
+
+    def _rebase(self) -> None:
+        """Every shape against the size called most now: r_m over the old one times the old one's mean over the
+        new one's. A shape against a size that has gone stale no longer prices anything, and the sizes a cost book
+        seeded would be read at the level it was measured at, not today's."""
+        ref = self._ref
+        self._shape.pop(ref, None)
+        for m, (old, ratio) in self._shape.items():
+            if old != ref:
+                self._shape[m] = (ref, ratio * self._mean[old] / self._mean[ref])
 
     def merge(self, other: BatchCosts) -> None:
         self.context = other.context
@@ -198,8 +218,9 @@ class BatchCosts:
         return self._fresh_set
 
     def _today(self, m: int, fresh: frozenset[int]) -> float:
-        """Size m's mean; for one seen long ago with a shape against a fresh size, that ratio of its cost today."""
-        if m not in fresh and m in self._shape:
+        """Size m's mean; for one seen long ago or only in a cost book, with a shape against a fresh size, that ratio
+        of its cost today."""
+        if (m not in fresh or m in self._seeded) and m in self._shape:
             ref, ratio = self._shape[m]
             if ref in fresh:
                 return ratio * self._mean[ref]
@@ -210,7 +231,7 @@ class BatchCosts:
             return None
         fresh = self._fresh_sizes()
         if n in fresh:  # never below a smaller size's: one noisy call must not make more rows look cheaper
-            return max(self._mean[n], self._floor(n))
+            return max(self._today(n, fresh), self._floor(n))
         if len(fresh) < 2 and n in self._shape and self._shape[n][0] in fresh:  # no line through fresh sizes
             return max(self._today(n, fresh), self._floor(n))
         if len(self._sorted) < 2:  # one size to go by
@@ -232,7 +253,8 @@ class BatchCosts:
         if self._ceiling is None:
             self._fresh_sizes()
             sizes = self._fresh or self._sorted
-            self._ceiling = sizes, list(accumulate((self._mean[m] for m in sizes), max))
+            fresh = self._fresh_set
+            self._ceiling = sizes, list(accumulate((self._today(m, fresh) for m in sizes), max))
         sizes, highest = self._ceiling
         below = bisect_right(sizes, n)
         return highest[below - 1] if below else highest[0] * (n + 1) / (sizes[0] + 1)
@@ -253,11 +275,11 @@ class BatchCosts:
         if not sizes or n <= sizes[0] or n in self.weight:
             return self.seconds(n)
         at = bisect_right(sizes, n)
-        below = sizes[at - 1]
+        below, fresh = sizes[at - 1], self._fresh_sizes()
         if at == len(sizes):  # beyond the largest: per token (a size 0, a pass that feeds none, has no such rate)
-            return self._mean[below] * n / below if below else self.seconds(n)
+            return self._today(below, fresh) * n / below if below else self.seconds(n)
         above = sizes[at]
-        low, high = self._mean[below], self._mean[above]
+        low, high = self._today(below, fresh), self._today(above, fresh)
         return low + (high - low) * (n - below) / (above - below)
 
     def as_dict(self) -> dict[str, float]:
@@ -271,7 +293,12 @@ class BatchCosts:
                 self.weight[int(n)] = self.total[int(n)] = 0.0
                 self._first.pop(int(n), None)
             self._add(int(n), weight * self._scale, weight * self._scale * float(seconds))
+            self._seeded.add(int(n))
         self._changed()
+        ref = self._ref
+        for n in map(int, means):  # measured together: their ratios are the book's, their level today's
+            if n != ref:
+                self._shape[n] = (ref, self._mean[n] / self._mean[ref])
 
 
 class ContextSlope:
