@@ -147,12 +147,32 @@ def test_aging_is_the_same_however_long_the_machine_runs() -> None:
 
 def test_more_rows_never_read_cheaper_than_fewer() -> None:
     """One noisy call must not make a larger pass look cheaper than a smaller one: the planner would add rows as if
-    they paid it back."""
+    they paid it back. The two are pooled, each call weighing as aged."""
     costs = BatchCosts(decay=0.95)
     costs.record(4, 0.0006)
     costs.record(8, 0.0003)
-    assert costs.seconds(8) == pytest.approx(0.0006)
+    pooled = (0.95 * 0.0006 + 0.0003) / 1.95
+    assert costs.seconds(4) == pytest.approx(pooled) and costs.seconds(8) == pytest.approx(pooled)
+    assert costs.seconds(16) >= pooled
     assert costs.mean(8) == pytest.approx(0.0003)
+
+
+def test_one_preempted_pass_does_not_price_every_larger_one() -> None:
+    """Under a process taking a core, a pass of a size called once was preempted (189 ms where 1-row passes took 80
+    and the sizes around it ~100): the monotone fit pools it with the sizes above it instead of lifting them all to
+    it, as a running maximum did (drafting more than two tokens priced at 2.4 plain steps)."""
+    costs = BatchCosts(decay=0.95)
+    for _ in range(12):
+        costs.record(1, 0.080)
+    for n, seconds in [(4, 0.189), (5, 0.100), (6, 0.100), (7, 0.100), (8, 0.100)]:
+        costs.record(n, seconds)
+        costs.record(n, seconds)  # a size's first call is replaced by its second
+        costs.record(1, 0.080)
+    assert costs.seconds(1) == pytest.approx(0.080)
+    reads = [costs.seconds(n) for n in range(1, 12)]
+    assert reads == sorted(reads)
+    assert 0.100 < costs.seconds(4) == costs.seconds(8) < 0.125  # the spike spread over five sizes
+    assert costs.seconds(8) <= costs.seconds(11) < 0.189  # off the line, which the spike no longer sets
 
 
 def test_one_size_seen_guesses_cheap_on_both_sides() -> None:
@@ -220,11 +240,14 @@ def test_rate_is_unknown_until_the_costs_it_needs_are_measured() -> None:
     assert model.rate(3, acceptance) is None  # no draft step measured yet
 
 
-def test_the_line_never_dips_below_what_smaller_sizes_measured() -> None:
+def test_the_line_never_dips_below_what_smaller_sizes_read() -> None:
     costs = BatchCosts()
     for n, seconds in [(4, 0.050), (6, 0.040), (8, 0.060)]:  # noise: K=6 measured cheaper than K=4
         costs.record(n, seconds)
-    assert costs.seconds(5) >= 0.050
+    assert costs.seconds(4) == costs.seconds(5) == costs.seconds(6) == pytest.approx(0.045)  # the two pooled
+    assert 0.045 <= costs.seconds(7) <= costs.seconds(8) == pytest.approx(0.060)
+    reads = [costs.seconds(n) for n in range(12)]
+    assert reads == sorted(reads)  # the line between two sizes stays within their fits
     assert 0.010 <= costs.seconds(0) < 0.050  # at least K=4's cost in proportion to K + 1
 
 
@@ -250,15 +273,15 @@ def test_interpolated_beyond_a_pass_that_fed_nothing_reads_the_line() -> None:
 
 
 def test_reads_follow_the_calls_recorded_between_them() -> None:
-    """What a read keeps (means, fresh sizes, the floor) is updated by each call: a size read, then called
-    again dearer, reads its new mean and lifts the sizes above it."""
+    """What a read keeps (means, fresh sizes, the monotone fit) is updated by each call: a size read, then called
+    again dearer than the size above it, is pooled with it."""
     costs = BatchCosts(decay=0.5)
     for n, seconds in [(1, 0.010), (2, 0.020), (1, 0.010), (2, 0.020)]:
         costs.record(n, seconds)
     assert costs.seconds(1) == pytest.approx(0.010) and costs.seconds(2) == pytest.approx(0.020)
     costs.record(1, 0.040)
-    assert costs.seconds(1) == pytest.approx((0.040 + 0.25 * 0.010) / (1 + 0.25))  # every call ages all
-    assert costs.seconds(2) == costs.seconds(1)  # more rows never read cheaper
+    assert costs.mean(1) == pytest.approx((0.040 + 0.25 * 0.010) / (1 + 0.25))  # every call ages all
+    assert costs.seconds(2) == costs.seconds(1) < costs.mean(1)  # more rows never read cheaper: the two pooled
     for _ in range(8):  # size 2 goes stale (its calls weigh < STALE): not its own old mean, 0.020, any more
         costs.record(1, 0.040)
     assert not costs.fresh(2)

@@ -20,7 +20,6 @@ from __future__ import annotations
 import math
 from bisect import bisect_right, insort
 from dataclasses import dataclass, field
-from itertools import accumulate
 from typing import Iterable, Protocol
 
 
@@ -97,7 +96,7 @@ class BatchCosts:
         self._fresh: list[int] | None = None  # the sizes measured lately, in order (None: to be found again)
         self._fresh_set: frozenset[int] = frozenset()
         self._stale_at = math.inf  # the least weight among the fresh sizes: past it, STALE × scale may make one stale
-        self._ceiling: tuple[list[int], list[float]] | None = None  # `_floor`'s sizes and running maximum, until a call
+        self._fit: tuple[list[int], list[float]] | None = None  # `_within_fit`'s sizes and fit, until a call
         self._line: tuple[float, float] | None = None  # (slope, intercept), fitted when first needed
         self._since_fit = 0  # calls recorded since the line was fitted
         self._read: dict[int, float | None] = {}  # what `seconds` read since the last call recorded
@@ -133,7 +132,7 @@ class BatchCosts:
         self._since_fit += 1
         if n not in self._fresh_set or STALE * self._scale > self._stale_at:
             self._fresh = None
-        self._read, self._between, self._ceiling = {}, {}, None
+        self._read, self._between, self._fit = {}, {}, None
 
     def _add(self, n: int, weight: float, total: float) -> None:
         if n not in self.weight:
@@ -179,7 +178,7 @@ class BatchCosts:
         self._ref = max(self.weight, key=self.weight.__getitem__, default=None)
         self._shape = {n: shape for n, shape in self._shape.items() if shape[0] in self.weight}
         self._rebase()
-        self._line, self._fresh, self._ceiling, self._read, self._between = None, None, None, {}, {}
+        self._line, self._fresh, self._fit, self._read, self._between = None, None, None, {}, {}
 
     def _rebase(self) -> None:
         """Every shape against the size called most now: r_m over the old one times the old one's mean over the
@@ -230,10 +229,10 @@ class BatchCosts:
         if not self.weight:
             return None
         fresh = self._fresh_sizes()
-        if n in fresh:  # never below a smaller size's: one noisy call must not make more rows look cheaper
-            return max(self._today(n, fresh), self._floor(n))
+        if n in fresh:  # one noisy call must not make more rows look cheaper than fewer
+            return self._within_fit(n, 0.0)
         if len(fresh) < 2 and n in self._shape and self._shape[n][0] in fresh:  # no line through fresh sizes
-            return max(self._today(n, fresh), self._floor(n))
+            return self._within_fit(n, self._today(n, fresh))
         if len(self._sorted) < 2:  # one size to go by
             size = self._sorted[0]
             return self._mean[size] * min(1.0, (n + 1) / (size + 1))
@@ -242,22 +241,28 @@ class BatchCosts:
             slope, intercept = _weighted_line(means, {m: max(self.calls(m), FLOOR) for m in means})
             self._line, self._since_fit = (max(slope, 0.0), intercept), 0
         slope, intercept = self._line
-        return max(intercept + slope * n, self._floor(n))
+        return self._within_fit(n, intercept + slope * n)
 
-    def _floor(self, n: int) -> float:
-        """c(n) is never below what a smaller size measured (a line through noisy points can dip, and so can one
-        call: the first 4-row pass of four sequences on a tiny model took twice what the 8-row pass after it did,
-        and the planner drafted as if rows paid it back), nor, below the sizes seen, below the smallest one's cost
-        in proportion to n + 1. Over the fresh sizes (or all, where none is); their running maximum is kept until
-        the next call recorded."""
-        if self._ceiling is None:
-            self._fresh_sizes()
+    def _within_fit(self, n: int, seconds: float) -> float:
+        """`seconds` kept between what the fresh sizes' monotone fit reads at the sizes either side of n (a fresh n:
+        the fit at n), and below the sizes seen, at least the smallest one's in proportion to n + 1: more rows never
+        read cheaper than fewer (a line through noisy points can dip, and so can one call: the first 4-row pass of four
+        sequences on a tiny model took twice what the 8-row pass after it did, and the planner drafted as if rows paid
+        it back). The fit (over all sizes where none is fresh) is the weighted least-squares one that never decreases
+        (`_monotone`, weights = calls), not the running maximum it replaced: under a process taking a core, one
+        preempted pass of a size called once (189 ms where a 1-row pass took 80) set the price of every larger size,
+        and drafting more than two tokens was priced at 2.4 plain steps. Kept until the next call recorded."""
+        if self._fit is None:
+            fresh = self._fresh_sizes()
             sizes = self._fresh or self._sorted
-            fresh = self._fresh_set
-            self._ceiling = sizes, list(accumulate((self._today(m, fresh) for m in sizes), max))
-        sizes, highest = self._ceiling
-        below = bisect_right(sizes, n)
-        return highest[below - 1] if below else highest[0] * (n + 1) / (sizes[0] + 1)
+            self._fit = sizes, _monotone([self._today(m, fresh) for m in sizes], [self.weight[m] for m in sizes])
+        sizes, fitted = self._fit
+        at = bisect_right(sizes, n)
+        if not at:
+            return min(max(seconds, fitted[0] * (n + 1) / (sizes[0] + 1)), fitted[0])
+        if sizes[at - 1] == n:
+            return fitted[at - 1]
+        return min(max(seconds, fitted[at - 1]), fitted[at]) if at < len(sizes) else max(seconds, fitted[at - 1])
 
     def interpolated(self, n: int) -> float | None:
         """c(n) read between the sizes seen, for a size far from the many small calls that dominate the line
@@ -358,6 +363,22 @@ class ContextSlope:
         self._at, self._at_weight = self._at + other._at, self._at_weight + other._at_weight
         self._sums = [mine + theirs for mine, theirs in zip(self._sums, other._sums)]
         self.prior = self.prior or other.prior
+
+
+def _monotone(values: list[float], weights: list[float]) -> list[float]:
+    """The non-decreasing sequence nearest `values` in weighted least squares (pool adjacent violators): a value
+    below the one before it is pooled with it, and the pool with the one before while still below, each pool at its
+    weighted mean."""
+    pools: list[list[float]] = []  # [mean, weight, values pooled]
+    for value, weight in zip(values, weights):
+        pools.append([value, weight, 1])
+        while len(pools) > 1 and pools[-2][0] > pools[-1][0]:
+            mean, weight, count = pools.pop()
+            last = pools[-1]
+            total = last[1] + weight
+            last[0] = (last[0] * last[1] + mean * weight) / total
+            last[1], last[2] = total, last[2] + count
+    return [mean for mean, _, count in pools for _ in range(int(count))]
 
 
 def _weighted_line(points: dict[int, float], weights: dict[int, float]) -> tuple[float, float]:
