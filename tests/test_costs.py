@@ -110,6 +110,31 @@ def test_a_catch_up_measured_long_ago_is_read_at_todays_level() -> None:
     assert costs.interpolated(25) == pytest.approx(step + (0.200 / 0.008 - 1) * step * 24 / 49)
 
 
+def test_a_draft_book_follows_the_load_the_targets_passes_show_until_it_measures_its_own() -> None:
+    """A draft model that has not drafted in this process (`spec run` is a process a prompt) is priced at its book's
+    seconds times how much dearer the target's passes are now than the book said: under a process taking a core a
+    book filled on a quiet machine priced its steps at a third of their cost. Its first calls mix with the book's
+    at that level (no jump), and from then on it follows its own."""
+    costs = LoopCosts(decay=0.95)
+    costs.verify.seed({"0": 0.020, "5": 0.035}, 4.0)
+    costs.draft.seed({"1": 0.008, "64": 0.220}, 4.0)
+    assert costs.verify.level() == 1.0 and costs.draft.seconds(1) == pytest.approx(0.008)
+    for _ in range(40):
+        costs.verify.record(0, 0.060)
+    level = costs.verify.level()
+    assert level == pytest.approx(costs.verify.seconds(0) / 0.020) and 2.5 < level < 3.0
+    assert costs.draft.seconds(1) == pytest.approx(0.008 * level, rel=0.05)
+    assert costs.draft.interpolated(64) == pytest.approx(0.220 * level, rel=0.05)
+    led = costs.draft.seconds(1)
+    costs.draft.record(1, 0.030)
+    costs.draft.record(1, 0.026)
+    book = 4 * 0.95 ** 2
+    assert costs.draft.seconds(1) == pytest.approx((book * led + 0.026) / (book + 1))
+    for _ in range(40):
+        costs.verify.record(0, 0.020)  # quiet again: the draft's own calls price it now
+    assert costs.draft.seconds(1) == pytest.approx((book * led + 0.026) / (book + 1))
+
+
 def test_shapes_follow_the_size_called_most_when_another_takes_its_place() -> None:
     """The size called most changes (a loop that stopped drafting calls 1-row passes only): the shapes measured
     against the old one are carried over to it, so a size seen long ago keeps its ratio once the old one is stale."""

@@ -30,6 +30,7 @@ DECAY = 0.95  # every call weighs 5% less at each call recorded after it: the co
 REFIT_EVERY = 16  # calls of sizes already seen between two fits of `BatchCosts`' line
 REF_MARGIN = 2.0  # how many times the size called most another size's calls must weigh to take its place
 STALE = 0.5  # the weight (in calls) below which a size measured long ago is read off `BatchCosts`' line
+FOLLOW_STEP = 0.05  # how far the level a seeded book follows moves before its sizes are brought to it
 FLOOR = 0.01  # the least weight (in calls) a size measured long ago keeps in the line's fit: its shape stays known
 RESCALE = 1e150  # `BatchCosts`' scale past which its weights are brought back to real calls (the rest forgotten)
 PROBE_SHARE = 0.015  # the most a probe of an idle drafter may cost, as a share of the idle rounds' time
@@ -107,6 +108,9 @@ class BatchCosts:
         self._seeded: set[int] = set()  # sizes whose calls all came from a seed: none measured in this process
         self._first: dict[int, tuple[float, float] | None] = {}  # a size's first call (weight, total) until its second
         self.context = 0  # the tokens the loop's round follows now (`LoopCosts.at`)
+        self.follows: BatchCosts | None = None  # the book whose `level` a seeded book's prices follow (`_follow`)
+        self._booked: dict[int, float] = {}  # a size's mean as a cost book seeded it
+        self._followed = 1.0  # the level its seeded sizes were last brought to
 
     def record(self, n: int, seconds: float) -> None:
         if n not in self.weight or self._since_fit >= REFIT_EVERY:
@@ -200,8 +204,34 @@ class BatchCosts:
     def mean(self, n: int) -> float | None:
         return self._mean.get(n)
 
+    def level(self) -> float:
+        """How dear the size called most is now against what a cost book seeded it at: the machine's load since the
+        book was filled (1 where no book said, or nothing was measured since)."""
+        ref = self._ref
+        if ref is None or ref in self._seeded or ref not in self._booked:
+            return 1.0
+        return self._mean[ref] / self._booked[ref]
+
+    def _follow(self) -> None:
+        """While this book has measured none of its sizes called most (a draft model that has not drafted in this
+        process), its seeded sizes follow the level of the book it follows (the target's passes, measured every
+        round): a book filled on a quiet machine priced the draft model's steps at a third of what they cost under a
+        process taking a core, and `spec run`, a process a prompt, read nothing else. Brought there once the level
+        moves by `FOLLOW_STEP`, and kept there once measured (its first call mixes with them)."""
+        if self.follows is None or self._ref not in self._seeded:
+            return
+        level = self.follows.level()
+        if abs(level / self._followed - 1.0) <= FOLLOW_STEP:
+            return
+        for n in self._seeded:
+            self.total[n] *= level / self._followed
+            self._mean[n] = self.total[n] / self.weight[n]
+        self._followed = level
+        self._line, self._fit, self._read, self._between = None, None, {}, {}
+
     def seconds(self, n: int) -> float | None:
         """c(n): the measured mean where n was seen, the fitted line elsewhere (None before any call)."""
+        self._follow()
         if n not in self._read:
             self._read[n] = self._seconds(n)
         return self._read[n]
@@ -271,6 +301,7 @@ class BatchCosts:
         A draft model's catch-up after a stretch of n-gram rounds is such a size: on the demo pair the line
         priced 40 tokens at ~80 ms where they took ~150 ms. What it read is kept until the next call recorded: the
         default drafting prices a drafter's catch-up several times a round."""
+        self._follow()
         if n not in self._between:
             self._between[n] = self._interpolated(n)
         return self._between[n]
@@ -299,6 +330,8 @@ class BatchCosts:
                 self._first.pop(int(n), None)
             self._add(int(n), weight * self._scale, weight * self._scale * float(seconds))
             self._seeded.add(int(n))
+            self._booked[int(n)] = float(seconds)
+        self._followed = 1.0
         self._changed()
         ref = self._ref
         for n in map(int, means):  # measured together: their ratios are the book's, their level today's
@@ -413,6 +446,7 @@ class LoopCosts:
 
     def __post_init__(self) -> None:
         self.draft, self.verify = BatchCosts(self.decay), BatchCosts(self.decay)
+        self.draft.follows = self.verify  # the machine's load, read off the passes measured every round
         self.draft_context = ContextSlope(self.decay)
 
     @classmethod
@@ -420,7 +454,7 @@ class LoopCosts:
         """A book of its own drafter's steps (of cost shape `shape`) and loop work over the target's passes
         `verify`."""
         costs = cls(decay, shape)
-        costs.verify = verify
+        costs.verify = costs.draft.follows = verify
         return costs
 
     def record_round(self, steps: list[tuple[int, float]], k: int, verify_s: float, round_s: float,
