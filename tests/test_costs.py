@@ -133,6 +133,11 @@ def test_a_draft_book_follows_the_load_the_targets_passes_show_until_it_measures
     for _ in range(40):
         costs.verify.record(0, 0.020)  # quiet again: the draft's own calls price it now
     assert costs.draft.seconds(1) == pytest.approx((book * led + 0.026) / (book + 1))
+    drafting = BatchCosts(decay=0.95)  # every pass drafts 5: the size the book said most of is not measured
+    drafting.seed({"0": 0.020, "5": 0.035}, 4.0)
+    for _ in range(3):
+        drafting.record(5, 0.105)
+    assert drafting.level() == pytest.approx(drafting.mean(5) / 0.035)
 
 
 def test_shapes_follow_the_size_called_most_when_another_takes_its_place() -> None:

@@ -68,9 +68,9 @@ class BatchCosts:
     until this process measures it: the book's sizes were measured together, on a machine that may have been quiet;
     under a process taking a core, draft steps cost 31 ms where the book said 8, and a 64-token catch-up read at the
     book's 220 ms entered the draft model where it cost ~850. The size called most changes only when another's calls
-    weigh `REF_MARGIN` times its own, and the shapes are carried over to it (`_rebase`). With one size n0 seen, the guess errs cheap on both sides, so that whatever
-    depends on it gets tried and measured: proportional to n + 1 below n0, the same as n0 above (as if batching were
-    free).
+    weigh `REF_MARGIN` times its own, and the shapes are carried over to it (`_rebase`). With one size n0 seen, the
+    guess errs cheap on both sides, so that whatever depends on it gets tried and measured: proportional to n + 1
+    below n0, the same as n0 above (as if batching were free).
 
     A loop records a call every round and its planning reads many sizes, so what a read needs is kept as calls are
     recorded rather than found again from every size: the means (a call changes its own size's only), the sizes in
@@ -111,6 +111,7 @@ class BatchCosts:
         self.follows: BatchCosts | None = None  # the book whose `level` a seeded book's prices follow (`_follow`)
         self._booked: dict[int, float] = {}  # a size's mean as a cost book seeded it
         self._followed = 1.0  # the level its seeded sizes were last brought to
+        self._level: float | None = None  # `level`, until a call
 
     def record(self, n: int, seconds: float) -> None:
         if n not in self.weight or self._since_fit >= REFIT_EVERY:
@@ -136,7 +137,7 @@ class BatchCosts:
         self._since_fit += 1
         if n not in self._fresh_set or STALE * self._scale > self._stale_at:
             self._fresh = None
-        self._read, self._between, self._fit = {}, {}, None
+        self._read, self._between, self._fit, self._level = {}, {}, None, None
 
     def _add(self, n: int, weight: float, total: float) -> None:
         if n not in self.weight:
@@ -182,7 +183,7 @@ class BatchCosts:
         self._ref = max(self.weight, key=self.weight.__getitem__, default=None)
         self._shape = {n: shape for n, shape in self._shape.items() if shape[0] in self.weight}
         self._rebase()
-        self._line, self._fresh, self._fit, self._read, self._between = None, None, None, {}, {}
+        self._line, self._fresh, self._fit, self._read, self._between, self._level = None, None, None, {}, {}, None
 
     def _rebase(self) -> None:
         """Every shape against the size called most now: r_m over the old one times the old one's mean over the
@@ -205,12 +206,14 @@ class BatchCosts:
         return self._mean.get(n)
 
     def level(self) -> float:
-        """How dear the size called most is now against what a cost book seeded it at: the machine's load since the
-        book was filled (1 where no book said, or nothing was measured since)."""
-        ref = self._ref
-        if ref is None or ref in self._seeded or ref not in self._booked:
-            return 1.0
-        return self._mean[ref] / self._booked[ref]
+        """How dear the size measured most in this process is now against what a cost book seeded it at: the machine's
+        load since the book was filled (1 where no book said, or nothing it said has been measured since). Kept until
+        the next call recorded."""
+        if self._level is None:
+            measured = [m for m in self._booked if m not in self._seeded and m in self.weight]
+            most = max(measured, key=self.weight.__getitem__, default=None)
+            self._level = 1.0 if most is None else self._mean[most] / self._booked[most]
+        return self._level
 
     def _follow(self) -> None:
         """While this book has measured none of its sizes called most (a draft model that has not drafted in this
