@@ -404,7 +404,9 @@ class ContextSlope:
 def _monotone(values: list[float], weights: list[float]) -> list[float]:
     """The non-decreasing sequence nearest `values` in weighted least squares (pool adjacent violators): a value
     below the one before it is pooled with it, and the pool with the one before while still below, each pool at its
-    weighted mean."""
+    weighted mean. Values already in order (a quiet machine's, most of the time) are their own fit."""
+    if all(a <= b for a, b in zip(values, values[1:])):
+        return values
     pools: list[list[float]] = []  # [mean, weight, values pooled]
     for value, weight in zip(values, weights):
         pools.append([value, weight, 1])
