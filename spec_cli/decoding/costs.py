@@ -28,9 +28,9 @@ from typing import Iterable, Protocol
 HOST, PER_TOKEN, PER_ROUND = "host", "per token", "per round"
 DECAY = 0.95  # every call weighs 5% less at each call recorded after it: the costs follow the machine's load
 REFIT_EVERY = 16  # calls of sizes already seen between two fits of `BatchCosts`' line
-REF_MARGIN = 2.0  # how many times the size called most another size's calls must weigh to take its place
 STALE = 0.5  # the weight (in calls) below which a size measured long ago is read off `BatchCosts`' line
-FOLLOW_STEP = 0.05  # how far the level a seeded book follows moves before its sizes are brought to it
+LOAD_BAND = 1.5  # a level within this factor of a cost book's is its workload's and contexts', not the machine's load
+FOLLOW_STEP = 0.05  # how far the level a book's seeded sizes follow moves before they are brought to it
 FLOOR = 0.01  # the least weight (in calls) a size measured long ago keeps in the line's fit: its shape stays known
 RESCALE = 1e150  # `BatchCosts`' scale past which its weights are brought back to real calls (the rest forgotten)
 PROBE_SHARE = 0.015  # the most a probe of an idle drafter may cost, as a share of the idle rounds' time
@@ -64,13 +64,10 @@ class BatchCosts:
     other's cost today, in the line, between the sizes seen (`interpolated`) and, where fewer than two sizes are fresh
     (no line to read it off), as its price: passes cost more as contexts grow and as the machine's load changes, and a
     6-row pass measured early beside 4-row ones priced it cheap long after the 4-row passes had doubled (four
-    sequences on a tiny model drafted where a row costs more than the whole pass). So is a size a cost book seeded
-    until this process measures it: the book's sizes were measured together, on a machine that may have been quiet;
-    under a process taking a core, draft steps cost 31 ms where the book said 8, and a 64-token catch-up read at the
-    book's 220 ms entered the draft model where it cost ~850. The size called most changes only when another's calls
-    weigh `REF_MARGIN` times its own, and the shapes are carried over to it (`_rebase`). With one size n0 seen, the
-    guess errs cheap on both sides, so that whatever depends on it gets tried and measured: proportional to n + 1
-    below n0, the same as n0 above (as if batching were free).
+    sequences on a tiny model drafted where a row costs more than the whole pass). The sizes a cost book seeded and
+    this process has not measured follow the machine's load (`_follow`). With one size n0 seen, the guess errs cheap
+    on both sides, so that whatever depends on it gets tried and measured: proportional to n + 1 below n0, the same
+    as n0 above (as if batching were free).
 
     A loop records a call every round and its planning reads many sizes, so what a read needs is kept as calls are
     recorded rather than found again from every size: the means (a call changes its own size's only), the sizes in
@@ -108,7 +105,7 @@ class BatchCosts:
         self._seeded: set[int] = set()  # sizes whose calls all came from a seed: none measured in this process
         self._first: dict[int, tuple[float, float] | None] = {}  # a size's first call (weight, total) until its second
         self.context = 0  # the tokens the loop's round follows now (`LoopCosts.at`)
-        self.follows: BatchCosts | None = None  # the book whose `level` a seeded book's prices follow (`_follow`)
+        self.follows: BatchCosts | None = None  # whose `level` the seeded sizes follow until one is measured
         self._booked: dict[int, float] = {}  # a size's mean as a cost book seeded it
         self._followed = 1.0  # the level its seeded sizes were last brought to
         self._level: float | None = None  # `level`, until a call
@@ -129,9 +126,8 @@ class BatchCosts:
         self._add(n, self._scale, self._scale * seconds)
         self._seeded.discard(n)
         shaped: int | None = n  # the size whose shape this call updates
-        if self._ref is None or self.weight[n] > REF_MARGIN * self.weight[self._ref]:  # only the size called can
-            self._ref, shaped = n, self._ref  # overtake; the one overtaken keeps its shape against the new most called
-            self._rebase()
+        if self._ref is None or self.weight[n] > self.weight[self._ref]:  # only the size called can overtake
+            self._ref, shaped = n, self._ref  # the one overtaken keeps its shape against the new most called
         if shaped is not None and shaped != self._ref:
             self._shape[shaped] = (self._ref, self._mean[shaped] / self._mean[self._ref])
         self._since_fit += 1
@@ -182,18 +178,7 @@ class BatchCosts:
         """Many sizes changed at once (a merge, a seed, a rescale): what reads kept is found again."""
         self._ref = max(self.weight, key=self.weight.__getitem__, default=None)
         self._shape = {n: shape for n, shape in self._shape.items() if shape[0] in self.weight}
-        self._rebase()
         self._line, self._fresh, self._fit, self._read, self._between, self._level = None, None, None, {}, {}, None
-
-    def _rebase(self) -> None:
-        """Every shape against the size called most now: r_m over the old one times the old one's mean over the
-        new one's. A shape against a size that has gone stale no longer prices anything, and the sizes a cost book
-        seeded would be read at the level it was measured at, not today's."""
-        ref = self._ref
-        self._shape.pop(ref, None)
-        for m, (old, ratio) in self._shape.items():
-            if old != ref:
-                self._shape[m] = (ref, ratio * self._mean[old] / self._mean[ref])
 
     def merge(self, other: BatchCosts) -> None:
         self.context = other.context
@@ -216,14 +201,22 @@ class BatchCosts:
         return self._level
 
     def _follow(self) -> None:
-        """While this book has measured none of its sizes called most (a draft model that has not drafted in this
-        process), its seeded sizes follow the level of the book it follows (the target's passes, measured every
-        round): a book filled on a quiet machine priced the draft model's steps at a third of what they cost under a
-        process taking a core, and `spec run`, a process a prompt, read nothing else. Brought there once the level
-        moves by `FOLLOW_STEP`, and kept there once measured (its first call mixes with them)."""
-        if self.follows is None or self._ref not in self._seeded:
+        """The sizes a cost book seeded and this process has not measured, brought to the level of the machine's load
+        now: this book's own (`level`), or, where it has measured none of them yet (a draft model that has not drafted
+        in this process), that of the book it follows (the target's passes, measured every round). Under a process
+        taking a core, a book filled on a quiet machine priced the draft model's steps at a third of their cost (31 ms,
+        not 8) and its catch-up of a 64-token prompt at 220 ms where it took ~850, and the default entered the draft
+        model where it lost; `spec run`, a process a prompt, read nothing else until it drafted. A level within
+        `LOAD_BAND` of the book's is read as 1: on a quiet machine the target's 1-row passes read 1.3 times the book's
+        (other prompts, other contexts) while its larger passes and the draft's steps cost what the book said, and
+        following that priced the draft model out of every first answer. Brought there once it moves by
+        `FOLLOW_STEP`; a size's first call then mixes with its seeded ones at that level."""
+        if not self._seeded:
             return
-        level = self.follows.level()
+        source = self if self._seeded != self._booked.keys() else self.follows
+        level = source.level() if source is not None else 1.0
+        if 1.0 / LOAD_BAND <= level <= LOAD_BAND:
+            level = 1.0
         if abs(level / self._followed - 1.0) <= FOLLOW_STEP:
             return
         for n in self._seeded:
@@ -250,9 +243,8 @@ class BatchCosts:
         return self._fresh_set
 
     def _today(self, m: int, fresh: frozenset[int]) -> float:
-        """Size m's mean; for one seen long ago or only in a cost book, with a shape against a fresh size, that ratio
-        of its cost today."""
-        if (m not in fresh or m in self._seeded) and m in self._shape:
+        """Size m's mean; for one seen long ago with a shape against a fresh size, that ratio of its cost today."""
+        if m not in fresh and m in self._shape:
             ref, ratio = self._shape[m]
             if ref in fresh:
                 return ratio * self._mean[ref]
@@ -336,10 +328,6 @@ class BatchCosts:
             self._booked[int(n)] = float(seconds)
         self._followed = 1.0
         self._changed()
-        ref = self._ref
-        for n in map(int, means):  # measured together: their ratios are the book's, their level today's
-            if n != ref:
-                self._shape[n] = (ref, self._mean[n] / self._mean[ref])
 
 
 class ContextSlope:
