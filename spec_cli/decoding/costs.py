@@ -109,6 +109,9 @@ class BatchCosts:
         self._booked: dict[int, float] = {}  # a size's mean as a cost book seeded it
         self._followed = 1.0  # the level its seeded sizes were last brought to
         self._level: float | None = None  # `level`, until a call
+        self._unmeasured = False  # whether it has seeded sizes and has measured none of them (`follows` leads then)
+        self._synced = -1  # the calls `follows` had recorded when this book last followed it
+        self.calls_recorded = 0
 
     def record(self, n: int, seconds: float) -> None:
         if n not in self.weight or self._since_fit >= REFIT_EVERY:
@@ -134,6 +137,11 @@ class BatchCosts:
         if n not in self._fresh_set or STALE * self._scale > self._stale_at:
             self._fresh = None
         self._read, self._between, self._fit, self._level = {}, {}, None, None
+        self.calls_recorded += 1
+        if n in self._booked:
+            self._unmeasured = False
+        if self._seeded:
+            self._follow()
 
     def _add(self, n: int, weight: float, total: float) -> None:
         if n not in self.weight:
@@ -195,8 +203,10 @@ class BatchCosts:
         load since the book was filled (1 where no book said, or nothing it said has been measured since). Kept until
         the next call recorded."""
         if self._level is None:
-            measured = [m for m in self._booked if m not in self._seeded and m in self.weight]
-            most = max(measured, key=self.weight.__getitem__, default=None)
+            most = self._ref
+            if most not in self._booked or most in self._seeded:
+                measured = [m for m in self._booked if m not in self._seeded and m in self.weight]
+                most = max(measured, key=self.weight.__getitem__, default=None)
             self._level = 1.0 if most is None else self._mean[most] / self._booked[most]
         return self._level
 
@@ -211,10 +221,10 @@ class BatchCosts:
         (other prompts, other contexts) while its larger passes and the draft's steps cost what the book said, and
         following that priced the draft model out of every first answer. Brought there once it moves by
         `FOLLOW_STEP`; a size's first call then mixes with its seeded ones at that level."""
-        if not self._seeded:
-            return
-        source = self if self._seeded != self._booked.keys() else self.follows
+        source = self.follows if self._unmeasured else self
         level = source.level() if source is not None else 1.0
+        if source is self.follows and source is not None:
+            self._synced = source.calls_recorded
         if 1.0 / LOAD_BAND <= level <= LOAD_BAND:
             level = 1.0
         if abs(level / self._followed - 1.0) <= FOLLOW_STEP:
@@ -225,9 +235,16 @@ class BatchCosts:
         self._followed = level
         self._line, self._fit, self._read, self._between = None, None, {}, {}
 
+    def _lead(self) -> None:
+        """`_follow` the book this one follows where it has recorded calls since (a read's only cost otherwise: reads
+        are many a round)."""
+        follows = self.follows
+        if follows is not None and self._unmeasured and follows.calls_recorded != self._synced:
+            self._follow()
+
     def seconds(self, n: int) -> float | None:
         """c(n): the measured mean where n was seen, the fitted line elsewhere (None before any call)."""
-        self._follow()
+        self._lead()
         if n not in self._read:
             self._read[n] = self._seconds(n)
         return self._read[n]
@@ -296,7 +313,7 @@ class BatchCosts:
         A draft model's catch-up after a stretch of n-gram rounds is such a size: on the demo pair the line
         priced 40 tokens at ~80 ms where they took ~150 ms. What it read is kept until the next call recorded: the
         default drafting prices a drafter's catch-up several times a round."""
-        self._follow()
+        self._lead()
         if n not in self._between:
             self._between[n] = self._interpolated(n)
         return self._between[n]
@@ -326,7 +343,7 @@ class BatchCosts:
             self._add(int(n), weight * self._scale, weight * self._scale * float(seconds))
             self._seeded.add(int(n))
             self._booked[int(n)] = float(seconds)
-        self._followed = 1.0
+        self._followed, self._unmeasured = 1.0, bool(means)
         self._changed()
 
 
