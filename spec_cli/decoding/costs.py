@@ -94,7 +94,7 @@ class BatchCosts:
         self._fresh: list[int] | None = None  # the sizes measured lately, in order (None: to be found again)
         self._fresh_set: frozenset[int] = frozenset()
         self._stale_at = math.inf  # the least weight among the fresh sizes: past it, STALE × scale may make one stale
-        self._fit: tuple[list[int], list[float]] | None = None  # `_within_fit`'s sizes and fit, until a call
+        self._fit: tuple[list[int], list[float], dict[int, float]] | None = None  # `_fitted`, until a call
         self._line: tuple[float, float] | None = None  # (slope, intercept), fitted when first needed
         self._since_fit = 0  # calls recorded since the line was fitted
         self._read: dict[int, float | None] = {}  # what `seconds` read since the last call recorded
@@ -236,15 +236,16 @@ class BatchCosts:
         self._line, self._fit, self._read, self._between = None, None, {}, {}
 
     def _lead(self) -> None:
-        """`_follow` the book this one follows where it has recorded calls since (a read's only cost otherwise: reads
-        are many a round)."""
+        """`_follow` the book this one follows, which leads while this one has measured nothing, where it has recorded
+        calls since (reads are many a round)."""
         follows = self.follows
-        if follows is not None and self._unmeasured and follows.calls_recorded != self._synced:
+        if follows is not None and follows.calls_recorded != self._synced:
             self._follow()
 
     def seconds(self, n: int) -> float | None:
         """c(n): the measured mean where n was seen, the fitted line elsewhere (None before any call)."""
-        self._lead()
+        if self._unmeasured:
+            self._lead()
         if n not in self._read:
             self._read[n] = self._seconds(n)
         return self._read[n]
@@ -272,7 +273,7 @@ class BatchCosts:
             return None
         fresh = self._fresh_sizes()
         if n in fresh:  # one noisy call must not make more rows look cheaper than fewer
-            return self._within_fit(n, 0.0)
+            return self._fitted()[2][n]
         if len(fresh) < 2 and n in self._shape and self._shape[n][0] in fresh:  # no line through fresh sizes
             return self._within_fit(n, self._today(n, fresh))
         if len(self._sorted) < 2:  # one size to go by
@@ -294,17 +295,25 @@ class BatchCosts:
         (`_monotone`, weights = calls), not the running maximum it replaced: under a process taking a core, one
         preempted pass of a size called once (189 ms where a 1-row pass took 80) set the price of every larger size,
         and drafting more than two tokens was priced at 2.4 plain steps. Kept until the next call recorded."""
-        if self._fit is None:
-            fresh = self._fresh_sizes()
-            sizes = self._fresh or self._sorted
-            self._fit = sizes, _monotone([self._today(m, fresh) for m in sizes], [self.weight[m] for m in sizes])
-        sizes, fitted = self._fit
+        sizes, fitted, _ = self._fitted()
         at = bisect_right(sizes, n)
         if not at:
             return min(max(seconds, fitted[0] * (n + 1) / (sizes[0] + 1)), fitted[0])
         if sizes[at - 1] == n:
             return fitted[at - 1]
         return min(max(seconds, fitted[at - 1]), fitted[at]) if at < len(sizes) else max(seconds, fitted[at - 1])
+
+    def _fitted(self) -> tuple[list[int], list[float], dict[int, float]]:
+        """The fresh sizes (all where none is), their monotone fit, and it by size: found at the first read after a
+        call."""
+        if self._fit is None:
+            if self._fresh_sizes():
+                sizes, values = self._fresh or [], [self._mean[m] for m in self._fresh or []]
+            else:
+                sizes, values = self._sorted, [self._today(m, self._fresh_set) for m in self._sorted]
+            fitted = _monotone(values, [self.weight[m] for m in sizes])
+            self._fit = sizes, fitted, dict(zip(sizes, fitted))
+        return self._fit
 
     def interpolated(self, n: int) -> float | None:
         """c(n) read between the sizes seen, for a size far from the many small calls that dominate the line
@@ -313,7 +322,8 @@ class BatchCosts:
         A draft model's catch-up after a stretch of n-gram rounds is such a size: on the demo pair the line
         priced 40 tokens at ~80 ms where they took ~150 ms. What it read is kept until the next call recorded: the
         default drafting prices a drafter's catch-up several times a round."""
-        self._lead()
+        if self._unmeasured:
+            self._lead()
         if n not in self._between:
             self._between[n] = self._interpolated(n)
         return self._between[n]
