@@ -93,7 +93,7 @@ def test_a_cost_books_sizes_follow_the_machines_load_until_measured() -> None:
     assert costs.mean(64) == pytest.approx(0.220 * level, rel=FOLLOW_STEP)
     brought = costs.mean(2)
     costs.record(2, 0.050)
-    costs.record(2, 0.056)  # measured now (the first call replaced): mixed with the book's at the level it was brought to
+    costs.record(2, 0.056)  # measured now (the first call replaced): mixed with the book's, at the level brought to
     book = 4 * 0.95 ** 122  # the book's calls, aged by every call since
     assert costs.mean(2) == pytest.approx((book * brought + 0.056) / (book + 1))
 

@@ -111,7 +111,7 @@ class BatchCosts:
         self._level: float | None = None  # `level`, until a call
         self._unmeasured = False  # whether it has seeded sizes and has measured none of them (`follows` leads then)
         self._synced = -1  # the calls `follows` had recorded when this book last followed it
-        self.calls_recorded = 0
+        self.calls_recorded = 0  # how many calls `record` took: a book that follows this one reads it to catch up
 
     def record(self, n: int, seconds: float) -> None:
         if n not in self.weight or self._since_fit >= REFIT_EVERY:
@@ -219,8 +219,8 @@ class BatchCosts:
         model where it lost; `spec run`, a process a prompt, read nothing else until it drafted. A level within
         `LOAD_BAND` of the book's is read as 1: on a quiet machine the target's 1-row passes read 1.3 times the book's
         (other prompts, other contexts) while its larger passes and the draft's steps cost what the book said, and
-        following that priced the draft model out of every first answer. Brought there once it moves by
-        `FOLLOW_STEP`; a size's first call then mixes with its seeded ones at that level."""
+        following that priced the draft model out of a process's first answers in three runs of three. Brought there
+        once it moves by `FOLLOW_STEP`; a size's first call then mixes with its seeded ones at that level."""
         source = self.follows if self._unmeasured else self
         level = source.level() if source is not None else 1.0
         if source is self.follows and source is not None:
