@@ -22,6 +22,8 @@ from bisect import bisect_right, insort
 from dataclasses import dataclass, field
 from typing import Iterable, Protocol
 
+from spec_cli.decoding.fits import monotone, weighted_line
+
 
 # How a round's drafting cost grows with K (`LoopCosts.draft_seconds`): a lookup costs host time only, no decode;
 # a draft model or a head takes a step per drafted token; a block drafter (DFlash) one pass per round.
@@ -281,7 +283,7 @@ class BatchCosts:
             return self._mean[size] * min(1.0, (n + 1) / (size + 1))
         if self._line is None:
             means = {m: self._today(m, fresh) for m in self._sorted}
-            slope, intercept = _weighted_line(means, {m: max(self.calls(m), FLOOR) for m in means})
+            slope, intercept = weighted_line(means, {m: max(self.calls(m), FLOOR) for m in means})
             self._line, self._since_fit = (max(slope, 0.0), intercept), 0
         slope, intercept = self._line
         return self._within_fit(n, intercept + slope * n)
@@ -292,7 +294,7 @@ class BatchCosts:
         read cheaper than fewer (a line through noisy points can dip, and so can one call: the first 4-row pass of four
         sequences on a tiny model took twice what the 8-row pass after it did, and the planner drafted as if rows paid
         it back). The fit (over all sizes where none is fresh) is the weighted least-squares one that never decreases
-        (`_monotone`, weights = calls), not the running maximum it replaced: under a process taking a core, one
+        (`fits.monotone`, weights = calls), not the running maximum it replaced: under a process taking a core, one
         preempted pass of a size called once (189 ms where a 1-row pass took 80) set the price of every larger size,
         and drafting more than two tokens was priced at 2.4 plain steps. Kept until the next call recorded."""
         sizes, fitted, _ = self._fitted()
@@ -311,7 +313,7 @@ class BatchCosts:
                 sizes, values = self._fresh or [], [self._mean[m] for m in self._fresh or []]
             else:
                 sizes, values = self._sorted, [self._today(m, self._fresh_set) for m in self._sorted]
-            fitted = _monotone(values, [self.weight[m] for m in sizes])
+            fitted = monotone(values, [self.weight[m] for m in sizes])
             self._fit = sizes, fitted, dict(zip(sizes, fitted))
         return self._fit
 
@@ -414,37 +416,6 @@ class ContextSlope:
         self._at, self._at_weight = self._at + other._at, self._at_weight + other._at_weight
         self._sums = [mine + theirs for mine, theirs in zip(self._sums, other._sums)]
         self.prior = self.prior or other.prior
-
-
-def _monotone(values: list[float], weights: list[float]) -> list[float]:
-    """The non-decreasing sequence nearest `values` in weighted least squares (pool adjacent violators): a value
-    below the one before it is pooled with it, and the pool with the one before while still below, each pool at its
-    weighted mean. Values already in order (a quiet machine's, most of the time) are their own fit."""
-    if all(a <= b for a, b in zip(values, values[1:])):
-        return values
-    pools: list[list[float]] = []  # [mean, weight, values pooled]
-    for value, weight in zip(values, weights):
-        pools.append([value, weight, 1])
-        while len(pools) > 1 and pools[-2][0] > pools[-1][0]:
-            mean, weight, count = pools.pop()
-            last = pools[-1]
-            total = last[1] + weight
-            last[0] = (last[0] * last[1] + mean * weight) / total
-            last[1], last[2] = total, last[2] + count
-    return [mean for mean, _, count in pools for _ in range(int(count))]
-
-
-def _weighted_line(points: dict[int, float], weights: dict[int, float]) -> tuple[float, float]:
-    """(slope, intercept) of the least-squares line through `points` (size: seconds), each weighing `weights[size]`:
-    the normal equations in closed form (plain Python: a few sizes, refitted every `REFIT_EVERY` calls, where NumPy's
-    polyfit cost ~60 µs a fit). At least two sizes."""
-    sw = sum(weights.values())
-    sx = sum(w * x for x, w in weights.items())
-    sy = sum(weights[x] * y for x, y in points.items())
-    sxx = sum(w * x * x for x, w in weights.items())
-    sxy = sum(weights[x] * x * y for x, y in points.items())
-    slope = (sw * sxy - sx * sy) / (sw * sxx - sx * sx)
-    return slope, (sy - slope * sx) / sw
 
 
 @dataclass
