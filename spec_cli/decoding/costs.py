@@ -309,10 +309,9 @@ class BatchCosts:
         """The fresh sizes (all where none is), their monotone fit, and it by size: found at the first read after a
         call."""
         if self._fit is None:
-            if self._fresh_sizes():
-                sizes, values = self._fresh or [], [self._mean[m] for m in self._fresh or []]
-            else:
-                sizes, values = self._sorted, [self._today(m, self._fresh_set) for m in self._sorted]
+            fresh = self._fresh_sizes()
+            sizes = self._fresh or self._sorted
+            values = [self._mean[m] for m in sizes] if fresh else [self._today(m, fresh) for m in sizes]
             fitted = monotone(values, [self.weight[m] for m in sizes])
             self._fit = sizes, fitted, dict(zip(sizes, fitted))
         return self._fit
