@@ -194,6 +194,29 @@ def test_one_preempted_pass_does_not_price_every_larger_one() -> None:
     assert costs.seconds(8) <= costs.seconds(11) < 0.189  # off the line, which the spike no longer sets
 
 
+def test_prices_read_every_size_as_seconds_does() -> None:
+    """The goodput choice reads c(0..R) in one pass (`prices`): the same prices `seconds` reads one size at a time, on
+    books with one size, with fresh and stale sizes, with a size's shape against the one fresh size, and seeded."""
+    import random
+
+    rng = random.Random(7)
+    books = []
+    for case in range(40):
+        costs = BatchCosts(decay=rng.choice([0.5, 0.9, 0.99]))
+        if case % 4 == 0:
+            costs.seed({str(n): 0.01 + 0.002 * n for n in range(1, 18)}, 1.0)
+        for _ in range(rng.randrange(1, 60)):
+            n = rng.choice([1, 1, 1, 2, 4, 6, 9] if case % 3 else [3])
+            costs.record(n, (0.01 + 0.002 * n) * rng.uniform(0.6, 1.6))
+        books.append(costs)
+    assert any(len(book.weight) == 1 for book in books)
+    assert any(not all(book.fresh(n) for n in book.weight) for book in books)
+    for book in books:
+        prices = book.prices(30)
+        assert prices == [book.seconds(n) for n in range(31)]
+        assert book.prices(12) is prices  # kept until a call
+
+
 def test_one_size_seen_guesses_cheap_on_both_sides() -> None:
     """Optimism gets the other sizes tried: cheaper below (in proportion to n + 1), no dearer above."""
     costs = BatchCosts()

@@ -96,10 +96,11 @@ class BatchCosts:
         self._fresh: list[int] | None = None  # the sizes measured lately, in order (None: to be found again)
         self._fresh_set: frozenset[int] = frozenset()
         self._stale_at = math.inf  # the least weight among the fresh sizes: past it, STALE × scale may make one stale
-        self._fit: tuple[list[int], list[float], dict[int, float]] | None = None  # `_fitted`, until a call
+        self._fit: tuple[list[int], list[float]] | None = None  # `_fitted`, until a call
         self._line: tuple[float, float] | None = None  # (slope, intercept), fitted when first needed
         self._since_fit = 0  # calls recorded since the line was fitted
         self._read: dict[int, float | None] = {}  # what `seconds` read since the last call recorded
+        self._prices: list[float] = []  # what `prices` read, likewise
         self._between: dict[int, float | None] = {}  # what `interpolated` read, likewise
         self._scale = 1.0  # decay^-(calls recorded since the last rescale)
         self._ref: int | None = None  # the size called most (aged): what the others' shapes are measured against
@@ -138,7 +139,7 @@ class BatchCosts:
         self._since_fit += 1
         if n not in self._fresh_set or STALE * self._scale > self._stale_at:
             self._fresh = None
-        self._read, self._between, self._fit, self._level = {}, {}, None, None
+        self._read, self._between, self._prices, self._fit, self._level = {}, {}, [], None, None
         self.calls_recorded += 1
         if n in self._booked:
             self._unmeasured = False
@@ -188,7 +189,8 @@ class BatchCosts:
         """Many sizes changed at once (a merge, a seed, a rescale): what reads kept is found again."""
         self._ref = max(self.weight, key=self.weight.__getitem__, default=None)
         self._shape = {n: shape for n, shape in self._shape.items() if shape[0] in self.weight}
-        self._line, self._fresh, self._fit, self._read, self._between, self._level = None, None, None, {}, {}, None
+        self._line, self._fresh, self._fit, self._level = None, None, None, None
+        self._read, self._between, self._prices = {}, {}, []
 
     def merge(self, other: BatchCosts) -> None:
         self.context = other.context
@@ -235,7 +237,7 @@ class BatchCosts:
             self.total[n] *= level / self._followed
             self._mean[n] = self.total[n] / self.weight[n]
         self._followed = level
-        self._line, self._fit, self._read, self._between = None, None, {}, {}
+        self._line, self._fit, self._read, self._between, self._prices = None, None, {}, {}, []
 
     def _lead(self) -> None:
         """`_follow` the book this one follows, which leads while this one has measured nothing, where it has recorded
@@ -271,49 +273,76 @@ class BatchCosts:
         return self._mean[m]
 
     def _seconds(self, n: int) -> float | None:
-        if not self.weight:
-            return None
-        fresh = self._fresh_sizes()
-        if n in fresh:  # one noisy call must not make more rows look cheaper than fewer
-            return self._fitted()[2][n]
-        if len(fresh) < 2 and n in self._shape and self._shape[n][0] in fresh:  # no line through fresh sizes
-            return self._within_fit(n, self._today(n, fresh))
+        return self._run(n, n)[0] if self.weight else None
+
+    def prices(self, most: int) -> list[float]:
+        """c(0)..c(`most`), each as `seconds` reads it, found in one pass over the sizes and kept until the next call
+        recorded: the goodput choice reads every pass it may grow a step to (~20 sizes a step), where a read each cost
+        ~1.5 µs, and more in a loop's step, between passes that leave the caches cold. At least one call recorded."""
+        if self._unmeasured:
+            self._lead()
+        if len(self._prices) <= most:
+            self._prices = self._run(0, most)
+        return self._prices
+
+    def _run(self, low: int, high: int) -> list[float]:
+        """c(n) for n in `low`..`high` (`seconds`): a fresh size's monotone fit; where fewer than two sizes are fresh
+        (no line through them), a size with a shape against a fresh one at that ratio of it today; with one size
+        seen, that size in proportion to n + 1 below it and as it above; else the line.
+
+        Each is kept between what the fresh sizes' monotone fit reads at the sizes either side of n, and below the
+        sizes seen, at least the smallest one's in proportion to n + 1: more rows never read cheaper than fewer (a
+        line through noisy points can dip, and so can one call: the first 4-row pass of four sequences on a tiny
+        model took twice what the 8-row pass after it did, and the planner drafted as if rows paid it back). The fit
+        (over all sizes where none is fresh) is the weighted least-squares one that never decreases (`fits.monotone`,
+        weights = calls), not the running maximum it replaced: under a process taking a core, one preempted pass of a
+        size called once (189 ms where a 1-row pass took 80) set the price of every larger size, and drafting more
+        than two tokens was priced at 2.4 plain steps."""
         if len(self._sorted) < 2:  # one size to go by
             size = self._sorted[0]
-            return self._mean[size] * min(1.0, (n + 1) / (size + 1))
+            mean = self._mean[size]
+            return [mean * min(1.0, (n + 1) / (size + 1)) for n in range(low, high + 1)]
+        fresh = self._fresh_sizes()
+        sizes, fitted = self._fitted()
+        shaped = self._shape if len(fresh) < 2 else {}  # no line through fresh sizes
+        line: tuple[float, float] | None = None
+        at, prices = bisect_right(sizes, low), []
+        for n in range(low, high + 1):
+            while at < len(sizes) and sizes[at] <= n:
+                at += 1
+            if at and sizes[at - 1] == n:  # one noisy call must not make more rows look cheaper than fewer
+                prices.append(fitted[at - 1])
+                continue
+            if n in shaped and shaped[n][0] in fresh:
+                seconds = self._today(n, fresh)
+            else:
+                if line is None:
+                    line = self._fitted_line(fresh)
+                seconds = line[1] + line[0] * n
+            if not at:
+                prices.append(min(max(seconds, fitted[0] * (n + 1) / (sizes[0] + 1)), fitted[0]))
+            elif at < len(sizes):
+                prices.append(min(max(seconds, fitted[at - 1]), fitted[at]))
+            else:
+                prices.append(max(seconds, fitted[at - 1]))
+        return prices
+
+    def _fitted_line(self, fresh: frozenset[int]) -> tuple[float, float]:
+        """(slope, intercept) of the line through every size seen at today's level, refitted as `record` says."""
         if self._line is None:
             means = {m: self._today(m, fresh) for m in self._sorted}
             slope, intercept = weighted_line(means, {m: max(self.calls(m), FLOOR) for m in means})
             self._line, self._since_fit = (max(slope, 0.0), intercept), 0
-        slope, intercept = self._line
-        return self._within_fit(n, intercept + slope * n)
+        return self._line
 
-    def _within_fit(self, n: int, seconds: float) -> float:
-        """`seconds` kept between what the fresh sizes' monotone fit reads at the sizes either side of n (a fresh n:
-        the fit at n), and below the sizes seen, at least the smallest one's in proportion to n + 1: more rows never
-        read cheaper than fewer (a line through noisy points can dip, and so can one call: the first 4-row pass of four
-        sequences on a tiny model took twice what the 8-row pass after it did, and the planner drafted as if rows paid
-        it back). The fit (over all sizes where none is fresh) is the weighted least-squares one that never decreases
-        (`fits.monotone`, weights = calls), not the running maximum it replaced: under a process taking a core, one
-        preempted pass of a size called once (189 ms where a 1-row pass took 80) set the price of every larger size,
-        and drafting more than two tokens was priced at 2.4 plain steps. Kept until the next call recorded."""
-        sizes, fitted, _ = self._fitted()
-        at = bisect_right(sizes, n)
-        if not at:
-            return min(max(seconds, fitted[0] * (n + 1) / (sizes[0] + 1)), fitted[0])
-        if sizes[at - 1] == n:
-            return fitted[at - 1]
-        return min(max(seconds, fitted[at - 1]), fitted[at]) if at < len(sizes) else max(seconds, fitted[at - 1])
-
-    def _fitted(self) -> tuple[list[int], list[float], dict[int, float]]:
-        """The fresh sizes (all where none is), their monotone fit, and it by size: found at the first read after a
-        call."""
+    def _fitted(self) -> tuple[list[int], list[float]]:
+        """The fresh sizes (all where none is) and their monotone fit: found at the first read after a call."""
         if self._fit is None:
             fresh = self._fresh_sizes()
             sizes = self._fresh or self._sorted
             values = [self._mean[m] for m in sizes] if fresh else [self._today(m, fresh) for m in sizes]
             fitted = monotone(values, [self.weight[m] for m in sizes])
-            self._fit = sizes, fitted, dict(zip(sizes, fitted))
+            self._fit = sizes, fitted
         return self._fit
 
     def interpolated(self, n: int) -> float | None:

@@ -71,10 +71,12 @@ def choose(candidates: Sequence[Candidate], pass_costs: BatchCosts, host_s: floa
     gains = [[way.gains for way in c.ways] for c in candidates]
     expected = sum(1.0 + sum(g[0][:k]) for g, k in zip(gains, ks))
     rows = len(candidates) + sum(ks)
-    seconds = host_s + _pass(pass_costs, rows) + sum(c.drafting_s(k) for k, c in zip(ks, candidates))
     most_rows = 2 * max(pass_costs.weight)
+    reach = sum(max(map(len, g)) for c, g in zip(candidates, gains) if c.fixed is None)
+    passes = pass_costs.prices(min(most_rows, rows + reach))  # c(R) for every R a pass may grow to
+    seconds = host_s + passes[rows] + sum(c.drafting_s(k) for k, c in zip(ks, candidates))
     while rows < most_rows:
-        best = _best_move(candidates, gains, ks, chosen, pass_costs, rows, most_rows, 0.0 if any(ks) else replan_s)
+        best = _best_move(candidates, gains, ks, chosen, passes, rows, most_rows, 0.0 if any(ks) else replan_s)
         if best is None:
             break
         i, w, j, gain, cost = best
@@ -86,7 +88,7 @@ def choose(candidates: Sequence[Candidate], pass_costs: BatchCosts, host_s: floa
 
 
 def _best_move(candidates: Sequence[Candidate], gains: list[list[list[float]]], ks: list[int], chosen: list[int],
-               pass_costs: BatchCosts, rows: int, most_rows: int,
+               passes: list[float], rows: int, most_rows: int,
                once_s: float) -> tuple[int, int, int, float, float] | None:
     """The next draft positions to add, (sequence, its way, how many, E[tokens] they add, seconds they add): the most
     tokens per second of added cost. A sequence not drafting yet may take any of its ways; one drafting goes on
@@ -94,8 +96,7 @@ def _best_move(candidates: Sequence[Candidate], gains: list[list[list[float]]], 
     its way's round costs once (`round_s`, and `once_s` for the step's first drafts) and the pass's first extra rows
     may not pay for one position alone (llama.cpp decodes one row by another path than several: on a busy machine
     the demo target's 2-row pass cost 1.7x its 1-row pass and the 6-row pass little more, and a lookup's proposal
-    the default had chosen, 3 tokens for 2 extra rows, was given none)."""
-    passes = [_pass(pass_costs, rows)]  # c(rows + j), read as a move first needs it
+    the default had chosen, 3 tokens for 2 extra rows, was given none). `passes`: c(R) by R."""
     best, best_value = None, 0.0
     for i, c in enumerate(candidates):
         if c.fixed is not None:
@@ -110,16 +111,8 @@ def _best_move(candidates: Sequence[Candidate], gains: list[list[list[float]]], 
             gain = 0.0
             for j in range(1, reach + 1):
                 gain += g[k + j - 1]
-                if j == len(passes):
-                    passes.append(_pass(pass_costs, rows + j))
-                cost = passes[j] - passes[0] + j * way.step_s + once
+                cost = passes[rows + j] - passes[rows] + j * way.step_s + once
                 if gain / max(cost, 1e-9) > best_value:
                     best, best_value = (i, w, j, gain, cost), gain / max(cost, 1e-9)
     return best
 
-
-def _pass(costs: BatchCosts, rows: int) -> float:
-    """c(rows), once some pass has been measured."""
-    seconds = costs.seconds(rows)
-    assert seconds is not None
-    return seconds
