@@ -278,11 +278,12 @@ class BatchCosts:
     def prices(self, most: int) -> list[float]:
         """c(0)..c(`most`), each as `seconds` reads it, found in one pass over the sizes and kept until the next call
         recorded: the goodput choice reads every pass it may grow a step to (~20 sizes a step), where a read each cost
-        ~1.5 µs, and more in a loop's step, between passes that leave the caches cold. At least one call recorded."""
+        ~1.5 µs, and more in a loop's step, between passes that leave the caches cold; the quiet rule reads the pass
+        over the sequences alone first, and the choice extends it. At least one call recorded."""
         if self._unmeasured:
             self._lead()
         if len(self._prices) <= most:
-            self._prices = self._run(0, most)
+            self._prices += self._run(len(self._prices), most)
         return self._prices
 
     def _run(self, low: int, high: int) -> list[float]:

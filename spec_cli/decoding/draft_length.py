@@ -16,6 +16,8 @@ never costs.
 from __future__ import annotations
 
 from collections import deque
+from itertools import accumulate
+from operator import add, mul
 from typing import Protocol, Sequence
 
 from spec_cli.decoding.costs import LoopCosts
@@ -81,8 +83,13 @@ class PositionAcceptance:
         decay, reached_to = self.decay, min(accepted + 1, drafted)  # positions drafted with every earlier one kept
         self.accepted = self.accepted * decay + accepted
         self.rejections = self.rejections * decay + (accepted < drafted)
-        self.reached = [count * decay + (i < reached_to) for i, count in enumerate(self.reached)]
-        self.accepted_at = [count * decay + (i < accepted) for i, count in enumerate(self.accepted_at)]
+        if decay != 1.0:
+            self.reached = [count * decay for count in self.reached]
+            self.accepted_at = [count * decay for count in self.accepted_at]
+        for i in range(reached_to):
+            self.reached[i] += 1.0
+        for i in range(accepted):
+            self.accepted_at[i] += 1.0
         self._cached = None
         if self.pooled is not None:
             self.pooled.update(drafted, accepted)
@@ -135,22 +142,18 @@ class PositionAcceptance:
         reached three times is mostly α̂, one reached fifty times is its own (a single early rejection at
         position 3 used to pull K down for a whole generation)."""
         w, alpha = self.prior_weight, self.alpha
-        rates = []
-        for i in range(k):
-            reached = self.reached[i] if i < len(self.reached) else 0.0
-            accepted = self.accepted_at[i] if i < len(self.accepted_at) else 0.0
-            rates.append((accepted + w * alpha) / max(reached + w, 1e-9) if reached + w > 0 else alpha)
-        return rates
+        prior = w * alpha
+        rates = [(accepted + prior) / max(reached + w, 1e-9) if reached + w > 0 else alpha
+                 for reached, accepted in zip(self.reached[:k], self.accepted_at)]
+        unseen = prior / max(w, 1e-9) if w > 0 else alpha  # a position never reached
+        return rates + [unseen] * (k - len(rates))
 
     def _table(self, k: int) -> tuple[list[float], list[float], list[float]]:
         """(a_1..a_n, E[tokens](0..n), P(all accepted)(0..n)) for n ≥ k, from the cache while the counts stand."""
         if self._cached is None or len(self._cached[0]) < k:
             rates = self._rates(max(k, AUTO_K_MAX))
-            expected, all_accepted = [1.0], [1.0]
-            for rate in rates:
-                all_accepted.append(all_accepted[-1] * rate)
-                expected.append(expected[-1] + all_accepted[-1])
-            self._cached = (rates, expected, all_accepted)
+            all_accepted = list(accumulate(rates, mul, initial=1.0))
+            self._cached = (rates, list(accumulate(all_accepted, add)), all_accepted)
         return self._cached
 
     def rates(self, k: int) -> list[float]:

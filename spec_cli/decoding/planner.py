@@ -258,8 +258,10 @@ class Planner:
         without them the memory's lookups on a tiny model cost 3% of its speed, twice the share. The middle of the last
         `CHOICES_KEPT`, once most of them are known: a cold drafter's first trial, made in one step, would stand for
         tens of quiet steps (the default then never drafted a 40-token answer on a cross-vocabulary pair)."""
-        step_s = (self.pass_costs.seconds(sequences) or 0.0) + self.host_s
-        if len(self._chosen_s) <= CHOICES_KEPT // 2 or not step_s:
+        if len(self._chosen_s) <= CHOICES_KEPT // 2:
+            return 0
+        step_s = (self.pass_costs.prices(sequences)[sequences] if self.pass_costs.weight else 0.0) + self.host_s
+        if not step_s:
             return 0
         choosing_s = sorted(self._chosen_s)[len(self._chosen_s) // 2]
         return min(QUIET_MAX, int(choosing_s / (PLAN_SHARE * step_s)))
