@@ -83,6 +83,14 @@ def test_unmeasured_sizes_are_tried_at_most_twice_the_largest_measured() -> None
     assert sum(ks) + 4 == 8
 
 
+def test_fixed_ks_past_twice_the_largest_measured_pass_are_priced_and_kept() -> None:
+    """Requests that fix K may fill a pass beyond what the batch itself would try (`-k 16` beside a sequence under
+    `-k auto`, passes of 4 rows measured so far): that pass is priced like any other, and the batch adds nothing."""
+    costs = pass_costs(cheap_rows, sizes=range(4, 5))
+    candidates = [Candidate(kept(np.ones(16)), fixed=16), Candidate(kept(np.ones(16)))]
+    assert choose_ks(candidates, costs) == [16, 0]
+
+
 def test_host_work_a_step_makes_more_drafts_worth_their_cost() -> None:
     """A draft position worth g tokens for c seconds joins a step of E tokens and C seconds where g·C > E·c: a step
     made dearer by its host work h (Python between passes, at every K) takes positions it turned down."""

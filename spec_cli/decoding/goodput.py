@@ -73,7 +73,7 @@ def choose(candidates: Sequence[Candidate], pass_costs: BatchCosts, host_s: floa
     rows = len(candidates) + sum(ks)
     most_rows = 2 * max(pass_costs.weight)
     reach = sum(max(map(len, g)) for c, g in zip(candidates, gains) if c.fixed is None)
-    passes = pass_costs.prices(min(most_rows, rows + reach))  # c(R) for every R a pass may grow to
+    passes = pass_costs.prices(max(rows, min(most_rows, rows + reach)))  # c(R) for every R the pass may grow to
     seconds = host_s + passes[rows] + sum(c.drafting_s(k) for k, c in zip(ks, candidates))
     while rows < most_rows:
         best = _best_move(candidates, gains, ks, chosen, passes, rows, most_rows, 0.0 if any(ks) else replan_s)
