@@ -69,24 +69,6 @@ def test_a_new_text_is_entered_for_its_pay_back_only_once_its_rates_are_its_own(
     assert drafter.state.in_use == "model"
 
 
-def test_a_new_texts_rates_are_its_own_however_rich_the_last_texts_rounds_were() -> None:
-    """The last text's rounds were a memory copying a rewrite (10 tokens in 40 ms each): the rate out of every regime
-    it leaves to a story the lookup finds nothing in weighs those rounds by their tokens and seconds, and kept it above
-    the model's for ~8 rounds of plain steps. After `SETTLE_ROUNDS` rounds the rates are the new text's alone, and the
-    model's regime, far better on it, is entered for its pay-back."""
-    drafter, _model = hybrid(model_accepts=4, ngram_accepts=0, pending=40)
-    for _ in range(10):
-        drafter.state.regimes[OUT].add(10.0, 0.040, drafter.state.decay)
-    drafter.start(NO_MATCH)
-    terms = Terms(8, 64, False, 1000)
-    rounds_out(drafter, terms)
-    drafter.rewind(1)
-    drafter.offer(NO_MATCH, terms, GREEDY, np.random.default_rng(0))
-    plain = drafter.costs.round_seconds(0, drafter.state.lengths["ngram"].acceptance)
-    assert drafter.state.regimes[OUT].rate == pytest.approx(1.0 / plain)  # no draft: a token a plain round
-    assert drafter.state.in_use == "model"
-
-
 def test_the_tokens_an_answer_still_emits_follow_the_answers_that_ended_before() -> None:
     """The same request (1000 tokens left, 10 emitted) and backlog: with no answer ended yet, half the limit pays the
     backlog back and the model's regime is entered; after answers that ended on their own at 30 tokens (20 more

@@ -47,12 +47,6 @@ class RegimeEntry:
     def new_text(self) -> None:
         self._weighed, self._trying, self._rounds = False, None, 0
 
-    def count_round(self) -> bool:
-        """A round the hybrid chose in (its rates updated): whether the text's rates are to be read as its own from
-        this round on (its first after `SETTLE_ROUNDS`), which the trial and the pay-back wait for."""
-        self._rounds += 1
-        return self._rounds == SETTLE_ROUNDS + 1
-
     def trial(self, options: dict[str, Option], pending: dict[str, int], ks: dict[str, int],
               out_rate: float) -> str | None:
         """The own drafter on trial this round, if any: weighed once a text, out of every own drafter's regime, after
@@ -61,8 +55,10 @@ class RegimeEntry:
         whichever regime's rate is the best (a draft model whose mean acceptance, learnt on rewrites, put its regime a
         little above the target alone's did not pay its entry on a code prompt, where it keeps nearly every draft); it
         drafts `TRIAL_ROUNDS` rounds before its regime may be left. Its acceptance keeps `TRIAL_PRIOR` rounds of the
-        mean over texts, so this text decides."""
+        mean over texts, so this text decides. Asked once each round the hybrid chooses: it counts the text's rounds,
+        which the pay-back reads too."""
         state = self.state
+        self._rounds += 1
         if state.in_use == OUT and not self._weighed:
             self._weighed = self._rounds > SETTLE_ROUNDS
             self._trying = self._worth_a_trial(options, pending, ks, out_rate) if self._weighed else None

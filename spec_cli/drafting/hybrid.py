@@ -31,30 +31,17 @@ NONE, NGRAM = "none", "ngram"
 @dataclass
 class DecayedRate:
     """Tokens and seconds of rounds, older ones weighing `decay`× less at each new one: a rate that follows
-    the text. What a new text carried of the last one (`carry`) is kept apart, aged alike, until its own rounds take
-    over (`own`)."""
+    the text."""
 
     tokens: float = 0.0
     seconds: float = 0.0
-    carried: tuple[float, float] = (0.0, 0.0)  # (tokens, seconds) of the last text's, aged as the rest
 
     def add(self, tokens: float, seconds: float, decay: float) -> None:
         self.tokens = self.tokens * decay + tokens
         self.seconds = self.seconds * decay + seconds
-        self.carried = (self.carried[0] * decay, self.carried[1] * decay)
 
-    def carry(self, keep: float) -> None:
-        """A new text: `keep` of the last text's rounds stand as its rate until its own (`own`)."""
+    def scale(self, keep: float) -> None:
         self.tokens, self.seconds = self.tokens * keep, self.seconds * keep
-        self.carried = (self.tokens, self.seconds)
-
-    def own(self) -> None:
-        """The text's own rounds alone, where it has some: a prior kept as a share of the last text's rounds weighs
-        by their tokens and seconds, and rounds of a memory copying a rewrite (10 tokens in 40 ms) outweighed a story's
-        plain rounds (1 in 18 ms) for ~8 rounds, past the point where the entry rules read the rates as the text's."""
-        if self.seconds - self.carried[1] > 0.0:
-            self.tokens, self.seconds = self.tokens - self.carried[0], self.seconds - self.carried[1]
-        self.carried = (0.0, 0.0)
 
     @property
     def rate(self) -> float | None:
@@ -94,7 +81,7 @@ class HybridState:
         drafters' start again from their acceptance over every text (`Drafting.build`)."""
         self.regret_s = 0.0
         for regime in self.regimes.values():
-            regime.carry(CARRIED)
+            regime.scale(CARRIED)
         self.lengths[self.lookup].acceptance.forget(CARRIED)
         self.matches.forget(CARRIED)
 
@@ -367,9 +354,6 @@ class HybridDrafter(Drafter):
         picks = {regime: self._regime_choice(regime, options) for regime in state.regimes}
         for regime, (name, tokens, seconds) in picks.items():
             state.regimes[regime].add(tokens, seconds, state.decay)
-        if self.entry.count_round():
-            for rate in state.regimes.values():
-                rate.own()
         rates = {regime: state.regimes[regime].rate or 0.0 for regime in state.regimes}
         best = max(rates, key=lambda regime: rates[regime])
         trying = self.entry.trial(options, pending, ks, rates[OUT])
