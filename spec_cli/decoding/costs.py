@@ -139,12 +139,17 @@ class BatchCosts:
         self._since_fit += 1
         if n not in self._fresh_set or STALE * self._scale > self._stale_at:
             self._fresh = None
-        self._read, self._between, self._prices, self._fit, self._level = {}, {}, [], None, None
+        self._forget_reads()
+        self._level = None
         self.calls_recorded += 1
         if n in self._booked:
             self._unmeasured = False
         if self._seeded:
             self._follow()
+
+    def _forget_reads(self) -> None:
+        """The means changed: what reads kept (`seconds`, `interpolated`, `prices`, the monotone fit) is found again."""
+        self._read, self._between, self._prices, self._fit = {}, {}, [], None
 
     def _add(self, n: int, weight: float, total: float) -> None:
         if n not in self.weight:
@@ -189,8 +194,8 @@ class BatchCosts:
         """Many sizes changed at once (a merge, a seed, a rescale): what reads kept is found again."""
         self._ref = max(self.weight, key=self.weight.__getitem__, default=None)
         self._shape = {n: shape for n, shape in self._shape.items() if shape[0] in self.weight}
-        self._line, self._fresh, self._fit, self._level = None, None, None, None
-        self._read, self._between, self._prices = {}, {}, []
+        self._line, self._fresh, self._level = None, None, None
+        self._forget_reads()
 
     def merge(self, other: BatchCosts) -> None:
         self.context = other.context
@@ -237,7 +242,8 @@ class BatchCosts:
             self.total[n] *= level / self._followed
             self._mean[n] = self.total[n] / self.weight[n]
         self._followed = level
-        self._line, self._fit, self._read, self._between, self._prices = None, None, {}, {}, []
+        self._line = None
+        self._forget_reads()
 
     def _lead(self) -> None:
         """`_follow` the book this one follows, which leads while this one has measured nothing, where it has recorded
