@@ -198,3 +198,23 @@ def test_a_plain_pass_priced_by_its_first_call_alone_is_measured_again() -> None
     assert planner._plain_due([running])
     planner.pass_costs.record(1, 0.044)
     assert not any(planner._plain_due([running]) for _ in range(PROBE_ROUNDS - 1))
+
+
+def test_a_planner_prices_its_first_passes_from_the_first_pair_it_meets() -> None:
+    """Before it has measured a pass, a planner reads c(R) off the target's passes by K that the pair's running costs
+    hold (R = K + 1 rows); once it has prices, another pair's book does not replace them, and a book with none (or
+    none at all) leaves it without."""
+    planner = Planner()
+    planner.meet(None)
+    planner.meet(LoopCosts(shape=PER_TOKEN).verify)
+    assert not planner.pass_costs.weight
+    book = LoopCosts(shape=PER_TOKEN)
+    for k, seconds in ((0, 0.020), (4, 0.032), (8, 0.041)):
+        book.verify.record(k, seconds)
+        book.verify.record(k, seconds)
+    planner.meet(book.verify)
+    assert [planner.pass_costs.seconds(rows) for rows in (1, 5, 9)] == pytest.approx([0.020, 0.032, 0.041])
+    other = LoopCosts(shape=PER_TOKEN)
+    other.verify.record(0, 0.5)
+    planner.meet(other.verify)
+    assert planner.pass_costs.seconds(1) == pytest.approx(0.020)

@@ -281,3 +281,16 @@ def test_planning_is_timed_alone_and_under_the_scheduler(other: Pair, slots: lis
     run(Scheduler(), {0: generations})
     wall = time.perf_counter() - started
     assert all(g.stats.plan_s > 0 for g in generations) and sum(g.stats.plan_s for g in generations) < wall
+
+
+def test_a_scheduler_prices_its_first_step_from_the_pair_its_first_sequence_comes_from(other: Pair,
+                                                                                       slots: list) -> None:
+    """A scheduler made bare (`spec serve`'s, `spec batch`'s) reads its first passes' prices off the pair's running
+    costs, as a lone generation's does: its planner has prices before it has run a step."""
+    finish(other.generate("warm", raw=True, max_tokens=4, draft_max=0, draft_mode="none"))
+    scheduler = Scheduler()
+    assert not scheduler.planner.pass_costs.weight
+    request = GenerationRequest(sampling=GREEDY, draft_max="auto", draft_mode="model", max_tokens=4)
+    scheduler.join(slots[0].generate(other.prompt_tokens(PROMPTS[0], raw=True), request))
+    assert scheduler.planner.pass_costs.weight
+    run(scheduler, {})

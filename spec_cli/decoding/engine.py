@@ -28,7 +28,7 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from spec_cli.decoding.constrained import constrained_greedy, constrained_probabilities
-from spec_cli.decoding.costs import LoopCosts
+from spec_cli.decoding.costs import BatchCosts, LoopCosts
 from spec_cli.decoding.draft_length import DraftLength, FixedK
 from spec_cli.decoding.drafter import Draft, Drafter, DraftSteps, Offer, Terms
 from spec_cli.decoding.sampling import (Law, SamplingParams, greedy_token, probabilities, row_laws, sample,
@@ -109,7 +109,7 @@ class Generation:
         """Run alone: a schedule of one (`Scheduler`), so that one planner chooses every round's way and K and the
         loop has one driver. Its prompt goes in a whole batch a step, its drafter catches up `ALONE_CHUNK` tokens
         a step, and an error of its own is raised here, as the scheduler hands it back."""
-        scheduler = Scheduler(self._costs.verify if self._costs is not None else None)
+        scheduler = Scheduler()
         try:
             scheduler.join(self)
             while len(scheduler):
@@ -124,6 +124,11 @@ class Generation:
     # in chunks (`start`, `prompt_fed`), then each step begins every one's round (`begin_round`), decodes their
     # drafters' steps together where they draft step by step (`draft_steps`), asks each for its share of one
     # verify pass (`plan`) and hands back its rows (`settle`).
+
+    @property
+    def pass_costs(self) -> BatchCosts | None:
+        """The target's passes by K as the pair's running costs hold them (None without): a scheduler's first prices."""
+        return self._costs.verify if self._costs is not None else None
 
     def start(self) -> list[int]:
         """Begin under a scheduler: keep what the target's memory holds of the prompt; return what it lacks."""

@@ -110,14 +110,10 @@ class Planner:
     `acceptance`: by drafting mode, every sequence's rounds pooled: what a sequence whose own controller has
     seen no round yet is expected to keep (a slot's first request would otherwise explore on its own).
     A drafter's steps are priced from its own book (`Generation.draft_length.costs`), which knows its cost shape.
-    `verify`: the target's passes by K as a pair's cost book has measured them (one sequence's K + 1 rows), the
-    first prices of c(R) for a planner that has measured none yet.
     """
 
-    def __init__(self, verify: BatchCosts | None = None) -> None:
+    def __init__(self) -> None:
         self.pass_costs = BatchCosts(DECAY)
-        if verify is not None and verify.weight:
-            self.pass_costs.seed({str(int(k) + 1): seconds for k, seconds in verify.as_dict().items()}, 1.0)
         self.host: dict[bool, deque[float]] = {True: deque(maxlen=HOST_KEPT), False: deque(maxlen=HOST_KEPT)}
         self._host_s: float | None = None  # h as last read, until the next step is booked
         self.acceptance: dict[str, PositionAcceptance] = {}
@@ -125,6 +121,15 @@ class Planner:
         self._chosen_s: deque[float] = deque(maxlen=CHOICES_KEPT)  # the last steps' choosing, their offers included
         self._replan_s = 0.0  # the seconds of a step's choice, its drafters' offers included (decayed)
         self._drafting_steps = 0  # steps that would draft since the last that did not (`_plain_due`)
+
+    def meet(self, verify: BatchCosts | None) -> None:
+        """A sequence joins whose pair's running costs hold the target's passes by K (`verify`, one sequence's K + 1
+        rows): the first prices of c(R) while the planner has measured none. Without them the first steps of `spec
+        serve` and `spec batch` (whose schedulers were made bare) chose no drafts, then at most one a sequence (a pass
+        grows to twice the largest measured): a short answer's first rounds drafted one token of a lookup's while the
+        default's draft model, its regime in use, fell 54 tokens behind, which it then caught up on."""
+        if verify is not None and verify.weight and not self.pass_costs.weight:
+            self.pass_costs.seed({str(int(k) + 1): seconds for k, seconds in verify.as_dict().items()}, 1.0)
 
     def passed(self, rows: int, seconds: float) -> None:
         """A verify pass over `rows` rows, without prompt chunks, took `seconds`: c(R)."""

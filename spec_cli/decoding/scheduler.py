@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING, Callable, TypeVar
 
 import numpy as np
 
-from spec_cli.decoding.costs import BatchCosts
 from spec_cli.decoding.drafter import Draft, DraftSteps
 from spec_cli.decoding.planner import Planned, Planner
 from spec_cli.llama.context import Context, Part, decode_together
@@ -62,11 +61,12 @@ class Scheduler:
     what the target alone does, and the first catch-up, priced as it is measured, is the drafter's to earn.
 
     A generation run alone is a schedule of one (`Generation.__iter__`): the same planner chooses its way and K.
-    `verify`: the target's passes by K as a pair's cost book has measured them (`Planner`).
+    Whatever face runs it (a lone generation, `spec serve`, `spec batch`), the planner's first prices of a pass are
+    the target's passes as the pair's cost book measured them, from the first sequence that joins (`Planner.meet`).
     """
 
-    def __init__(self, verify: BatchCosts | None = None) -> None:
-        self.planner = Planner(verify)
+    def __init__(self) -> None:
+        self.planner = Planner()
         self._running: list[_Running] = []
 
     def __len__(self) -> int:
@@ -86,6 +86,7 @@ class Scheduler:
         """Start `generation` (made by a `Slot` no other running generation uses); its prompt is fed from the
         next step on."""
         prompt = generation.start()
+        self.planner.meet(generation.pass_costs)
         running = _Running(generation, prompt, lacked=len(prompt))
         self._running.append(running)
         if not running.prompt:  # the target's memory holds it all
