@@ -93,7 +93,7 @@ class Generation:
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._control_text = control_text
         self._costs = costs
-        self._timer = RoundTimer(self.stats, [target, *filter(None, [drafter])],
+        self._timer = RoundTimer(self.stats, [target, *(drafter.clocks if drafter is not None else ())],
                                  [self.stats.costs, *filter(None, [costs])])
         self._draft = Draft()  # the round `plan` began
         self._k = 0  # the K of the round `begin_round` began

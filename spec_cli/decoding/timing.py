@@ -13,7 +13,7 @@ from spec_cli.decoding.stats import Stats
 
 
 class InLlama(Protocol):
-    """What spends time in llama.cpp and counts it: a context, a drafter."""
+    """What spends time in llama.cpp and counts it: a context, a head (a drafter's `clocks`)."""
 
     busy_s: float
     rollback_s: float
@@ -21,7 +21,7 @@ class InLlama(Protocol):
 
 class RoundTimer:
     """Times the prompt, then each round's steps. `parts` are what decodes (the target's context, the
-    drafter); `books` the cost books every round is recorded in (the generation's own, and the pair's running
+    drafter's `clocks`); `books` the cost books every round is recorded in (the generation's own, and the pair's running
     ones, which outlive it).
 
     A step's wall time goes to its share (drafting, verification); the time in llama.cpp is read once a round, at

@@ -51,16 +51,9 @@ class ContextDrafter(CatchUpDrafter):
 
     def __init__(self, context: Context, p_min: float = 0.0, memory: DraftMemory | None = None) -> None:
         self.context = context
+        self.clocks = (context,)
         self.p_min = p_min
         self.memory = memory if memory is not None else DraftMemory(context)
-
-    @property
-    def busy_s(self) -> float:
-        return self.context.busy_s
-
-    @property
-    def rollback_s(self) -> float:
-        return self.context.rollback_s
 
     def _step(self, i: int, fed: list[int]) -> np.ndarray:
         """Feed step i's tokens and return the logits of the next: the catch-up (step 0) is final, the draft's

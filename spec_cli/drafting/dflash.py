@@ -43,12 +43,9 @@ class DFlashDrafter(CatchUpDrafter):
         if not target.keeps_features:
             raise ValueError("the target context must keep the drafter's feature layers (feature_layers=...)")
         self.target, self.block, self.p_min = target, block, p_min
+        self.clocks = (block,)
         self.k_max = block.block_size - 1
         self.text = TextOnly()  # positions below are those of the sequence's text, its images left out
-
-    @property
-    def busy_s(self) -> float:
-        return self.block.busy_s
 
     def start(self, tokens: Sequence[int]) -> None:
         """A new prompt: keep the features the memory holds of it; the catch-up injects the rest."""

@@ -131,6 +131,7 @@ class HybridDrafter(Drafter):
         self.lookup = lookup
         self.lookup_name = state.lookup
         self.own = own
+        self.clocks = tuple(clock for drafter in own.values() for clock in drafter.clocks)
         self.books = books
         self.costs = costs
         self.state = state
@@ -149,14 +150,6 @@ class HybridDrafter(Drafter):
         self.entry = RegimeEntry(state, books)  # its `terms`: what the planner last asked `offer` for
         self._new = False  # a new prompt's first round is next
         self._wanted: str | None = None  # the own drafter the last choice picked while it lacked more than a chunk
-
-    @property
-    def busy_s(self) -> float:
-        return sum(drafter.busy_s for drafter in self.own.values()) if self.own else 0.0
-
-    @property
-    def rollback_s(self) -> float:
-        return sum(drafter.rollback_s for drafter in self.own.values()) if self.own else 0.0
 
     def start(self, tokens: Sequence[int]) -> None:
         """A new prompt, which each own drafter takes in once its regime is entered (its backlog, which is

@@ -45,6 +45,7 @@ class MtpDrafter(CatchUpDrafter):
     def __init__(self, target: Context, head: HeadContext, p_min: float = 0.0) -> None:
         self._check(target)
         self.target, self.head, self.p_min = target, head, p_min
+        self.clocks = (head,)
         self._start: list[int] = []  # the sequence's tokens before the head's first pair
         self.text = TextOnly()  # positions below are those of the sequence's text, its images left out
 
@@ -53,10 +54,6 @@ class MtpDrafter(CatchUpDrafter):
         """Refuse a target context that does not keep the states `_states` reads."""
         if target.hidden is None:
             raise ValueError("the target context must keep its hidden states (hidden_states=True)")
-
-    @property
-    def busy_s(self) -> float:
-        return self.head.busy_s
 
     def start(self, tokens: Sequence[int]) -> None:
         """A new prompt: keep the pairs the head holds of it (up to the first image that differs: the states after

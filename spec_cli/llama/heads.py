@@ -31,6 +31,7 @@ class _FedContext:
     """A context fed through the extended batch; `tokens` are what its positions stand for in the sequence."""
 
     what = "the drafter"
+    rollback_s = 0.0  # a cut of its memory counts in `busy_s`, as its drafter's time (`Drafter.clocks`)
 
     def __init__(self, model: Model, n_ctx: int, n_threads: int, n_batch: int, **settings: object) -> None:
         self.model = model

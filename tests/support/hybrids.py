@@ -19,7 +19,7 @@ GREEDY = SamplingParams()
 class FakeModel:
     """A draft model whose catch-up backlog is set by the test; it proposes k copies of token 9."""
 
-    busy_s = rollback_s = 0.0
+    clocks = ()
 
     def __init__(self, pending: int = 1) -> None:
         self.backlog = pending
