@@ -30,7 +30,7 @@ CHOICES_KEPT = 5  # the last choices' seconds the quiet rule reads the middle on
 HOST_KEPT = 8  # the last steps' host seconds, of each kind, whose middle h reads (`Planner.host_s`)
 
 
-@dataclass
+@dataclass(eq=False)  # one sequence, equal only to itself: the quiet rule compares lists of them every step
 class Planned:
     """A generation the planner plans for: how long its drafter has been idle (K = 0) and may stay so before the next
     probe (`probe_after`, and `priced_after`: the idle rounds its probe's price needs, as last read, so that an idle
@@ -84,7 +84,7 @@ class _Quiet:
 
     def same(self, generating: list[Planned]) -> bool:
         """Whether `generating` are the streak's sequences."""
-        return len(generating) == len(self.running) and all(a is b for a, b in zip(generating, self.running))
+        return generating == self.running
 
     def _narrowed(self, generating: list[Planned]) -> bool:
         """Keep the streak for `generating` if they are some of its sequences, in order (the others have left)."""
