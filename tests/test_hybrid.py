@@ -294,3 +294,10 @@ def test_a_lookup_proposal_is_priced_by_what_proposals_after_as_long_a_match_kep
         offers = drafter.offer(tokens, Terms(8, 64, False, 100), GREEDY, np.random.default_rng(0))
         assert offers[-1].way == "ngram" and offers[-1].acceptance is band
         assert drafter.chosen is not None and drafter.chosen[0] == way
+
+
+def test_the_time_in_llama_cpp_of_the_default_is_its_own_drafters() -> None:
+    """The round timer reads a drafter's `clocks`: the default's are every own drafter's, and a lookup has none."""
+    books = {"model": machine(), "mtp": machine()}
+    drafter, model = hybrid(model_accepts=4, own=books)
+    assert drafter.clocks == (*model.clocks, *drafter.own["mtp"].clocks) and NgramDrafter(n_vocab=100).clocks == ()

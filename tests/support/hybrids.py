@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 
 from spec_cli.decoding.costs import HOST, LoopCosts
@@ -19,9 +21,8 @@ GREEDY = SamplingParams()
 class FakeModel:
     """A draft model whose catch-up backlog is set by the test; it proposes k copies of token 9."""
 
-    clocks = ()
-
     def __init__(self, pending: int = 1) -> None:
+        self.clocks = (SimpleNamespace(busy_s=0.0, rollback_s=0.0),)  # its context, as the round timer reads it
         self.backlog = pending
         self.proposed = 0
 
