@@ -256,6 +256,19 @@ def test_a_model_round_pays_k_steps_and_the_catch_up_of_a_full_acceptance() -> N
     assert costs.rate(0, acceptance) == pytest.approx(1 / 0.040)  # no draft: one target step
 
 
+def test_a_catch_up_is_priced_as_the_first_draft_step_it_is() -> None:
+    """A drafter that lacks n > 1 tokens feeds them with its first draft step, so K drafted tokens cost c_d(n) +
+    (K − 1)·c_d(1): beyond K steps a round pays c_d(n) − c_d(1) once, as the steady round's price above does (priced
+    as a step more, a fully accepted round's [d_K, bonus] made the planner give the draft model K = 0 where the
+    default's regime priced it right and kept it, for the ~26 rounds to an answer's end)."""
+    costs = loop_costs(c1=0.009, c2=0.014)
+    costs.draft.record(40, 0.080)
+    assert costs.step_costs(1) == (pytest.approx(0.009), 0.0)
+    assert costs.step_costs(2) == pytest.approx((0.009, 0.005))
+    assert costs.step_costs(40) == pytest.approx((0.009, 0.071))
+    assert loop_costs(shape=HOST).step_costs(40) == (0.0, 0.0)
+
+
 def test_a_block_round_pays_one_pass_whatever_k() -> None:
     costs = loop_costs(c1=0.004, c2=0.006, shape=PER_ROUND)  # smaller passes cost less (`BatchCosts`' floor)
     costs.draft.record(5, 0.012)

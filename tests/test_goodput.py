@@ -156,3 +156,13 @@ def test_a_pass_whose_first_extra_row_costs_most_is_weighed_over_several_positio
     costs = pass_costs(seconds, range(1, 8))
     assert choose_ks([Candidate(kept([1.0, 1.0]))], costs) == [2]
     assert choose_ks([Candidate(kept([1.0]))], costs) == [0]  # one position never pays that row
+
+
+def test_a_pass_that_steps_up_past_a_sequences_first_positions_does_not_stop_its_drafts_there() -> None:
+    """c(R) need not grow evenly with the rows (the demo pair's planner book read 36.7 ms at 6 rows, 42.8 at 7, 44.1
+    at 8): each move looks past such a step, so a sequence drafts the K of the best goodput of all, not the last K
+    before the step (where it stopped at 3 for one step of 5 ms when 16 sure positions paid a third more)."""
+    seconds = lambda rows: 0.020 + 0.003 * rows + (0.005 if rows >= 5 else 0.0)  # noqa: E731
+    candidate = Candidate(kept(np.full(16, 0.99)), step_s=0.004)
+    [k] = choose_ks([candidate], pass_costs(seconds, range(1, 18)))
+    assert k == max(range(17), key=lambda n: goodput([n], [candidate], seconds)) == 16

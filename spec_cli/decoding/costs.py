@@ -570,8 +570,11 @@ class LoopCosts:
 
     def step_costs(self, backlog: int) -> tuple[float, float] | None:
         """(seconds a drafted token adds, seconds a round that drafts at all adds) for a drafter that lacks `backlog`
-        tokens: per token, c_d(1) a token and the catch-up c_d(backlog) once; per round, the block's pass once; host
-        only, nothing. None while a cost it needs is unmeasured."""
+        tokens: per token, c_d(1) a token and c_d(backlog) − c_d(1) once, as its first draft step feeds the backlog (K
+        tokens cost c_d(backlog) + (K − 1)·c_d(1), as `draft_seconds` prices a steady round; a step more made a fully
+        accepted round look ~9 ms dearer to the planner than to the default's regimes, and the planner gave the draft
+        model K = 0 while its regime stayed in use); per round, the block's pass once; host only, nothing. None while a
+        cost it needs is unmeasured."""
         if self.shape == HOST:
             return 0.0, 0.0
         if self.shape == PER_ROUND:
@@ -581,7 +584,7 @@ class LoopCosts:
         catch_up = self.draft.interpolated(backlog) if backlog > 1 else 0.0
         if step is None or catch_up is None:
             return None
-        return self._now(step), self._now(catch_up) if backlog > 1 else 0.0
+        return self._now(step), max(0.0, self._now(catch_up) - self._now(step)) if backlog > 1 else 0.0
 
     def as_dict(self) -> dict[str, object]:
         return {"draft_step_s": self.draft.as_dict(), "verify_s": self.verify.as_dict(),

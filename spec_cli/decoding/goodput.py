@@ -10,12 +10,13 @@ online). Work that grows with the tokens emitted (o a token) never moves the cho
 c seconds joins a step of E tokens and C seconds where g·C > E·c, with or without o·(E + g) on both sides; h does,
 as a dearer step makes more tokens a step worth more.
 
-Starting from K = 0 everywhere (the batch without speculation), draft positions are added one at a time, the
-one with the most expected tokens per second of added cost first, while G grows: the next position of a
+Starting from K = 0 everywhere (the batch without speculation), draft positions are added a move at a time, the
+move with the most expected tokens per second of added cost first, while G grows: the next position of a
 sequence is worth a_{s,1}·…·a_{s,K+1} tokens, which only falls as K grows, so each sequence's best draft
-positions come first. What a round costs once (r_s: a catch-up on what an idle drafter missed, a block's pass)
-is weighed against as many positions as make it worth most, which one position alone seldom is; a drafter
-whose catch-up does not pay within this pass waits for a probe (`planner`). A
+positions come first. A move adds to one sequence as many positions as make it worth most: what a round costs
+once (r_s: a catch-up on what an idle drafter missed, a block's pass) and a step up in c(R) are weighed against
+several positions, which one position alone seldom pays; a drafter whose catch-up does not pay within this pass
+waits for a probe (`planner`). A
 sequence the target seldom agrees with, or one whose drafter is dear, keeps K = 0; a busy batch, whose rows
 cost more, gives fewer draft tokens to each.
 """
@@ -92,11 +93,13 @@ def _best_move(candidates: Sequence[Candidate], gains: list[list[list[float]]], 
                once_s: float) -> tuple[int, int, int, float, float] | None:
     """The next draft positions to add, (sequence, its way, how many, E[tokens] they add, seconds they add): the most
     tokens per second of added cost. A sequence not drafting yet may take any of its ways; one drafting goes on
-    with its own, a position a move. A sequence's first move takes as many positions as make it worth the most: what
-    its way's round costs once (`round_s`, and `once_s` for the step's first drafts) and the pass's first extra rows
-    may not pay for one position alone (llama.cpp decodes one row by another path than several: on a busy machine
-    the demo target's 2-row pass cost 1.7x its 1-row pass and the 6-row pass little more, and a lookup's proposal
-    the default had chosen, 3 tokens for 2 extra rows, was given none). `passes`: c(R) by R."""
+    with its own. A move takes as many positions as make it worth the most: what its way's round costs once
+    (`round_s`, and `once_s` for the step's first drafts) and the pass's first extra rows may not pay for one position
+    alone (llama.cpp decodes one row by another path than several: on a busy machine the demo target's 2-row pass
+    cost 1.7x its 1-row pass and the 6-row pass little more, and a lookup's proposal the default had chosen, 3 tokens
+    for 2 extra rows, was given none), nor may the row past a step up in c(R) later (the demo pair's planner book
+    read 36.7 ms at 6 rows and 42.8 at 7: a position a move after the first kept a list at K = 5 where 12 paid
+    more). `passes`: c(R) by R."""
     best, best_value = None, 0.0
     for i, c in enumerate(candidates):
         if c.fixed is not None:
@@ -107,7 +110,7 @@ def _best_move(candidates: Sequence[Candidate], gains: list[list[list[float]]], 
             if k >= len(g):
                 continue
             once = way.round_s + once_s if k == 0 else 0.0  # what its first positions pay once
-            reach = min(len(g) - k, most_rows - rows) if k == 0 else 1
+            reach = min(len(g) - k, most_rows - rows)
             gain = 0.0
             for j in range(1, reach + 1):
                 gain += g[k + j - 1]
