@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from spec_cli.decoding.costs import HOST, LoopCosts
-from spec_cli.decoding.draft_length import FixedK
+from spec_cli.decoding.draft_length import TEXT_ROUNDS, FixedK, Pool
 from spec_cli.decoding.drafter import Draft, Terms
 from spec_cli.decoding.sampling import SamplingParams
 from spec_cli.drafting.entry import OUT
@@ -301,3 +301,22 @@ def test_the_time_in_llama_cpp_of_the_default_is_its_own_drafters() -> None:
     books = {"model": machine(), "mtp": machine()}
     drafter, model = hybrid(model_accepts=4, own=books)
     assert drafter.clocks == (*model.clocks, *drafter.own["mtp"].clocks) and NgramDrafter(n_vocab=100).clocks == ()
+
+
+def test_an_own_drafter_whose_acceptance_is_barely_measured_is_tried_until_a_text_of_it_is_known() -> None:
+    """A draft model that has drafted one round on any text (a cold cost book's) is not priced by that round: it is
+    tried and offered with the optimism of a drafter never measured, until it has drafted `TEXT_ROUNDS` rounds on a
+    text; then its acceptance prices it, and a poor one is left out."""
+    drafter, model = hybrid(model_accepts=1, ngram_accepts=0)
+    assert choice(drafter, NO_MATCH) == "none"  # 1 of 4 kept: not worth its steps
+    pool = drafter.state.lengths["model"].acceptance.pooled = Pool(0.995)
+    pool.update(4, 1)
+    assert choice(drafter, NO_MATCH) == "model" and drafter.state.in_use == "model"
+    drafter.rewind(1)
+    [offer] = drafter.offer(NO_MATCH, Terms(8, 64, False, 100), GREEDY, np.random.default_rng(0))
+    assert offer.way == "model" and offer.acceptance.gains(4) == [1.0] * 4
+    assert drafter.propose(NO_MATCH, 4, GREEDY, np.random.default_rng(0)).way == "model"  # the round it offered
+    for _ in range(TEXT_ROUNDS - 1):
+        pool.update(4, 1)
+    drafter.state.in_use = OUT
+    assert choice(drafter, NO_MATCH) == "none"

@@ -192,6 +192,11 @@ class Pool:
         if self.text.measured:
             self.text = PositionAcceptance()
 
+    @property
+    def known(self) -> bool:
+        """Whether some text's acceptance is known: one kept, or this text's rounds enough to be kept."""
+        return bool(self.texts) or self.text.measured >= TEXT_ROUNDS
+
     def kept(self) -> list[PositionAcceptance]:
         """The last texts' acceptance, the one drafted in so far among them where it would be kept if it ended now."""
         return [*self.texts, self.text][-TEXTS_KEPT:] if self.text.measured >= TEXT_ROUNDS else list(self.texts)
