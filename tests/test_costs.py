@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from spec_cli.decoding.costs import FOLLOW_STEP, HOST, LOAD_BAND, PER_ROUND, BatchCosts, LoopCosts
+from spec_cli.decoding.costs import FOLLOW_STEP, HOST, LOAD_BAND, PER_ROUND, PER_TOKEN, BatchCosts, LoopCosts
 from spec_cli.decoding.draft_length import PositionAcceptance
 
 
@@ -267,6 +267,16 @@ def test_a_catch_up_is_priced_as_the_first_draft_step_it_is() -> None:
     assert costs.step_costs(2) == pytest.approx((0.009, 0.005))
     assert costs.step_costs(40) == pytest.approx((0.009, 0.071))
     assert loop_costs(shape=HOST).step_costs(40) == (0.0, 0.0)
+
+
+def test_a_book_whose_drafter_decodes_nothing_keeps_no_draft_steps() -> None:
+    """The default's own book (a lookup's cost shape) is handed every round's steps, which its drafters' books keep:
+    it keeps none of them, and its rounds still count the time outside their passes."""
+    host, model = LoopCosts(shape=HOST), LoopCosts(shape=PER_TOKEN)
+    for book in (host, model):
+        book.record_round([(2, 0.014), (1, 0.009)], k=2, verify_s=0.030, round_s=0.060, emitted=3, context=100)
+    assert not host.draft.weight and model.draft.seconds(2) == pytest.approx(0.014)
+    assert host.per_token == model.per_token == pytest.approx(0.007 / 3)
 
 
 def test_a_block_round_pays_one_pass_whatever_k() -> None:

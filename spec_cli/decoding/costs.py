@@ -498,7 +498,11 @@ class LoopCosts:
 
     def record_draft(self, steps: list[tuple[int, float]], context: int = 0) -> None:
         """Draft-model decodes at about `context` tokens, (tokens fed, seconds) each; a prompt's is the size of a
-        large catch-up."""
+        large catch-up. A book of cost shape `HOST` keeps none: its drafter decodes nothing, and nothing reads them
+        (the default's own book was given every step its drafters took, ~5 records a model round, which their own
+        books keep)."""
+        if self.shape == HOST:
+            return
         for n, seconds in steps:
             self.draft.record(n, seconds)
             self.draft_context.record(n, seconds, context)
