@@ -346,8 +346,9 @@ class HybridDrafter(Drafter):
 
     def _choose(self, options: dict[str, Option], pending: dict[str, int], ks: dict[str, int]) -> str:
         """Try what is not priced yet (the n-gram first: it costs no decode; an own drafter in its regime, so
-        that it catches up first; one whose costs are not measured, or whose acceptance is not, `_untried`); else the choice of the regime the loop runs in, after weighing a trial of an own
-        drafter on a new text or a move to the regime with the best rate (`entry`)."""
+        that it catches up first; one whose costs are not measured, or whose acceptance is not, `_untried`); else the
+        choice of the regime the loop runs in, after weighing a trial of an own drafter on a new text or a move to the
+        regime with the best rate (`entry`)."""
         for name in (self.lookup_name, *self.own, NONE):
             if name in options and options[name].seconds is None:
                 if name in self.own:
