@@ -195,11 +195,16 @@ class Pool:
     @property
     def known(self) -> bool:
         """Whether some text's acceptance is known: one kept, or this text's rounds enough to be kept."""
-        return bool(self.texts) or self.text.measured >= TEXT_ROUNDS
+        return bool(self.texts) or self._text_kept
+
+    @property
+    def _text_kept(self) -> bool:
+        """Whether the text drafted in so far would be kept if it ended now (`TEXT_ROUNDS`)."""
+        return self.text.measured >= TEXT_ROUNDS
 
     def kept(self) -> list[PositionAcceptance]:
         """The last texts' acceptance, the one drafted in so far among them where it would be kept if it ended now."""
-        return [*self.texts, self.text][-TEXTS_KEPT:] if self.text.measured >= TEXT_ROUNDS else list(self.texts)
+        return [*self.texts, self.text][-TEXTS_KEPT:] if self._text_kept else list(self.texts)
 
 
 class DraftLength(Protocol):
