@@ -249,6 +249,24 @@ def test_the_batch_may_take_the_lookup_the_hybrid_offers_beside_its_choice() -> 
     assert drafter.state.lengths["ngram"].acceptance.measured > reached
 
 
+def test_a_lookup_offered_in_a_drafters_regime_carries_that_drafters_catch_up_on_it() -> None:
+    """In the model's regime the model will take in what a lookup's round emits, with the bonus token, at its next
+    round: the lookup is offered with that catch-up, c_d(1 + E) − c_d(1), as the regime prices it; out of every own
+    drafter's regime it leaves nothing to pay."""
+    owed = {}
+    for regime, model_accepts in (("model", 4), (OUT, 0)):  # a model never right is left
+        drafter, _model = hybrid(model_accepts=model_accepts, ngram_accepts=1, in_use=regime)
+        drafter.rewind(1)
+        offers = drafter.offer(MATCH, Terms(8, 64, True, 100), GREEDY, np.random.default_rng(0))
+        assert drafter.state.in_use == regime
+        [lookup] = [offer for offer in offers if offer.way == "ngram"]
+        owed[regime] = lookup.owed_s
+        tokens = 1 + round(lookup.acceptance.expected_tokens(lookup.cap))
+        catch_up = drafter.books["model"].draft
+    assert owed[OUT] == 0.0
+    assert owed["model"] == pytest.approx(catch_up.interpolated(tokens) - catch_up.interpolated(1)) and owed["model"] > 0
+
+
 def test_a_round_without_a_choice_teaches_nothing() -> None:
     """A round a scheduler gave K = 0 without asking the hybrid (a quiet step) does not count the last round's decodes
     or acceptance again."""

@@ -56,13 +56,16 @@ class Offer:
     """A way a drafter that chooses among several (`Drafter.chooses_ways`) may draft next round, offered before its
     K so that a scheduler prices K by that way: its name (`way`), its acceptance by position, its book (`costs`,
     which knows its cost shape), the most it can draft (`cap`: a lookup's proposal may be short; 0 where it chose no
-    draft) and the tokens its drafter lacks (`backlog`, the catch-up a round pays first)."""
+    draft) and the tokens its drafter lacks (`backlog`, the catch-up a round pays first); `owed_s`: what a round of
+    this way leaves another of the drafter's ways to pay later (the catch-up, on the tokens the round emits, of a draft
+    model whose turn it is otherwise)."""
 
     way: str
     acceptance: PositionAcceptance
     costs: LoopCosts
     cap: int
     backlog: int = 0
+    owed_s: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -325,9 +325,9 @@ class Planner:
     @staticmethod
     def _way(offer: Offer, cap: int) -> Candidate:
         """A way a drafter offers, as the goodput choice prices it: its acceptance, its steps, what a round costs
-        once."""
+        once (what it leaves its drafter's other ways to pay included)."""
         step_s, round_s = offer.costs.step_costs(offer.backlog) or (0.0, 0.0)
-        return Candidate(offer.acceptance.gains(min(cap, offer.cap)), step_s=step_s, round_s=round_s)
+        return Candidate(offer.acceptance.gains(min(cap, offer.cap)), step_s=step_s, round_s=round_s + offer.owed_s)
 
     @property
     def host_s(self) -> float:

@@ -242,8 +242,10 @@ class HybridDrafter(Drafter):
         self._chunk, self.entry.terms = terms.chunk, terms
         name, looked_up, k_own = self._choice(tokens, terms.k, sampling, rng, offering=True, shared=terms.shared)
         self._offered = (len(tokens), name, looked_up)
-        lookup = Offer(self.lookup_name, self.state.lookup_acceptance(looked_up.match), self.costs,
-                       len(looked_up.tokens))
+        acceptance = self.state.lookup_acceptance(looked_up.match)
+        cap = len(looked_up.tokens)
+        owed_s = self._left_behind_s(self.state.in_use, acceptance.expected_tokens(cap)) if cap else 0.0
+        lookup = Offer(self.lookup_name, acceptance, self.costs, cap, owed_s=owed_s)
         if name == self.lookup_name:
             return [lookup]
         if name not in self.own:
@@ -381,19 +383,28 @@ class HybridDrafter(Drafter):
         more, and a ρ that lags above them (a drafter's acceptance falling from its prior) prices every option at a
         loss and picks the shortest, no draft, every other round of a draft model's regime."""
         priced: dict[str, tuple[float, float]] = {}
-        step_s = self.entry.catch_up_s(regime, 1) if regime != OUT else 0.0
         for name, option in options.items():
             if name in self.own and name != regime:
                 continue
             assert option.seconds is not None
             seconds = option.seconds
-            if regime != OUT and name != regime:  # the regime's drafter will catch up on these tokens
-                seconds += self.entry.catch_up_s(regime, 1 + round(option.tokens)) - step_s
+            if name != regime:
+                seconds += self._left_behind_s(regime, option.tokens)
             priced[name] = (option.tokens, seconds)
         best_rate = max(tokens / seconds for tokens, seconds in priced.values())
         rho = min(self.state.regimes[regime].rate or best_rate, best_rate)
         name = max(priced, key=lambda way: priced[way][0] - rho * priced[way][1])
         return name, *priced[name]
+
+    def _left_behind_s(self, regime: str, tokens: float) -> float:
+        """What a round of another way, emitting `tokens` on average, adds to the catch-up of `regime`'s drafter (none
+        out of every own drafter's regime): it will take them in with the bonus token at its next round, c_d(1 + E)
+        where a round of its own leaves it c_d(1). The planner's price of a lookup's offer carries it too: without
+        it the batch took a chat answer's short lookups in the draft model's regime, a round each of ~2 tokens whose
+        catch-up the model paid after, and ran 0.76x the model pinned."""
+        if regime == OUT:
+            return 0.0
+        return self.entry.catch_up_s(regime, 1 + round(tokens)) - self.entry.catch_up_s(regime, 1)
 
     def _learn_in_hindsight(self, tokens: Sequence[int]) -> None:
         """Score last round's untaken n-gram proposal against the tokens the round emitted.
