@@ -150,6 +150,7 @@ class HybridDrafter(Drafter):
         self.entry = RegimeEntry(state, books)  # its `terms`: what the planner last asked `offer` for
         self._new = False  # a new prompt's first round is next
         self._wanted: str | None = None  # the own drafter the last choice picked while it lacked more than a chunk
+        self._lacking: dict[str, int] = {}  # what each own drafter lacked when the last choice was made (`pending`)
 
     def start(self, tokens: Sequence[int]) -> None:
         """A new prompt, which each own drafter takes in once its regime is entered (its backlog, which is
@@ -250,7 +251,7 @@ class HybridDrafter(Drafter):
             return [lookup]
         if name not in self.own:
             return [Offer(NONE, lookup.acceptance, self.costs, 0), *([lookup] if lookup.cap else [])]
-        pending = self.own[name].pending(tokens)
+        pending = self._lacking[name]
         backlog = pending if terms.shared else min(pending, STEADY_BACKLOG)  # alone: a steady round's catch-up
         acceptance = PositionAcceptance() if self._untried(name) else self.state.lengths[name].acceptance
         own = Offer(name, acceptance, self.books[name], k_own, backlog)
@@ -303,6 +304,7 @@ class HybridDrafter(Drafter):
             if name in options and options[name].seconds is None and pending[name] > self._chunk:
                 drafter.narrow(tokens)  # a trial: the cheapest catch-up, the latest tokens only
                 pending[name] = drafter.pending(tokens)
+        self._lacking = pending
         name = self._choose(options, pending, ks)
         if not shared or name not in self.books or not self.books[name].draft.weight:
             name = self._ready(name, options, pending)
