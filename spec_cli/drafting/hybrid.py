@@ -402,8 +402,8 @@ class HybridDrafter(Drafter):
         """What a round of another way, emitting `tokens` on average, adds to the catch-up of `regime`'s drafter (none
         out of every own drafter's regime): it will take them in with the bonus token at its next round, c_d(1 + E)
         where a round of its own leaves it c_d(1). The planner's price of a lookup's offer carries it too: without
-        it the batch took a chat answer's short lookups in the draft model's regime, a round each of ~2 tokens whose
-        catch-up the model paid after, and ran 0.76x the model pinned."""
+        it the planner took the memory's short proposals in the draft model's regime (a 134-token chat answer on the
+        demo pair: 8 rounds of 1.9 tokens each, whose catch-up the model paid at its next rounds)."""
         if regime == OUT:
             return 0.0
         return self.entry.catch_up_s(regime, 1 + round(tokens)) - self.entry.catch_up_s(regime, 1)
