@@ -53,6 +53,20 @@ def test_few_rounds_lean_on_the_overall_rate() -> None:
     assert acceptance.rates(3)[2] > 2 / 3
 
 
+def test_a_capped_acceptance_weighs_at_most_so_many_rounds_at_the_same_rates() -> None:
+    acceptance = PositionAcceptance()
+    for accepted in (4, 2, 0, 3) * 5:
+        acceptance.update(4, accepted)
+    rates = acceptance.rates(4)
+    acceptance.cap(2.0)
+    assert acceptance.measured == pytest.approx(2.0)
+    assert acceptance.alpha == pytest.approx(9 / 12)  # 45 accepted, 15 rejections, scaled alike
+    few = PositionAcceptance()
+    few.update(4, 1)
+    few.cap(2.0)
+    assert few.measured == 1.0 and rates != acceptance.rates(4)  # the prior (3 rounds at α̂) now weighs more
+
+
 def test_counts_from_stats_equal_the_running_counts() -> None:
     rounds = [(4, 4), (4, 1), (3, 3), (4, 0), (2, 1)]
     stats, running = Stats(draft_max=4), PositionAcceptance(prior_weight=0.0)

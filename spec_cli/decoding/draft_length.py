@@ -116,8 +116,7 @@ class PositionAcceptance:
         self.accepted = float(counts["accepted"])  # type: ignore[arg-type]
         self.rejections = float(counts["rejections"])  # type: ignore[arg-type]
         self._cached = None
-        if self.reached and self.reached[0] > rounds:
-            self.forget(rounds / self.reached[0])
+        self.cap(rounds)
 
     @property
     def measured(self) -> float:
@@ -130,6 +129,11 @@ class PositionAcceptance:
         self.reached = [count * keep for count in self.reached]
         self.accepted_at = [count * keep for count in self.accepted_at]
         self._cached = None
+
+    def cap(self, rounds: float) -> None:
+        """What was learnt weighs at most `rounds` rounds: a prior that the rounds measured next soon outweigh."""
+        if self.measured > rounds:
+            self.forget(rounds / self.measured)
 
     def _grow(self, k: int) -> None:
         if k > len(self.reached):

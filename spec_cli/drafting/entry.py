@@ -64,9 +64,7 @@ class RegimeEntry:
             self._trying = self._worth_a_trial(options, pending, ks, out_rate) if self._weighed else None
             if self._trying is not None:
                 state.in_use, state.regret_s = self._trying, 0.0
-                acceptance = state.lengths[self._trying].acceptance
-                if acceptance.measured > TRIAL_PRIOR:
-                    acceptance.forget(TRIAL_PRIOR / acceptance.measured)
+                state.lengths[self._trying].acceptance.cap(TRIAL_PRIOR)
         if self._trying == state.in_use and self._trying in options and self._trial_rounds() < TRIAL_ROUNDS:
             state.regret_s = 0.0
             return self._trying
