@@ -101,21 +101,22 @@ def _best_move(candidates: Sequence[Candidate], gains: list[list[list[float]]], 
     read 36.7 ms at 6 rows and 42.8 at 7: a position a move after the first kept a list at K = 5 where 12 paid
     more). `passes`: c(R) by R."""
     best, best_value = None, 0.0
+    base, further = passes[rows], passes[rows + 1:]  # c(R) now, and for each row added
     for i, c in enumerate(candidates):
         if c.fixed is not None:
             continue
         k = ks[i]
         for w in range(len(c.ways)) if k == 0 else (chosen[i],):
             way, g = c.ways[w], gains[i][w]
-            if k >= len(g):
-                continue
-            once = way.round_s + once_s if k == 0 else 0.0  # what its first positions pay once
             reach = min(len(g) - k, most_rows - rows)
-            gain = 0.0
-            for j in range(1, reach + 1):
-                gain += g[k + j - 1]
-                cost = passes[rows + j] - passes[rows] + j * way.step_s + once
-                if gain / max(cost, 1e-9) > best_value:
-                    best, best_value = (i, w, j, gain, cost), gain / max(cost, 1e-9)
+            once = way.round_s + once_s if k == 0 else 0.0  # what its first positions pay once
+            step_s, gain = way.step_s, 0.0
+            # The planner's innermost loop: locals and one division a turn (a choice at four sequences: 98 -> 90 us).
+            for j, (g_j, pass_s) in enumerate(zip(g[k:k + reach], further[:reach]), 1):
+                gain += g_j
+                cost = pass_s - base + j * step_s + once
+                value = gain / (cost if cost > 1e-9 else 1e-9)
+                if value > best_value:
+                    best, best_value = (i, w, j, gain, cost), value
     return best
 
