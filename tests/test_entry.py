@@ -22,6 +22,17 @@ def rounds_out(drafter: HybridDrafter, terms: Terms) -> None:
         assert drafter.state.in_use == OUT
 
 
+def texts_kept(drafter: HybridDrafter, kept: int) -> None:
+    """The draft model drafted 4 tokens 10 rounds on each of the last `TRIAL_TEXTS` texts, keeping `kept` of them; a new
+    sequence follows."""
+    pool = drafter.state.lengths["model"].acceptance.pooled = Pool(0.995)
+    for _ in range(TRIAL_TEXTS):
+        for _ in range(10):
+            pool.update(4, kept)
+        pool.new_text()
+    drafter.rewind(1)
+
+
 def test_a_large_backlog_defers_the_model_until_the_regret_reaches_its_price() -> None:
     """Ski rental: out of the model's regime, each round that regime would have done better adds the time lost
     to the regret; the model pays its backlog once the regret reaches that backlog's price when deferring
@@ -94,12 +105,7 @@ def test_a_new_text_tries_an_own_drafter_whose_acceptance_on_other_texts_says_it
     outcomes = []
     for kept in (0, 4):  # texts where it kept nothing, texts where it kept all
         drafter, _model = hybrid(model_accepts=1, ngram_accepts=0, pending=10)
-        pool = drafter.state.lengths["model"].acceptance.pooled = Pool(0.995)
-        for _ in range(TRIAL_TEXTS):
-            for _ in range(10):
-                pool.update(4, kept)
-            pool.new_text()
-        drafter.rewind(1)
+        texts_kept(drafter, kept)
         rounds_out(drafter, Terms(8, 64, False, 1000))
         drafter.offer(NO_MATCH, Terms(8, 64, False, 1000), GREEDY, np.random.default_rng(0))
         outcomes.append(drafter.state.in_use)
@@ -112,6 +118,23 @@ def test_a_new_text_tries_an_own_drafter_whose_acceptance_on_other_texts_says_it
     choice(drafter, NO_MATCH)
     assert drafter.state.in_use == OUT
 
+
+
+def test_a_trial_ends_after_its_rounds_though_the_planner_drafted_none_of_them() -> None:
+    """Rounds of a trial the planner gives K = 0 (it priced the drafter below a plain step) are the trial's rounds too:
+    counted by what they drafted, the trial never ended and held the loop in the drafter's regime for good."""
+    drafter, _model = hybrid(model_accepts=1, ngram_accepts=0, pending=10)
+    texts_kept(drafter, 4)
+    terms = Terms(8, 64, False, 1000)
+    rounds_out(drafter, terms)
+    emitted = [*NO_MATCH]
+    for _ in range(TRIAL_ROUNDS):
+        drafter.offer(emitted, terms, GREEDY, np.random.default_rng(0))
+        assert drafter.state.in_use == "model" and drafter.chosen is not None and drafter.chosen[0] == "model"
+        drafter.update(0, 0)  # the planner drafted nothing this round: a plain step emitted one token
+        emitted.append(20 + len(emitted))
+    drafter.offer(emitted, terms, GREEDY, np.random.default_rng(0))
+    assert drafter.state.in_use == OUT
 
 def test_an_answer_cut_at_its_limit_counts_where_it_went_as_far_as_this_one_may() -> None:
     """The tokens an answer still emits: answers cut at 64 tokens, when this one may go to 64 too, had all that was left
@@ -132,12 +155,7 @@ def test_a_new_text_weighs_a_trial_though_the_drafters_regime_looks_best_without
     second to 40) but its 40-token entry not paid back over the 50 tokens expected: on the last texts it kept every
     draft, so a trial pays, and it is entered for `TRIAL_ROUNDS` rounds."""
     drafter, _model = hybrid(model_accepts=3, ngram_accepts=0, pending=40)
-    pool = drafter.state.lengths["model"].acceptance.pooled = Pool(0.995)
-    for _ in range(TRIAL_TEXTS):
-        for _ in range(10):
-            pool.update(4, 4)
-        pool.new_text()
-    drafter.rewind(1)
+    texts_kept(drafter, 4)
     rounds_out(drafter, Terms(8, 64, False, 100))
     drafter.offer(NO_MATCH, Terms(8, 64, False, 100), GREEDY, np.random.default_rng(0))
     rates = {name: regime.rate for name, regime in drafter.state.regimes.items()}

@@ -26,7 +26,7 @@ OUT = "out"  # the regime in which none of the pair's own drafters is in use
 LEFT_SHARE = 0.5  # of the tokens a generation may still emit, those a regime's entry is expected to pay back over,
 # before any answer has said how long answers run (`RegimeEntry.ahead`)
 TRIAL_TEXTS = 2  # the texts an own drafter must have drafted in before a new one weighs a trial of it
-TRIAL_ROUNDS = 2  # the rounds a trial drafts before its regime may be left
+TRIAL_ROUNDS = 2  # the rounds a trial chooses its drafter before its regime may be left
 SETTLE_ROUNDS = 2  # the rounds a new text runs before the regimes' rates are read as its own: a trial is weighed, and
 # a regime entered at once for its pay-back, only after them (at its first round they are the last text's)
 TRIAL_PRIOR = 2.0  # rounds' worth of the acceptance over every text that a trial's text keeps as its prior
@@ -43,9 +43,10 @@ class RegimeEntry:
         self._weighed = False  # whether this text has weighed a trial of an own drafter
         self._rounds = 0  # the rounds this text has chosen in (`SETTLE_ROUNDS`)
         self._trying: str | None = None  # the own drafter on trial on this text
+        self._tried = 0  # the rounds the trial has chosen its drafter in
 
     def new_text(self) -> None:
-        self._weighed, self._trying, self._rounds = False, None, 0
+        self._weighed, self._trying, self._rounds, self._tried = False, None, 0, 0
 
     def trial(self, options: dict[str, Option], pending: dict[str, int], ks: dict[str, int],
               out_rate: float) -> str | None:
@@ -54,9 +55,12 @@ class RegimeEntry:
         rate, a rewrite the memory copies at twice the target alone's speed paid a 68-token catch-up for two rounds),
         whichever regime's rate is the best (a draft model whose mean acceptance, learnt on rewrites, put its regime a
         little above the target alone's did not pay its entry on a code prompt, where it keeps nearly every draft); it
-        drafts `TRIAL_ROUNDS` rounds before its regime may be left. Its acceptance keeps `TRIAL_PRIOR` rounds of the
-        mean over texts, so this text decides. Asked once each round the hybrid chooses: it counts the text's rounds,
-        which the pay-back reads too."""
+        is chosen `TRIAL_ROUNDS` rounds before its regime may be left, whatever the planner makes of them: counted by
+        the drafts they kept, a trial whose first round kept none of 8 (a chat answer's first token), after which the
+        planner gave the draft model K = 0, or whose next rounds the planner gave the memory (a rewrite), never ended
+        and held the loop in the model's regime (a chat answer ran 110 plain rounds while the model fell 60 tokens
+        behind). Its acceptance keeps `TRIAL_PRIOR` rounds of the mean over texts, so this text decides. Asked once
+        each round the hybrid chooses: it counts the text's rounds, which the pay-back reads too."""
         state = self.state
         self._rounds += 1
         if state.in_use == OUT and not self._weighed:
@@ -65,8 +69,8 @@ class RegimeEntry:
             if self._trying is not None:
                 state.in_use, state.regret_s = self._trying, 0.0
                 state.lengths[self._trying].acceptance.cap(TRIAL_PRIOR)
-        if self._trying == state.in_use and self._trying in options and self._trial_rounds() < TRIAL_ROUNDS:
-            state.regret_s = 0.0
+        if self._trying == state.in_use and self._trying in options and self._tried < TRIAL_ROUNDS:
+            state.regret_s, self._tried = 0.0, self._tried + 1
             return self._trying
         return None
 
@@ -146,11 +150,3 @@ class RegimeEntry:
             if gain > 0.0 and (best is None or gain > best[0]):
                 best = (gain, name)
         return best[1] if best is not None else None
-
-    def _trial_rounds(self) -> float:
-        """The rounds the own drafter on trial has drafted on this text."""
-        assert self._trying is not None
-        pool = self.state.lengths[self._trying].acceptance.pooled
-        assert pool is not None  # `_worth_a_trial` tries only a drafter with a pool
-        return pool.text.measured
-
