@@ -10,7 +10,7 @@ from spec_cli.decoding.draft_length import Pool
 from spec_cli.decoding.drafter import Terms
 from spec_cli.drafting.entry import OUT, SETTLE_ROUNDS, TRIAL_PRIOR, TRIAL_ROUNDS, TRIAL_TEXTS
 from spec_cli.drafting.hybrid import HybridDrafter
-from support.hybrids import GREEDY, NO_MATCH, choice, hybrid
+from support.hybrids import GREEDY, MATCH, NO_MATCH, choice, hybrid
 
 
 def rounds_out(drafter: HybridDrafter, terms: Terms) -> None:
@@ -69,6 +69,20 @@ def test_a_clearly_better_regime_is_entered_at_once_where_the_answer_has_room_to
         entered.append(drafter.state.in_use)
     assert entered == ["model", OUT, OUT]
 
+
+
+def test_a_regime_is_not_entered_for_its_pay_back_in_a_round_the_lookup_proposes() -> None:
+    """The rate out moves on the prices of the lookup's first proposals on a text, whose acceptance there is not known
+    yet: in a round the lookup proposes, the model's regime is not entered for its pay-back; in the next, which it
+    does not, it is."""
+    drafter, _model = hybrid(model_accepts=4, ngram_accepts=0, pending=40)
+    rounds_out(drafter, Terms(8, 64, False, 10))
+    drafter.rewind(1)
+    offers = drafter.offer(MATCH, Terms(8, 64, False, 1000), GREEDY, np.random.default_rng(0))
+    assert "ngram" in [offer.way for offer in offers] and drafter.state.in_use == OUT
+    drafter.update(0, 0)
+    offers = drafter.offer([*MATCH, 20], Terms(8, 64, False, 1000), GREEDY, np.random.default_rng(0))
+    assert "ngram" not in [offer.way for offer in offers] and drafter.state.in_use == "model"
 
 def test_a_new_text_is_entered_for_its_pay_back_only_once_its_rates_are_its_own() -> None:
     """In a new text's first `SETTLE_ROUNDS` rounds the regimes' rates are the last text's: the model's regime is not

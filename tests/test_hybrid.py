@@ -339,3 +339,16 @@ def test_an_own_drafter_whose_acceptance_is_barely_measured_is_tried_until_a_tex
         pool.update(4, 1)
     drafter.state.in_use = OUT
     assert choice(drafter, NO_MATCH) == "none"
+
+
+def test_the_lookup_starts_from_one_proposal_of_two_kept_not_from_all() -> None:
+    """Before any proposal the lookup's acceptance is the prior `LOOKUP_PRIOR` (a_1 = α̂ = 0.5, two rounds' worth), not
+    the 1 of an acceptance never measured: a first 3-token proposal is priced at 1 + 0.5 + 0.25 + 0.125 tokens, not 4,
+    in every band of match; rounds that keep all soon outweigh it."""
+    state = HybridState({"ngram": FixedK(8)})
+    assert state.lengths["ngram"].acceptance.measured == 2.0
+    for match in (2, 4, 8):
+        assert state.lookup_acceptance(match).expected_tokens(3) == pytest.approx(1.875)
+    for _ in range(2):
+        state.lengths["ngram"].acceptance.update(3, 3)
+    assert 0.5 < state.lengths["ngram"].acceptance.rates(1)[0] < 1.0

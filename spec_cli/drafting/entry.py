@@ -6,7 +6,8 @@ Three rules, each for what the others cannot see:
   better regime is entered once they reach its backlog's price, fixed when the wait began (never more than twice
   the best choice in hindsight);
 - pay-back: where the tokens this answer still emits are known well enough (`ahead`), a regime clearly better is
-  entered at once when the seconds it saves a token over them pay its price, once a new text's rates are its own;
+  entered at once when the seconds it saves a token over them pay its price, once a new text's rates are its own and
+  in a round the lookup proposes nothing;
 - a trial on a new text: an own drafter whose acceptance over the last texts says it may pay on this one, though its
   mean does not, drafts a few rounds here (the value of the information), as acceptance differs most from text to
   text.
@@ -28,7 +29,8 @@ LEFT_SHARE = 0.5  # of the tokens a generation may still emit, those a regime's 
 TRIAL_TEXTS = 2  # the texts an own drafter must have drafted in before a new one weighs a trial of it
 TRIAL_ROUNDS = 2  # the rounds a trial chooses its drafter before its regime may be left
 SETTLE_ROUNDS = 2  # the rounds a new text runs before the regimes' rates are read as its own: a trial is weighed, and
-# a regime entered at once for its pay-back, only after them (at its first round they are the last text's)
+# a regime entered at once for its pay-back, only after them (at its first round they are the last text's), and in a
+# round the lookup proposes nothing (`RegimeEntry.trial`)
 TRIAL_PRIOR = 2.0  # rounds' worth of the acceptance over every text that a trial's text keeps as its prior
 
 
@@ -44,6 +46,7 @@ class RegimeEntry:
         self._rounds = 0  # the rounds this text has chosen in (`SETTLE_ROUNDS`)
         self._trying: str | None = None  # the own drafter on trial on this text
         self._tried = 0  # the rounds the trial has chosen its drafter in
+        self._proposing = False  # whether the lookup proposes this round
 
     def new_text(self) -> None:
         self._weighed, self._trying, self._rounds, self._tried = False, None, 0, 0
@@ -60,11 +63,19 @@ class RegimeEntry:
         planner gave the draft model K = 0, or whose next rounds the planner gave the memory (a rewrite), never ended
         and held the loop in the model's regime (a chat answer ran 110 plain rounds while the model fell 60 tokens
         behind). Its acceptance keeps `TRIAL_PRIOR` rounds of the mean over texts, so this text decides. Asked once
-        each round the hybrid chooses: it counts the text's rounds, which the pay-back reads too."""
+        each round the hybrid chooses: it counts the text's rounds, and notes whether the lookup proposes in this one,
+        which the pay-back reads too.
+
+        Neither a trial nor a pay-back is weighed in a round the lookup proposes: the rate out of every regime is
+        then moving on prices of the lookup's first proposals on this text, before their acceptance here is known. A
+        rewrite whose first proposals were priced as chance matches put the rate out at the target alone's, and the
+        draft model's regime was entered for its pay-back at round 3 (a 70-token catch-up and a round that kept none
+        of 12: 0.35 s of a 1.7 s answer), two rounds before the memory's copies ran at twice the model's rate."""
         state = self.state
         self._rounds += 1
+        self._proposing = state.lookup in options
         if state.in_use == OUT and not self._weighed:
-            self._weighed = self._rounds > SETTLE_ROUNDS
+            self._weighed = self._rounds > SETTLE_ROUNDS and not self._proposing
             self._trying = self._worth_a_trial(options, pending, ks, out_rate) if self._weighed else None
             if self._trying is not None:
                 state.in_use, state.regret_s = self._trying, 0.0
@@ -119,9 +130,10 @@ class RegimeEntry:
         is entered at once rather than after the ski-rental wait (a chat answer of 160 tokens waited ~35 rounds for a
         draft model 1.4x the target alone); unknown, the wait alone. Not in a new text's first `SETTLE_ROUNDS` rounds:
         the rates are the last text's (a rewrite after a story entered the draft model's regime at its first round, a
-        68-token catch-up of 250 ms for one round, where the memory then drafted at twice the model's rate)."""
+        68-token catch-up of 250 ms for one round, where the memory then drafted at twice the model's rate); nor in a
+        round the lookup proposes (`trial`)."""
         ahead = self.ahead()
-        return self._rounds > SETTLE_ROUNDS and ahead is not None and \
+        return self._rounds > SETTLE_ROUNDS and not self._proposing and ahead is not None and \
             (1.0 / rate - 1.0 / better) * ahead >= self.state.price_s
 
     def _worth_a_trial(self, options: dict[str, Option], pending: dict[str, int], ks: dict[str, int],

@@ -26,6 +26,13 @@ CARRIED = 0.3  # of decayed yields worth ~5 rounds, what a new prompt keeps: abo
 K_START = 4  # under auto, the K a way is priced at until the planner has given it one
 ANSWERS_KEPT = 16  # the lengths of the last answers (and whether each ended on its own): what an answer still emits
 NONE, NGRAM = "none", "ngram"
+# What the lookup's acceptance starts from before any proposal: one of two kept (a_1 = α̂ = 0.5), worth two rounds. An
+# acceptance never measured reads as 1, the optimism that gets a drafter tried, which the lookup does not need (a
+# proposal not taken is scored in hindsight): a fresh process's first chat answer priced the memory's first proposals
+# at 3 to 6 tokens where they kept 1 to 2, their burst lifted the rate out of the draft model's regime above it, and
+# the answer, left by the model, ran 20 to 80 plain rounds of its 134 tokens (the process's later answers: 2 to 8).
+LOOKUP_PRIOR: dict[str, float | list[float]] = {"accepted": 1.0, "rejections": 1.0, "reached": [2.0],
+                                                 "accepted_at": [1.0]}
 
 
 @dataclass
@@ -73,7 +80,10 @@ class HybridState:
     matches: MatchAcceptance = field(init=False)
 
     def __post_init__(self) -> None:
-        self.matches = MatchAcceptance(self.lengths[self.lookup].acceptance.decay)
+        lookup = self.lengths[self.lookup].acceptance
+        if not lookup.measured:
+            lookup.seed(LOOKUP_PRIOR, float("inf"))
+        self.matches = MatchAcceptance(lookup.decay)
 
     def new_text(self) -> None:
         """A new prompt: the regimes' rates, learnt on other text, count for about two rounds, and so does the
