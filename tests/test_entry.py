@@ -70,7 +70,6 @@ def test_a_clearly_better_regime_is_entered_at_once_where_the_answer_has_room_to
     assert entered == ["model", OUT, OUT]
 
 
-
 def test_a_regime_is_not_entered_for_its_pay_back_in_a_round_the_lookup_proposes() -> None:
     """The rate out moves on the prices of the lookup's first proposals on a text, whose acceptance there is not known
     yet: in a round the lookup proposes, the model's regime is not entered for its pay-back; in the next, which it
@@ -83,6 +82,7 @@ def test_a_regime_is_not_entered_for_its_pay_back_in_a_round_the_lookup_proposes
     drafter.update(0, 0)
     offers = drafter.offer([*MATCH, 20], Terms(8, 64, False, 1000), GREEDY, np.random.default_rng(0))
     assert "ngram" not in [offer.way for offer in offers] and drafter.state.in_use == "model"
+
 
 def test_a_new_text_is_entered_for_its_pay_back_only_once_its_rates_are_its_own() -> None:
     """In a new text's first `SETTLE_ROUNDS` rounds the regimes' rates are the last text's: the model's regime is not
@@ -133,10 +133,9 @@ def test_a_new_text_tries_an_own_drafter_whose_acceptance_on_other_texts_says_it
     assert drafter.state.in_use == OUT
 
 
-
 def test_a_trial_ends_after_its_rounds_though_the_planner_drafted_none_of_them() -> None:
     """Rounds of a trial the planner gives K = 0 (it priced the drafter below a plain step) are the trial's rounds too:
-    counted by what they drafted, the trial never ended and held the loop in the drafter's regime for good."""
+    counted by what they kept, the trial never ended and held the loop in the drafter's regime for good."""
     drafter, _model = hybrid(model_accepts=1, ngram_accepts=0, pending=10)
     texts_kept(drafter, 4)
     terms = Terms(8, 64, False, 1000)
@@ -149,6 +148,7 @@ def test_a_trial_ends_after_its_rounds_though_the_planner_drafted_none_of_them()
         emitted.append(20 + len(emitted))
     drafter.offer(emitted, terms, GREEDY, np.random.default_rng(0))
     assert drafter.state.in_use == OUT
+
 
 def test_an_answer_cut_at_its_limit_counts_where_it_went_as_far_as_this_one_may() -> None:
     """The tokens an answer still emits: answers cut at 64 tokens, when this one may go to 64 too, had all that was left
