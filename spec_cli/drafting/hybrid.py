@@ -80,10 +80,10 @@ class HybridState:
     matches: MatchAcceptance = field(init=False)
 
     def __post_init__(self) -> None:
-        lookup = self.lengths[self.lookup].acceptance
-        if not lookup.measured:
-            lookup.seed(LOOKUP_PRIOR, float("inf"))
-        self.matches = MatchAcceptance(lookup.decay)
+        acceptance = self.lengths[self.lookup].acceptance
+        if not acceptance.measured:
+            acceptance.seed(LOOKUP_PRIOR, float("inf"))
+        self.matches = MatchAcceptance(acceptance.decay)
 
     def new_text(self) -> None:
         """A new prompt: the regimes' rates, learnt on other text, count for about two rounds, and so does the
