@@ -67,6 +67,20 @@ def test_a_capped_acceptance_weighs_at_most_so_many_rounds_at_the_same_rates() -
     assert few.measured == 1.0 and rates != acceptance.rates(4)  # the prior (3 rounds at α̂) now weighs more
 
 
+def test_counts_aged_lazily_are_the_decayed_counts_however_long_it_runs() -> None:
+    # decay 0.5 brings the lazy scale past `costs.RESCALE` after ~500 rounds: the counts come back to real rounds there
+    acceptance = PositionAcceptance(0.5)
+    for _ in range(1200):
+        acceptance.update(3, 1)  # reaches positions 1 and 2, keeps position 1
+    steady = 1 / (1 - 0.5)  # Σ 0.5^i: every round's count, aged
+    assert acceptance.reached == pytest.approx([steady, steady, 0.0])
+    assert acceptance.accepted_at == pytest.approx([steady, 0.0, 0.0])
+    assert acceptance.measured == pytest.approx(steady)
+    assert acceptance.rates(2) == pytest.approx([(steady + 3 * 0.5) / (steady + 3), 1.5 / (steady + 3)])
+    acceptance.forget(0.5)
+    assert acceptance.reached == pytest.approx([steady / 2, steady / 2, 0.0])
+
+
 def test_counts_from_stats_equal_the_running_counts() -> None:
     rounds = [(4, 4), (4, 1), (3, 3), (4, 0), (2, 1)]
     stats, running = Stats(draft_max=4), PositionAcceptance(prior_weight=0.0)

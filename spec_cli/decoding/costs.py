@@ -41,6 +41,7 @@ STEADY_BACKLOG = 2  # the most a drafter lacks after a round it drafted: [d_K, b
 SLOPE_DECAY = 0.998  # the context slope's one-token steps weigh 0.2% less at each one after: ~500 steps, texts apart
 SPREAD = 64  # the least spread (weighted s.d., tokens) of the contexts steps were measured at that shows a slope
 SLOPE_STEPS = 64  # the fewest one-token steps (aged) a slope stands on
+LISTED = 17  # the sizes `BatchCosts.seconds` reads off one list: K + 1 rows up to `-k auto`'s largest K
 
 
 class Acceptance(Protocol):
@@ -113,6 +114,7 @@ class BatchCosts:
         self._followed = 1.0  # the level its seeded sizes were last brought to
         self._level: float | None = None  # `level`, until a call
         self._unmeasured = False  # whether it has seeded sizes and has measured none of them (`follows` leads then)
+        self._follow_due = False  # whether calls were recorded since the seeded sizes last followed (`_ready`)
         self._synced = -1  # the calls `follows` had recorded when this book last followed it
         self.calls_recorded = 0  # how many calls `record` took: a book that follows this one reads it to catch up
 
@@ -144,12 +146,13 @@ class BatchCosts:
         self.calls_recorded += 1
         if n in self._booked:
             self._unmeasured = False
-        if self._seeded:
-            self._follow()
+        self._follow_due = bool(self._seeded)
 
     def _forget_reads(self) -> None:
-        """The means changed: what reads kept (`seconds`, `interpolated`, `prices`, the monotone fit) is found again."""
-        self._read, self._between, self._prices, self._fit = {}, {}, [], None
+        """The means changed: what reads kept (`seconds`, `interpolated`, `prices`, the monotone fit) is found again
+        (emptied only where a read kept something: a round's draft steps are recorded one after another)."""
+        if self._fit is not None or self._prices or self._read or self._between:
+            self._read, self._between, self._prices, self._fit = {}, {}, [], None
 
     def _add(self, n: int, weight: float, total: float) -> None:
         if n not in self.weight:
@@ -198,6 +201,7 @@ class BatchCosts:
         self._forget_reads()
 
     def merge(self, other: BatchCosts) -> None:
+        other._ready()
         self.context = other.context
         for n in other.weight:
             calls = other.calls(n) * self._scale
@@ -205,6 +209,7 @@ class BatchCosts:
         self._changed()
 
     def mean(self, n: int) -> float | None:
+        self._ready()
         return self._mean.get(n)
 
     def level(self) -> float:
@@ -245,17 +250,31 @@ class BatchCosts:
         self._line = None
         self._forget_reads()
 
-    def _lead(self) -> None:
-        """`_follow` the book this one follows, which leads while this one has measured nothing, where it has recorded
-        calls since (reads are many a round)."""
-        follows = self.follows
-        if follows is not None and follows.calls_recorded != self._synced:
+    def _ready(self) -> None:
+        """Before a read: the seeded sizes `_follow` the level once, after the calls recorded since, or the book this one
+        follows, which leads while this one has measured nothing, where it has recorded calls since. Once a read, not a
+        call: a round records a call for each draft step, and following at each cost ~10 µs of a round."""
+        if self._unmeasured:
+            follows = self.follows
+            if follows is not None and follows.calls_recorded != self._synced:
+                self._follow()
+        elif self._follow_due:
             self._follow()
+        self._follow_due = False
 
     def seconds(self, n: int) -> float | None:
-        """c(n): the measured mean where n was seen, the fitted line elsewhere (None before any call)."""
-        if self._unmeasured:
-            self._lead()
+        """c(n): the measured mean where n was seen, the fitted line elsewhere (None before any call). A size up to
+        `LISTED` is read off `prices`, found for every size up to it in one pass: a round reads c(0), c(K) and c(K + 1)
+        of each book, and each read on its own found the fresh sizes and the fit again (~7 reads a round on the demo
+        pair, a quarter of its planning)."""
+        if self._unmeasured or self._follow_due:
+            self._ready()
+        if n < len(self._prices):
+            return self._prices[n]
+        if not self.weight:
+            return None
+        if n <= LISTED:
+            return self.prices(n)[n]
         if n not in self._read:
             self._read[n] = self._seconds(n)
         return self._read[n]
@@ -286,8 +305,8 @@ class BatchCosts:
         recorded: the goodput choice reads every pass it may grow a step to (~20 sizes a step), where a read each cost
         ~1.5 µs, and more in a loop's step, between passes that leave the caches cold; the quiet rule reads the pass
         over the sequences alone first, and the choice extends it. At least one call recorded."""
-        if self._unmeasured:
-            self._lead()
+        if self._unmeasured or self._follow_due:
+            self._ready()
         if len(self._prices) <= most:
             self._prices += self._run(len(self._prices), most)
         return self._prices
@@ -359,8 +378,8 @@ class BatchCosts:
         A draft model's catch-up after a stretch of n-gram rounds is such a size: on the demo pair the line
         priced 40 tokens at ~80 ms where they took ~150 ms. What it read is kept until the next call recorded: the
         default drafting prices a drafter's catch-up several times a round."""
-        if self._unmeasured:
-            self._lead()
+        if self._unmeasured or self._follow_due:
+            self._ready()
         if n not in self._between:
             self._between[n] = self._interpolated(n)
         return self._between[n]
@@ -378,6 +397,7 @@ class BatchCosts:
         return low + (high - low) * (n - below) / (above - below)
 
     def as_dict(self) -> dict[str, float]:
+        self._ready()
         return {str(n): self._mean[n] for n in self._sorted}
 
     def seed(self, means: dict[str, float], weight: float) -> None:
@@ -420,9 +440,11 @@ class ContextSlope:
     def record(self, n: int, seconds: float, context: int) -> None:
         self._at = self._at * self.decay + context
         self._at_weight = self._at_weight * self.decay + 1.0
-        if n == 1:
-            self._sums = [total * SLOPE_DECAY + part for total, part in
-                          zip(self._sums, (1.0, context, seconds, context * context, context * seconds))]
+        if n == 1:  # unrolled: a round records a step per drafted token
+            w, wl, ws, wll, wls = self._sums
+            d = SLOPE_DECAY
+            self._sums = [w * d + 1.0, wl * d + context, ws * d + seconds, wll * d + context * context,
+                          wls * d + context * seconds]
         self._read = None
 
     @property

@@ -20,7 +20,7 @@ from itertools import accumulate
 from operator import add, mul
 from typing import Protocol, Sequence
 
-from spec_cli.decoding.costs import LoopCosts
+from spec_cli.decoding.costs import RESCALE, LoopCosts
 
 PRIOR_WEIGHT = 3.0  # pseudo-rounds at α̂ behind each position's rate
 AUTO_K_MAX = 16  # the largest K `-k auto` chooses
@@ -43,9 +43,11 @@ class PositionAcceptance:
     rejection)). Before any round α̂ is 1: optimism that gets a drafter tried (and measured) before a
     hybrid drafter weighs it against the others; one round corrects it. Counts decay by `decay` a round, so
     the estimates follow the text (code and prose differ); 1 keeps plain counts. The counts are plain lists:
-    `update` runs every round right after a decode, when each NumPy call costs microseconds. So are the rates and
-    what they imply for K up to `AUTO_K_MAX`, computed once after the counts change (`_table`): the planner reads
-    them many times a round.
+    `update` runs every round right after a decode, when each NumPy call costs microseconds. They age lazily, as
+    `costs.BatchCosts`' calls do: the positions' counts are kept × `_scale`, which grows by 1/decay a round, so a
+    round adds to the positions it reached only (aging every position cost ~3 µs a round for each of the four
+    acceptances a default round updates). So are the rates and what they imply for K up to `AUTO_K_MAX`, computed once
+    after the counts change (`_table`): the planner reads them many times a round.
 
     `pooled`, where set, takes every round this one takes, and a new text starts from it (`new_text`): the
     acceptance of every text before, of which the last text's is only a part (`Pool`).
@@ -57,8 +59,9 @@ class PositionAcceptance:
         self.pooled: Pool | None = None
         self.accepted = 0.0
         self.rejections = 0.0
-        self.reached: list[float] = []
-        self.accepted_at: list[float] = []
+        self._reached: list[float] = []  # rounds that reached each position, × `_scale`
+        self._accepted_at: list[float] = []  # rounds that kept each position, × `_scale`
+        self._scale = 1.0
         self._cached: tuple[list[float], list[float], list[float]] | None = None  # `_table`'s
 
     @classmethod
@@ -66,11 +69,21 @@ class PositionAcceptance:
         """Plain counts, as `Stats` keeps them, taken as they are (no prior: a benchmark's counts are final)."""
         acceptance = cls(prior_weight=0.0)
         acceptance._grow(len(reached))
-        acceptance.reached[:] = map(float, reached)
-        acceptance.accepted_at[:len(accepted_at)] = map(float, accepted_at)
+        acceptance._reached[:] = map(float, reached)
+        acceptance._accepted_at[:len(accepted_at)] = map(float, accepted_at)
         acceptance.accepted, acceptance.rejections = float(sum(accepted_at)), float(rejections)
         acceptance._cached = None
         return acceptance
+
+    @property
+    def reached(self) -> list[float]:
+        """How many rounds (decayed) reached each position: drafted it with every earlier one kept."""
+        return [count / self._scale for count in self._reached]
+
+    @property
+    def accepted_at(self) -> list[float]:
+        """How many rounds (decayed) kept each position."""
+        return [count / self._scale for count in self._accepted_at]
 
     @property
     def alpha(self) -> float:
@@ -84,12 +97,14 @@ class PositionAcceptance:
         self.accepted = self.accepted * decay + accepted
         self.rejections = self.rejections * decay + (accepted < drafted)
         if decay != 1.0:
-            self.reached = [count * decay for count in self.reached]
-            self.accepted_at = [count * decay for count in self.accepted_at]
+            self._scale /= decay
+            if self._scale > RESCALE:
+                self.forget(1.0)
+        scale, reached, kept = self._scale, self._reached, self._accepted_at
         for i in range(reached_to):
-            self.reached[i] += 1.0
+            reached[i] += scale
         for i in range(accepted):
-            self.accepted_at[i] += 1.0
+            kept[i] += scale
         self._cached = None
         if self.pooled is not None:
             self.pooled.update(drafted, accepted)
@@ -104,15 +119,16 @@ class PositionAcceptance:
 
     def as_counts(self) -> dict[str, float | list[float]]:
         """The counts, as a cost book keeps them."""
-        return {"accepted": self.accepted, "rejections": self.rejections, "reached": list(self.reached),
-                "accepted_at": list(self.accepted_at)}
+        return {"accepted": self.accepted, "rejections": self.rejections, "reached": self.reached,
+                "accepted_at": self.accepted_at}
 
     def seed(self, counts: dict[str, float | list[float]], rounds: float) -> None:
         """Start from counts learnt before (`as_counts`'s), worth at most `rounds` rounds: a prior that the
         rounds measured now soon outweigh."""
         reached, accepted_at = list(counts["reached"]), list(counts["accepted_at"])  # type: ignore[arg-type]
-        self.reached = [float(x) for x in reached]
-        self.accepted_at = [float(x) for x in accepted_at] + [0.0] * (len(reached) - len(accepted_at))
+        self._reached = [float(x) for x in reached]
+        self._accepted_at = [float(x) for x in accepted_at] + [0.0] * (len(reached) - len(accepted_at))
+        self._scale = 1.0
         self.accepted = float(counts["accepted"])  # type: ignore[arg-type]
         self.rejections = float(counts["rejections"])  # type: ignore[arg-type]
         self._cached = None
@@ -121,13 +137,16 @@ class PositionAcceptance:
     @property
     def measured(self) -> float:
         """How many rounds' worth the counts hold (decayed): rounds that drafted a first token."""
-        return self.reached[0] if self.reached else 0.0
+        return self._reached[0] / self._scale if self._reached else 0.0
 
     def forget(self, keep: float) -> None:
-        """Scale every count by `keep`: what was learnt weighs less against what comes next."""
+        """Scale every count by `keep`: what was learnt weighs less against what comes next (the positions' counts
+        brought back to real rounds as well)."""
         self.accepted, self.rejections = self.accepted * keep, self.rejections * keep
-        self.reached = [count * keep for count in self.reached]
-        self.accepted_at = [count * keep for count in self.accepted_at]
+        factor = keep / self._scale
+        self._reached = [count * factor for count in self._reached]
+        self._accepted_at = [count * factor for count in self._accepted_at]
+        self._scale = 1.0
         self._cached = None
 
     def cap(self, rounds: float) -> None:
@@ -136,19 +155,20 @@ class PositionAcceptance:
             self.forget(rounds / self.measured)
 
     def _grow(self, k: int) -> None:
-        if k > len(self.reached):
-            self.reached += [0.0] * (k - len(self.reached))
-            self.accepted_at += [0.0] * (k - len(self.accepted_at))
+        if k > len(self._reached):
+            self._reached += [0.0] * (k - len(self._reached))
+            self._accepted_at += [0.0] * (k - len(self._accepted_at))
         self._cached = None
 
     def _rates(self, k: int) -> list[float]:
         """a_1..a_k, each position's counts shrunk towards α̂ by `prior_weight` pseudo-rounds: a position
         reached three times is mostly α̂, one reached fifty times is its own (a single early rejection at
         position 3 used to pull K down for a whole generation)."""
-        w, alpha = self.prior_weight, self.alpha
+        w, alpha, scale = self.prior_weight, self.alpha, self._scale
         prior = w * alpha
-        rates = [(accepted + prior) / max(reached + w, 1e-9) if reached + w > 0 else alpha
-                 for reached, accepted in zip(self.reached[:k], self.accepted_at)]
+        w_s, prior_s = w * scale, prior * scale  # the counts are kept × scale
+        rates = [(accepted + prior_s) / max(reached + w_s, 1e-9 * scale) if reached + w_s > 0 else alpha
+                 for reached, accepted in zip(self._reached[:k], self._accepted_at)]
         unseen = prior / max(w, 1e-9) if w > 0 else alpha  # a position never reached
         return rates + [unseen] * (k - len(rates))
 

@@ -19,7 +19,10 @@ FIRST_ROUNDS = 2.0  # rounds' worth of the lookup's acceptance over every match 
 
 def band(match: int) -> int:
     """The band of a match of `match` tokens: the longest of `BANDS` it reaches (a shorter one counts as the first)."""
-    return max((start for start in BANDS if match >= start), default=BANDS[0])
+    return _BAND_OF[match] if match < len(_BAND_OF) else BANDS[-1]
+
+
+_BAND_OF = [max((start for start in BANDS if match >= start), default=BANDS[0]) for match in range(BANDS[-1] + 1)]
 
 
 class MatchAcceptance:
