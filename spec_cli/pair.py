@@ -249,49 +249,50 @@ class Pair:
         raise BadInput("a draft with another vocabulary cannot draft for a prompt with images; use --draft-mode "
                        "memory or ngram")
 
-    def slots(self, n: int) -> list[Slot]:
+    def slots(self, n: int, n_ctx: int | None = None) -> list[Slot]:
         """`n` sequences to generate on at once (`decoding.scheduler`). One is the pair's own contexts and
         drafting. Several are each a sequence of one new target context (and of one new draft context) with
         drafting state of its own; their memories go back by cuts or snapshots (never in place: llama.cpp's
         in-place rollback is per batch, not per sequence). A drafter fed with the target's hidden states or
         features (an MTP head, an EAGLE-3 head, a DFlash drafter) gets a context of its own in each slot, and
-        each sequence of the target keeps its own rows of what feeds it."""
+        each sequence of the target keeps its own rows of what feeds it. `n_ctx`: the tokens each of several
+        sequences holds, where their work is known to need fewer than the pair's context (a batch's)."""
         if n == 1:
             return [Slot(self, self.target_context, self.drafting)]
-        own = self.target_context
-        targets = self._sequences(self.target, n, hidden_states=own.hidden is not None,
+        own, length = self.target_context, self.n_ctx if n_ctx is None else max(16, min(n_ctx, self.n_ctx))
+        targets = self._sequences(self.target, n, length, hidden_states=own.hidden is not None,
                                   feature_layers=own.feature_layers)
-        drafts = self._sequences(self.draft, n) if self.draft_context is not None else [None] * n
+        drafts = self._sequences(self.draft, n, length) if self.draft_context is not None else [None] * n
         return [Slot(self, target, self._slot_drafting(Sources(target, draft, translation=self.translation,
-                                                               memory=self.output_memory)))
+                                                               memory=self.output_memory), length))
                 for target, draft in zip(targets, drafts)]
 
-    def _slot_drafting(self, sources: Sources) -> Drafting:
+    def _slot_drafting(self, sources: Sources, n_ctx: int) -> Drafting:
         """A slot's drafting, started from the cost book as the pair's was (its contexts' rates are the pair's
         already): a slot that starts cold tries each own drafter on its first request, a catch-up that held every
         sequence's first token up (~100 ms on the demo pair at `--parallel 4`)."""
-        drafting = Drafting(self._fed(sources))
+        drafting = Drafting(self._fed(sources, n_ctx))
         if self._book:
             drafting.seed({name: value for name, value in self._book.items() if name != "throughput"})
         return drafting
 
-    def _sequences(self, model: Model, n: int, hidden_states: bool = False,
+    def _sequences(self, model: Model, n: int, n_ctx: int, hidden_states: bool = False,
                    feature_layers: tuple[int, ...] = ()) -> list[Context]:
-        first = self._add(Context(model, self.n_ctx, self.n_threads, sequences=n, hidden_states=hidden_states,
+        first = self._add(Context(model, n_ctx, self.n_threads, sequences=n, hidden_states=hidden_states,
                                   feature_layers=feature_layers))
         own = self.target_context if model is self.target else self.draft_context
         if own is not None:  # the same weights take in a stretch at the same rate: measured once, kept in the book
             first.throughput = own.throughput
         return [first, *(self._add(first.sequence(seq)) for seq in range(1, n))]
 
-    def _fed(self, sources: Sources) -> Sources:
+    def _fed(self, sources: Sources, n_ctx: int) -> Sources:
         """`sources` with the drafters fed by its target that the pair's own sources have, each a context of
-        its own over the same model."""
+        its own over the same model, of `n_ctx` tokens."""
         own, target = self.drafting.sources, sources.target
         if own.head is not None:
-            sources = replace(sources, head=self._add(HeadContext(self.target, self.n_ctx, self.n_threads)))
+            sources = replace(sources, head=self._add(HeadContext(self.target, n_ctx, self.n_threads)))
         if own.eagle3 is not None:
-            sources = replace(sources, eagle3=self._add(HeadContext(self.draft, self.n_ctx, self.n_threads,
+            sources = replace(sources, eagle3=self._add(HeadContext(self.draft, n_ctx, self.n_threads,
                                                                     target=target)))
         if own.dflash is not None:
             block = own.dflash

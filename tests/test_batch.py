@@ -172,3 +172,27 @@ def test_a_batch_killed_midway_and_run_again_has_every_id_once(chat_target_path:
     got = lines(output.read_text())
     assert sorted(line["id"] for line in got) == list(range(1, 13))
     assert_as_alone(chat_target_path, sorted(got, key=lambda line: line["id"]), prompts, 24)
+
+
+def test_several_slots_hold_what_the_longest_task_needs_and_a_batch_of_images_the_whole_context(
+        chat_target_path: Path, tmp_path: Path) -> None:
+    from spec_cli.batch.lines import read_tasks
+    from spec_cli.batch.runner import BatchRunner
+    from spec_cli.decoding.draft_length import AUTO_K_MAX
+    from spec_cli.request import GenerationRequest
+
+    lines_in = [json.dumps({"prompt": PROMPTS[0]}), json.dumps({"prompt": PROMPTS[2], "max_tokens": 40}), "not json"]
+    _form, tasks = read_tasks("\n".join(lines_in), raw=True)
+    with load_pair(chat_target_path, n_ctx=1024) as pair:
+        needed = max(len(pair.prompt_tokens(PROMPTS[0], raw=True)) + 12,
+                     len(pair.prompt_tokens(PROMPTS[2], raw=True)) + 40) + AUTO_K_MAX + 1
+        sized = BatchRunner(pair, 2, GenerationRequest(max_tokens=12), "text", "m", tasks)
+        assert [slot.target.n_ctx for slot in sized._slots] == [needed, needed]
+        pictured = read_tasks(lines_in[0] + "\n" + json.dumps({"messages": [{"role": "user", "content": [
+            {"type": "text", "text": "what is it"},
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}]}]}), raw=True)[1]
+        whole = BatchRunner(pair, 2, GenerationRequest(max_tokens=12), "text", "m", pictured)
+        assert [slot.target.n_ctx for slot in whole._slots] == [1024, 1024]
+        huge = read_tasks(json.dumps({"prompt": PROMPTS[0], "max_tokens": 5000}), raw=True)[1]
+        capped = BatchRunner(pair, 2, GenerationRequest(max_tokens=12), "text", "m", huge)
+        assert [slot.target.n_ctx for slot in capped._slots] == [1024, 1024]

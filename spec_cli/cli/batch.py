@@ -103,7 +103,7 @@ def batch(
                 defaults = flags.for_pair(loaded)
                 if parallel > 1 and not flags.k_given:  # several at once: K by the batch's goodput
                     defaults = replace(defaults, draft_max=AUTO)
-                runner = BatchRunner(loaded.pair, parallel, defaults, form, default_name(load))
+                runner = BatchRunner(loaded.pair, parallel, defaults, form, default_name(load), todo)
                 failed = _run(runner, todo, out, ordered, form, token_ids, quiet, len(done))
         finally:
             out.close()
