@@ -6,9 +6,7 @@ is prefilled once per slot rather than once per prompt. Each task's own failure 
 express, a prompt longer than the context, its grammar failing halfway) is its result; the others go on.
 
 Several slots hold only as many tokens each as the longest task needs (its prompt and its max_tokens), within the
-pair's context: a model's KV cache is allocated, and cleared, for every token its context holds, and at the demo
-pair's 8192 tokens four sequences of the target and of the draft took 1.4–4.3 s to set up (a batch of short
-prompts then ran ~20 s; 0.04–0.17 s for 256 tokens each).
+pair's context (`Pair.slots`): a batch of short prompts waited seconds on KV caches sized for the whole context.
 """
 
 from __future__ import annotations
@@ -20,7 +18,6 @@ from typing import Callable, Iterable, Sequence
 
 from spec_cli.batch.lines import OPENAI, Task
 from spec_cli.batch.output import Result
-from spec_cli.decoding.draft_length import AUTO_K_MAX
 from spec_cli.decoding.engine import Generation
 from spec_cli.decoding.scheduler import Scheduler
 from spec_cli.errors import SpecError
@@ -50,13 +47,13 @@ class BatchRunner:
                  tasks: Sequence[Task] = ()) -> None:
         """`tasks`: those the batch will run, where they are known before it starts: the slots hold what they need."""
         self.pair, self.base, self.form, self.name = pair, base, form, name
-        self._slots = pair.slots(parallel, self._context(tasks) if parallel > 1 else None)
+        self._slots = pair.slots(parallel, self._holding(tasks) if parallel > 1 else None)
         self._scheduler = Scheduler()
 
-    def _context(self, tasks: Sequence[Task]) -> int | None:
-        """The tokens a slot needs for `tasks`: the longest of prompt and max_tokens, and a verify pass's rows beyond
-        (None: the pair's context, where no task is known or one holds images, whose tokens are known only once the
-        images are encoded). A task that cannot start is left out: it fails at its start as it would have."""
+    def _holding(self, tasks: Sequence[Task]) -> int | None:
+        """The most tokens a generation of `tasks` holds: the longest of prompt and max_tokens (None: unknown, where no
+        task is known or one holds images, whose tokens are known only once the images are encoded). A task that
+        cannot start is left out: it fails at its start as it would have."""
         needed = 0
         for task in tasks:
             if task.error is not None or task.request is None:
@@ -68,7 +65,7 @@ class BatchRunner:
                 needed = max(needed, len(self._tokens(request)) + self._settings(request).max_tokens)
             except (RequestError, InvalidRequest, SpecError):
                 continue
-        return needed + AUTO_K_MAX + 1 if needed else None
+        return needed or None
 
     def run(self, tasks: Iterable[Task], finished: Callable[[Result], None],
             stepped: Callable[[int], None] = lambda _tokens: None) -> None:

@@ -96,7 +96,7 @@ def compare_concurrency(pair: Pair, prompts: Sequence[list[int]], levels: Sequen
                         progress: Callable[[str], None] = lambda _label: None) -> list[Batch]:
     """For each concurrency in `levels`, `repeat` batches of that many requests for each of `sides` (requests that
     differ in their drafting), alternating. Request i of a batch takes prompt i mod len(prompts) and seed i."""
-    slots = pair.slots(max(levels))
+    slots = pair.slots(max(levels), max(map(len, prompts)) + max(side.max_tokens for side in sides))
     scheduler = Scheduler()
     chosen = [prompts[i % len(prompts)] for i in range(len(slots))]  # slot i always takes prompt i mod n
     for warm_up in sides:  # weights into memory, every slot's prompt cached, costs booked
