@@ -265,8 +265,7 @@ class BatchCosts:
     def seconds(self, n: int) -> float | None:
         """c(n): the measured mean where n was seen, the fitted line elsewhere (None before any call). A size up to
         `LISTED` is read off `prices`, found for every size up to it in one pass: a round reads c(0), c(K) and c(K + 1)
-        of each book, and each read on its own found the fresh sizes and the fit again (~7 reads a round on the demo
-        pair, a quarter of its planning)."""
+        of each book, and each read on its own walked the fit's sizes again."""
         if self._unmeasured or self._follow_due:
             self._ready()
         if n < len(self._prices):

@@ -17,12 +17,13 @@ BANDS = KEYS  # the shortest match of each band: the suffix index's n-gram lengt
 FIRST_ROUNDS = 2.0  # rounds' worth of the lookup's acceptance over every match that a new band starts from
 
 
+# `band` of each match shorter than the longest band's start: asked several times a round, read off a table.
+_BAND_OF = [max((start for start in BANDS if match >= start), default=BANDS[0]) for match in range(BANDS[-1])]
+
+
 def band(match: int) -> int:
     """The band of a match of `match` tokens: the longest of `BANDS` it reaches (a shorter one counts as the first)."""
     return _BAND_OF[match] if match < len(_BAND_OF) else BANDS[-1]
-
-
-_BAND_OF = [max((start for start in BANDS if match >= start), default=BANDS[0]) for match in range(BANDS[-1] + 1)]
 
 
 class MatchAcceptance:
