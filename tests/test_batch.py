@@ -14,7 +14,11 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from spec_cli import load_pair
+from spec_cli.batch.lines import read_tasks
+from spec_cli.batch.runner import BatchRunner
 from spec_cli.cli.app import app
+from spec_cli.decoding.draft_length import AUTO_K_MAX
+from spec_cli.request import GenerationRequest
 from support import children
 from support.exactness import finish, greedy_agreement
 
@@ -176,11 +180,6 @@ def test_a_batch_killed_midway_and_run_again_has_every_id_once(chat_target_path:
 
 def test_several_slots_hold_what_the_longest_task_needs_and_a_batch_of_images_the_whole_context(
         chat_target_path: Path, tmp_path: Path) -> None:
-    from spec_cli.batch.lines import read_tasks
-    from spec_cli.batch.runner import BatchRunner
-    from spec_cli.decoding.draft_length import AUTO_K_MAX
-    from spec_cli.request import GenerationRequest
-
     lines_in = [json.dumps({"prompt": PROMPTS[0]}), json.dumps({"prompt": PROMPTS[2], "max_tokens": 40}), "not json"]
     _form, tasks = read_tasks("\n".join(lines_in), raw=True)
     with load_pair(chat_target_path, n_ctx=1024) as pair:

@@ -251,9 +251,9 @@ class BatchCosts:
         self._forget_reads()
 
     def _ready(self) -> None:
-        """Before a read: the seeded sizes `_follow` the level once, after the calls recorded since, or the book this one
-        follows, which leads while this one has measured nothing, where it has recorded calls since. Once a read, not a
-        call: a round records a call for each draft step, and following at each cost ~10 µs of a round."""
+        """Before a read: the seeded sizes `_follow` the level once, after the calls recorded since, or the book this
+        one follows, which leads while this one has measured nothing, where it has recorded calls since. Once a read,
+        not a call: a round records a call for each draft step, and following at each cost ~10 µs of a round."""
         if self._unmeasured:
             follows = self.follows
             if follows is not None and follows.calls_recorded != self._synced:
