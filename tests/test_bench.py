@@ -19,7 +19,7 @@ from spec_cli.bench.speedup import (TARGET_ALONE, Config, Side, _compare_texts, 
 from spec_cli.cli.app import app
 from spec_cli.decoding.stats import Stats
 from spec_cli.bench.ties import Difference, logits_after, tie_tolerance
-from spec_cli.terminal.tables import _same_text_line
+from spec_cli.terminal.tables import _same_text_line, show_comparison
 
 runner = CliRunner()
 
@@ -57,6 +57,41 @@ def test_the_default_against_the_best_pinned_mode_held_out() -> None:
     # round 0 picks the model (55 > 45), read on round 1: 60 / 40; round 1 picks n-gram (50 > 40), read on round 0
     assert best["held_out"] == pytest.approx((60.0 / 40.0 + 50.0 / 45.0) / 2)
     assert "held_out" not in report(sides, {})["configs"][0]["against_best_pinned"]  # one round: nothing to hold out
+
+
+def side_writing(config: Config, rates: list[float], texts: list[list[int]]) -> Side:
+    """A row whose runs ran at `rates` tokens/s and wrote `texts`, in order."""
+    return Side(config, [stats(100, 100 / rate) for rate in rates], [([1, 2], text) for text in texts])
+
+
+def test_each_pinned_mode_is_read_over_the_runs_in_which_it_wrote_the_defaults_text(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Two prompts, two rounds. The default's third run parted at a float tie into another text (B), which the
+    model's wrote too; the model's first run parted into a text of its own (D). Each pinned row is read over the runs
+    in which it wrote the default's text: n-gram over runs 1, 2 and 4 (42 / 51), the model over 2, 3 and 4 (42 / 47),
+    where the runs' medians read 43.5 / 68.5 = 0.64 against n-gram."""
+    a, b, c, d = [5, 6, 7], [5, 6, 8], [9, 9], [4]
+    sides = [side_writing(Config("hybrid", "auto"), [100.0, 40.0, 45.0, 42.0], [a, c, b, c]),
+             side_writing(Config("ngram", 5), [92.0, 51.0, 86.0, 44.0], [a, c, a, c]),
+             side_writing(Config("model", 5), [57.0, 53.0, 47.0, 43.0], [d, c, b, c])]
+    result = report(sides, {}, repeat=2)
+    best = result["configs"][0]["against_best_pinned"]
+    assert best["label"] == "ngram K=5" and best["ratio"] == pytest.approx(42.0 / 51.0)
+    assert best["compared"] == 3
+    # round 0 picks n-gram (71.5 against the model's 53), read on round 1 over the run both kept (42 / 44); round 1
+    # picks the model (45 against 44), read on round 0 likewise (40 / 53)
+    assert best["held_out"] == pytest.approx((42.0 / 44.0 + 40.0 / 53.0) / 2)
+    show_comparison({**result, "settings": {"repeat": 2, "max_tokens": 100, "temperatures": [0.0]}})
+    assert ("hybrid K=auto: 0.82× the best pinned mode (ngram K=5, over the 3 of 4 runs in which both wrote the "
+            "same text); 0.85× held out") in " ".join(capsys.readouterr().out.split())
+
+
+def test_sampled_rows_are_compared_over_every_run() -> None:
+    """Sampled texts are draws of one law, not workloads that a tie parted: every run counts, as before."""
+    sides = [side_writing(Config("hybrid", "auto", 0.8), [50.0, 60.0], [[1], [2]]),
+             side_writing(Config("model", 4, 0.8), [55.0, 40.0], [[3], [4]])]
+    best = report(sides, {})["configs"][0]["against_best_pinned"]
+    assert best == {"label": "model K=4 block T=0.8", "ratio": pytest.approx(55.0 / 47.5)}
 
 
 def test_predicted_speedup_prices_the_rows_acceptance_with_the_runs_costs() -> None:

@@ -8,7 +8,7 @@ import statistics
 import numpy as np
 import pytest
 
-from spec_cli.bench.held_out import held_out_ratio
+from spec_cli.bench.held_out import held_out_ratio, paired_ratio
 
 
 def test_the_best_is_chosen_on_one_half_of_the_rounds_and_read_on_the_other() -> None:
@@ -36,3 +36,14 @@ def test_the_held_out_ratio_is_not_biased_by_the_best_of_noisy_rows() -> None:
         held_out.append(held_out_ratio(rows[0], rows[1:]))
     assert np.mean(plain) < 0.97
     assert abs(np.mean(held_out) - 1.0) < 0.01
+
+
+def test_a_run_left_out_is_read_over_the_runs_both_rows_kept() -> None:
+    """A run whose text is not the row's (None) leaves the ratio and the choice of the best: round 0 picks `a` (its
+    one run kept, 90, against 45), read on round 1 over the second run only (60 / 40); round 1 picks `b`."""
+    row = [[50.0, 50.0], [70.0, 60.0]]
+    a = [[None, 90.0], [None, 40.0]]
+    b = [[45.0, 45.0], [50.0, 50.0]]
+    assert held_out_ratio(row, [a, b]) == pytest.approx((60.0 / 40.0 + 50.0 / 45.0) / 2)
+    assert held_out_ratio(row, [[[None, None], [None, None]]]) is None  # no run in common: nothing to read
+    assert paired_ratio([50.0, 70.0, None], [None, 35.0, 20.0]) == pytest.approx(2.0)

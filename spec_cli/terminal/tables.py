@@ -44,8 +44,10 @@ def show_comparison(result: dict) -> None:
             where = f" ({c['task']})" if c["task"] else ""
             best = c["against_best_pinned"]
             held_out = f"; {best['held_out']:.2f}× held out" if "held_out" in best else ""
-            console.print(f"{c['label']}{where}: {best['ratio']:.2f}× the best pinned mode ({best['label']})"
-                          f"{held_out}")
+            compared = (f", over the {best['compared']} of {len(c['runs'])} runs in which both wrote the same text"
+                        if "compared" in best else "")
+            console.print(f"{c['label']}{where}: {best['ratio']:.2f}× the best pinned mode ({best['label']}"
+                          f"{compared}){held_out}")
     for task, task_costs in costs.items():
         console.print(_costs_line(task_costs, "" if task == "all" else f", {task}"), style="dim")
     console.print("runs interleaved across configurations; tokens/s counts decoding only; speed-ups are against the "
