@@ -11,7 +11,9 @@ from typer.testing import CliRunner
 
 from spec_cli import load_pair
 from spec_cli import pair as pairs
+from spec_cli.cli import options
 from spec_cli.cli.app import app
+from spec_cli.decoding.draft_length import AUTO_K_MAX
 
 
 def test_the_default_context_is_the_trained_one_where_it_fits(target_path: Path, other_draft_path: Path) -> None:
@@ -48,3 +50,34 @@ def test_rope_scaling_the_gguf_declares_is_meant_to_reach_past_training(tmp_path
     scaled = write_model(tmp_path / "scaled.gguf", seed=1, rope_scaling=4.0)
     with load_pair(scaled, None, n_ctx=4 * N_CTX_TRAIN) as pair:
         assert pair.target.rope_scaled and not pair.past_training
+
+
+def test_a_context_sized_to_the_work_holds_it_and_a_verify_pass_past_it(target_path: Path,
+                                                                         other_draft_path: Path) -> None:
+    """`holding`, read off the loaded target, sizes the context within the default one: never past it."""
+    with load_pair(target_path, other_draft_path, n_ctx=None, holding=lambda _target: 40) as pair:
+        assert pair.n_ctx == 40 + AUTO_K_MAX + 1
+        assert pair.target_context.n_ctx == pair.draft_context.n_ctx == pair.n_ctx
+    with load_pair(target_path, other_draft_path, n_ctx=None, holding=lambda _target: 10 * N_CTX_TRAIN) as pair:
+        assert pair.n_ctx == N_CTX_TRAIN
+
+
+def test_spec_run_sizes_its_context_to_its_prompt_and_max_tokens(target_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The prompt as `generate` tokenizes it (verbatim: the tiny model has no chat template) and -n; a --ctx given is
+    the context, as asked."""
+    contexts: list[tuple[int, int]] = []
+    load = options.load_pair
+
+    def loading(*args: object, **kwargs: object) -> pairs.Pair:
+        pair = load(*args, **kwargs)  # type: ignore[arg-type]
+        contexts.append((pair.n_ctx, len(pairs.text_tokens(pair.target, "the cat", raw=True))))
+        return pair
+
+    monkeypatch.setattr(options, "load_pair", loading)
+    for ctx in ([], ["--ctx", "300"]):
+        result = CliRunner().invoke(app, ["run", "--target", str(target_path), "--no-draft", "-n", "5", *ctx,
+                                          "the cat"])
+        assert result.exit_code == 0, result.output
+    (sized, prompt), (asked, _) = contexts
+    assert sized == prompt + 5 + AUTO_K_MAX + 1 and asked == 300

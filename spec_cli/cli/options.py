@@ -19,7 +19,7 @@ from spec_cli.drafting.modes import MODES, mode_help
 from spec_cli.drafting.recall import corpus_files
 from spec_cli.errors import BadInput, SpecError
 from spec_cli.llama import kernels, rpc
-from spec_cli.llama.model import supports_gpu_offload
+from spec_cli.llama.model import Model, supports_gpu_offload
 from spec_cli.models import registry
 from spec_cli.models.registry import mmproj_beside
 from spec_cli.pair import Pair, load_pair
@@ -37,7 +37,7 @@ DraftMaxOpt = Annotated[Optional[str], typer.Option("--draft-max", "-k", help=f"
 DraftModeOpt = Annotated[Optional[str], typer.Option("--draft-mode", help=f"How drafts are made: {mode_help()} (default: hybrid, which chooses among them each round).", show_default=False)]
 DraftPMinOpt = Annotated[float, typer.Option("--draft-p-min", min=0.0, max=0.99, help="Confidence stop: the draft model stops a round when its top probability falls below this (0: off).")]
 VerifyOpt = Annotated[Optional[str], typer.Option("--verify", help="How sampled drafts are verified: block (Sun et al. 2025, keeps the most tokens), token (token by token) or gumbel (a seed gives the target alone's text whatever drafts; keeps fewer); all are exact. Default: gumbel where a seed is set, so that a seed repeats its text whatever drafts it, else block.", show_default=False)]
-CtxOpt = Annotated[Optional[int], typer.Option("--ctx", min=16, help="Context size in tokens, for each sequence (default: the pair's, else the target's trained context where it fits in memory, as llama-server reads it from the model).", show_default=False)]
+CtxOpt = Annotated[Optional[int], typer.Option("--ctx", min=16, help="Context size in tokens, for each sequence (default: the pair's, else the target's trained context where it fits in memory, as llama-server reads it from the model; `spec run` takes only what its prompt and -n need of it).", show_default=False)]
 GpuLayersOpt = Annotated[Optional[int], typer.Option("--gpu-layers", min=-1, help="Target layers to put on devices (GPUs, RPC workers), -1: all; the rest run on this CPU (default: the pair's; else all with --rpc, 0 without).", show_default=False)]
 DraftGpuLayersOpt = Annotated[Optional[int], typer.Option("--draft-gpu-layers", min=-1, help="Draft layers to put on the GPU, -1: all (default: the pair's, else 0).", show_default=False)]
 RpcOpt = Annotated[Optional[str], typer.Option("--rpc", help="llama.cpp RPC workers to split the target over, HOST:PORT[,HOST:PORT…] (`spec worker` on each) (default: the pair's rpc, else none).", show_default=False)]
@@ -193,6 +193,9 @@ class LoadOptions:
     draft_mmproj: Path | None = None
     images: bool = False  # prompts may hold images: the pair's projectors, or those beside the models, load too
     sequences: int = 1  # generating at once, each with a context of its own: a default context fits them all
+    # The most tokens the work holds, read off the loaded target (`spec run`: its prompt and -n): a default context is
+    # sized to it (`pair.held_context`); None: the whole default context (a chat, a server: the work is not known).
+    holding: Callable[[Model], int] | None = None
 
     def for_request(self, flags: RequestFlags, no_draft: bool = False, quiet: bool = False,
                     images: bool = False) -> LoadOptions:
@@ -241,7 +244,7 @@ def open_pair(options: LoadOptions) -> Iterator[Loaded]:
                    n_threads=options.threads,
                    gpu_layers=gpu_layers, draft_gpu_layers=draft_gpu_layers, rpc=workers, draft_rpc=draft_workers,
                    tensor_split=split, max_draft=max(options.max_draft, spec.draft_max if spec else 0),
-                   mmproj=mmproj, draft_mmproj=draft_mmproj) as pair:
+                   mmproj=mmproj, draft_mmproj=draft_mmproj, holding=None if options.ctx else options.holding) as pair:
         if pair.past_training and not options.quiet:
             note(f"warning: a context of {pair.n_ctx} tokens is past the {pair.target.n_ctx_train} "
                  f"{pair.target.path.name} was trained on, and its GGUF declares no RoPE scaling: text past "
