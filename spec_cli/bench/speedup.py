@@ -394,9 +394,8 @@ def _against_pinned(configs: list[dict[str, Any]], texts: list[list[tuple[int, .
         rates = _rounds(c, repeat)
         kept = [_kept(_rounds(p, repeat), mine, theirs) for p, theirs in peers]
         flat = [rate for runs in rates for rate in runs]
-        ratios = [(paired_ratio(flat, [rate for runs in other for rate in runs]), p, other)
-                  for (p, _), other in zip(peers, kept)]
-        read = [(ratio, p, other) for ratio, p, other in ratios if ratio is not None]
+        read = [(ratio, p, other) for (p, _), other in zip(peers, kept)
+                if (ratio := paired_ratio(flat, [rate for runs in other for rate in runs])) is not None]
         if not read:
             continue
         ratio, best, other = min(read, key=lambda item: item[0])
