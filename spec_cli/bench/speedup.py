@@ -391,19 +391,18 @@ def _against_pinned(configs: list[dict[str, Any]], texts: list[list[tuple[int, .
                  if p["draft_mode"] not in ("hybrid", "none") and setting(p) == setting(c)]
         if c["draft_mode"] != "hybrid" or not peers:
             continue
-        rates = _rounds(c, repeat)
-        kept = [_kept(_rounds(p, repeat), mine, theirs) for p, theirs in peers]
-        flat = [rate for runs in rates for rate in runs]
+        rates = [run["tokens_per_second"] for run in c["runs"]]
+        kept = [_kept(p, mine, theirs) for p, theirs in peers]
         read = [(ratio, p, other) for (p, _), other in zip(peers, kept)
-                if (ratio := paired_ratio(flat, [rate for runs in other for rate in runs])) is not None]
+                if (ratio := paired_ratio(rates, other)) is not None]
         if not read:
             continue
         ratio, best, other = min(read, key=lambda item: item[0])
         c["against_best_pinned"] = {"label": best["label"], "ratio": ratio}
-        compared = sum(rate is not None for runs in other for rate in runs)
-        if compared < len(flat):
+        compared = sum(rate is not None for rate in other)
+        if compared < len(rates):
             c["against_best_pinned"]["compared"] = compared
-        held_out = held_out_ratio(rates, kept)
+        held_out = held_out_ratio(_rounds(rates, repeat), [_rounds(other, repeat) for other in kept])
         if held_out is not None:
             c["against_best_pinned"]["held_out"] = held_out
 
@@ -415,20 +414,18 @@ def _texts(side: Side) -> list[tuple[int, ...]] | None:
     return [tuple(tokens) for _prompt, tokens in side.outputs]
 
 
-def _kept(rounds: list[list[float]], mine: list[tuple[int, ...]] | None,
-          theirs: list[tuple[int, ...]] | None) -> list[list[float | None]]:
-    """A pinned row's tokens/s, round by round, each run whose text is not the default's (`mine`) left out (None);
-    every run where either row is sampled."""
-    runs = iter(range(sum(map(len, rounds))))
-    return [[rate if mine is None or theirs is None or mine[i] == theirs[i] else None
-             for rate, i in zip(round_rates, runs)] for round_rates in rounds]
+def _kept(config: dict[str, Any], mine: list[tuple[int, ...]] | None,
+          theirs: list[tuple[int, ...]] | None) -> list[float | None]:
+    """A pinned row's tokens/s run by run, each run whose text is not the default's (`mine`) left out (None); every
+    run where either row is sampled."""
+    return [run["tokens_per_second"] if mine is None or theirs is None or mine[i] == theirs[i] else None
+            for i, run in enumerate(config["runs"])]
 
 
-def _rounds(config: dict[str, Any], repeat: int) -> list[list[float]]:
-    """A row's tokens/s run by run, in its `repeat` rounds: each round runs every prompt once, in order (`compare`)."""
-    rates = [run["tokens_per_second"] for run in config["runs"]]
+def _rounds(rates: Sequence[float | None], repeat: int) -> list[list[float | None]]:
+    """Tokens/s run by run, in `repeat` rounds: each round runs every prompt once, in order (`compare`)."""
     per_round = len(rates) // repeat
-    return [rates[i * per_round:(i + 1) * per_round] for i in range(repeat)]
+    return [list(rates[i * per_round:(i + 1) * per_round]) for i in range(repeat)]
 
 
 def _group_name(task: str | None, where: str | None) -> str:
