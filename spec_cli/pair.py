@@ -414,7 +414,7 @@ def load_pair(target: str | os.PathLike[str], draft: str | os.PathLike[str] | No
               draft_gpu_layers: int | None = None, max_draft: int = AUTO_K_MAX, rpc: Sequence[str] = (),
               draft_rpc: Sequence[str] = (), tensor_split: Sequence[float] = (),
               mmproj: str | os.PathLike[str] | None = None, draft_mmproj: str | os.PathLike[str] | None = None,
-              holding: Callable[[Model], int] | None = None) -> Pair:
+              holding: Callable[[Model], int | None] | None = None) -> Pair:
     """Load a target and (unless `draft` is None) a draft. A draft whose vocabulary is not the target's drafts
     through text (`drafting.text`), exactly too; one that cannot spell plain text is refused. An EAGLE-3 head
     or a DFlash drafter drafts from the target's features, and only for a target it fits (`features`).
@@ -430,8 +430,9 @@ def load_pair(target: str | os.PathLike[str], draft: str | os.PathLike[str] | No
     sees the images too (without one a draft reads the text around them).
 
     `n_ctx` None: the target's trained context where `sequences` sequences of it fit in memory (`trained_context`).
-    `holding`: the most tokens the work holds, read off the loaded target (`spec run`'s prompt and its max_tokens):
-    the context is then sized to it, within `n_ctx` (`held_context`). A model's KV cache is allocated and cleared for
+    `holding`: the most tokens the work holds, read off the loaded target (`spec run`'s prompt and its max_tokens, the
+    longest of `spec batch`'s lines; None: not known): the context is then sized to it, within `n_ctx`
+    (`held_context`). A model's KV cache is allocated and cleared for
     every token its context holds: at the demo pair's trained 8192 tokens, ~350 MB and ~0.35 s of a 2.5 s `spec run`
     on a 2-core machine, for a prompt and answer of ~60 tokens.
     """
@@ -454,8 +455,9 @@ def load_pair(target: str | os.PathLike[str], draft: str | os.PathLike[str] | No
                 projectors[i] = Projector(model, path, threads)
         if n_ctx is None:
             n_ctx = trained_context(target_model, draft_model, sequences)
-        if holding is not None:
-            n_ctx = held_context(holding(target_model), n_ctx)
+        held = holding(target_model) if holding is not None else None
+        if held is not None:
+            n_ctx = held_context(held, n_ctx)
         return Pair(target_model, draft_model, n_ctx, threads, max(max_draft, AUTO_K_MAX), translation,
                     (projectors[0], projectors[1]))
     except BaseException:

@@ -11,11 +11,15 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+from support.tiny_models import N_CTX_TRAIN
 from typer.testing import CliRunner
 
 from spec_cli import load_pair
+from spec_cli import pair as pairs
 from spec_cli.batch.lines import read_tasks
 from spec_cli.batch.runner import BatchRunner
+from spec_cli.cli import options
 from spec_cli.cli.app import app
 from spec_cli.decoding.draft_length import AUTO_K_MAX
 from spec_cli.request import GenerationRequest
@@ -195,3 +199,32 @@ def test_several_slots_hold_what_the_longest_task_needs_and_a_batch_of_images_th
         huge = read_tasks(json.dumps({"prompt": PROMPTS[0], "max_tokens": 5000}), raw=True)[1]
         capped = BatchRunner(pair, 2, GenerationRequest(max_tokens=12), "text", "m", huge)
         assert [slot.target.n_ctx for slot in capped._slots] == [1024, 1024]
+
+
+def test_spec_batch_sizes_its_pair_to_its_longest_line_and_a_batch_of_images_keeps_the_whole_context(
+        target_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pair's own contexts (`--parallel 1`'s, and those the pair makes besides its slots') hold the longest line's
+    prompt, as the batch tokenizes it (verbatim: the tiny model has no chat template), and its max_tokens; a line with an
+    image leaves the whole context, as does a --ctx given."""
+    contexts: list[int] = []
+    load = options.load_pair
+
+    def loading(*args: object, **kwargs: object) -> pairs.Pair:
+        pair = load(*args, **kwargs)  # type: ignore[arg-type]
+        contexts.append(pair.n_ctx)
+        return pair
+
+    monkeypatch.setattr(options, "load_pair", loading)
+    plain = tmp_path / "plain.txt"
+    plain.write_text(f"{PROMPTS[0]}\n{PROMPTS[2]}\n")
+    pictured = tmp_path / "pictured.jsonl"
+    pictured.write_text(json.dumps({"prompt": PROMPTS[0]}) + "\n" + json.dumps({"messages": [{"role": "user", "content": [
+        {"type": "text", "text": "what is it"},
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}]}]}) + "\n")
+    for args in ([str(plain), "--parallel", "1"], [str(plain), "--parallel", "2", "--ctx", "300"],
+                 [str(pictured), "--parallel", "2"]):
+        code, _out, err = batch("--target", str(target_path), "--no-draft", "-n", "5", "-q", *args)
+        assert code in (0, 1), err  # the image line fails: the tiny model reads no images
+    with load_pair(target_path) as pair:
+        longest = max(len(pairs.text_tokens(pair.target, prompt, raw=True)) for prompt in (PROMPTS[0], PROMPTS[2]))
+    assert contexts == [longest + 5 + AUTO_K_MAX + 1, 300, N_CTX_TRAIN]

@@ -21,8 +21,9 @@ from spec_cli.batch.output import Result
 from spec_cli.decoding.engine import Generation
 from spec_cli.decoding.scheduler import Scheduler
 from spec_cli.errors import SpecError
+from spec_cli.llama.model import Model
 from spec_cli.llama.vision import Image
-from spec_cli.pair import Pair, Slot
+from spec_cli.pair import Pair, Slot, text_tokens
 from spec_cli.request import GenerationRequest, InvalidRequest
 from spec_cli.api import openai_api
 from spec_cli.api.errors import RequestError
@@ -47,25 +48,8 @@ class BatchRunner:
                  tasks: Sequence[Task] = ()) -> None:
         """`tasks`: those the batch will run, where they are known before it starts: the slots hold what they need."""
         self.pair, self.base, self.form, self.name = pair, base, form, name
-        self._slots = pair.slots(parallel, self._holding(tasks) if parallel > 1 else None)
+        self._slots = pair.slots(parallel, held_tokens(tasks, pair.target, base.max_tokens) if parallel > 1 else None)
         self._scheduler = Scheduler()
-
-    def _holding(self, tasks: Sequence[Task]) -> int | None:
-        """The most tokens a generation of `tasks` holds: the longest of prompt and max_tokens (None: unknown, where no
-        task is known or one holds images, whose tokens are known only once the images are encoded). A task that
-        cannot start is left out: it fails at its start as it would have."""
-        needed = 0
-        for task in tasks:
-            if task.error is not None or task.request is None:
-                continue
-            try:
-                request = openai_api.structure(task.request)
-                if request.images:
-                    return None
-                needed = max(needed, len(self._tokens(request)) + self._settings(request).max_tokens)
-            except (RequestError, InvalidRequest, SpecError):
-                continue
-        return needed or None
 
     def run(self, tasks: Iterable[Task], finished: Callable[[Result], None],
             stepped: Callable[[int], None] = lambda _tokens: None) -> None:
@@ -125,13 +109,10 @@ class BatchRunner:
         return _Running(task, request, slot, generation, StopStrings(settings.stop))
 
     def _tokens(self, request: ApiRequest) -> list[int]:
-        model = self.pair.target
         images: list[Image] = list(request.images)  # type: ignore[arg-type]  # lines hold no URLs
-        if request.endpoint == "chat":
-            return model.tokenize_prompt(model.format_chat(request.messages), images=self.pair.see(images))
-        if isinstance(request.prompt, str):
+        if isinstance(request.prompt, str) and request.endpoint != "chat":  # its images first; an empty one refused
             return self.pair.prompt_tokens(request.prompt, raw=True, images=images)
-        return list(request.prompt)
+        return request_tokens(self.pair.target, request, self.pair.see(images))
 
     def _settings(self, request: ApiRequest) -> GenerationRequest:
         """The batch's settings under what the line sets."""
@@ -154,6 +135,36 @@ class BatchRunner:
                             task_run.request.unenforced)
             body = answer.whole(task_run.text, reason, generation.stats)
         return Result(task_run.task, task_run.text, reason, tuple(generation.token_ids), generation.stats, body)
+
+
+def held_tokens(tasks: Iterable[Task], target: Model, max_tokens: int) -> int | None:
+    """The most tokens a generation of `tasks` holds: the longest of prompt and max_tokens (`max_tokens` for a line that
+    sets none), tokenized by `target` (None: unknown, where no task is known or one holds images, whose tokens are
+    known only once the images are encoded). A task that cannot start is left out: it fails at its start as it would
+    have."""
+    needed = 0
+    for task in tasks:
+        if task.error is not None or task.request is None:
+            continue
+        try:
+            request = openai_api.structure(task.request)
+            if request.images:
+                return None
+            needed = max(needed, len(request_tokens(target, request)) + (request.max_tokens or max_tokens))
+        except (RequestError, InvalidRequest, SpecError):
+            continue
+    return needed or None
+
+
+def request_tokens(target: Model, request: ApiRequest, pieces: Sequence[Sequence[int]] = ()) -> list[int]:
+    """A line's prompt as `target` reads it: its messages through the chat template (`pieces`: the ids of their
+    images, `Pair.see`), its prompt verbatim (a line's plain prompt was wrapped as a message when it was read; one with
+    images is `Pair.prompt_tokens`'), or its token ids."""
+    if request.endpoint == "chat":
+        return target.tokenize_prompt(target.format_chat(request.messages), images=pieces)
+    if isinstance(request.prompt, str):
+        return text_tokens(target, request.prompt, raw=True)
+    return list(request.prompt)
 
 
 def _failed(task: Task, error: RequestError) -> Result:

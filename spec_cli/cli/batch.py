@@ -16,7 +16,7 @@ import typer
 
 from spec_cli.batch.lines import OPENAI, Task, read_tasks
 from spec_cli.batch.output import InOrder, Output, Result, check_resumable, done_ids, line_of
-from spec_cli.batch.runner import BatchRunner
+from spec_cli.batch.runner import BatchRunner, held_tokens
 from spec_cli.cli.common import EXIT_INTERRUPTED, EXIT_USAGE, user_errors
 from spec_cli.cli.options import (DraftMaxOpt, DraftModeOpt, DraftPMinOpt, LoadOptions, MemoryOptions, NoDraftOpt,
                                   RequestFlags, Sampling, SeedOpt, VerifyOpt, constrains, loads_pair, open_pair,
@@ -27,6 +27,7 @@ from spec_cli.decoding.stats import Stats
 from spec_cli.errors import SpecError
 from spec_cli.request import AUTO
 from spec_cli.formats.structured import Constraint
+from spec_cli.llama.model import Model
 from spec_cli.reports.summary import percent
 from spec_cli.terminal.output import error, note
 from spec_cli.terminal.progress import BatchBar
@@ -87,19 +88,24 @@ def batch(
                                         grammar=constraint.compiled())
         memory = memory.checked()
         text, form, tasks, done, out = _prepare(source, output, raw, quiet)
-        todo = [task for task in tasks if json.dumps(task.id) not in done]
+        todo = _left(tasks, done)
         if not todo:
             if not quiet:
                 note(f"all {len(tasks)} lines are in {output} already")
             return
         try:
+            def holding(target: Model) -> int | None:
+                verbatim = _verbatim(target, text, form, raw, done)
+                return held_tokens(todo if verbatim is None else verbatim, target, max_tokens)
+
             with open_pair(replace(load.for_request(flags, no_draft, quiet, images=True),
-                                   sequences=parallel + 1 if parallel > 1 else 1)) as loaded:
+                                   sequences=parallel + 1 if parallel > 1 else 1, holding=holding)) as loaded:
                 memory.apply(loaded.pair, default_file=False, quiet=quiet)
-                if form != OPENAI and not raw and not loaded.pair.has_chat_template:
+                verbatim = _verbatim(loaded.pair.target, text, form, raw, done)
+                if verbatim is not None:
                     if not quiet:
                         note(f"{loaded.pair.target.path.name} has no chat template; sending the prompts as raw text")
-                    todo = [task for task in read_tasks(text, raw=True)[1] if json.dumps(task.id) not in done]
+                    todo = verbatim
                 defaults = flags.for_pair(loaded)
                 if parallel > 1 and not flags.k_given:  # several at once: K by the batch's goodput
                     defaults = replace(defaults, draft_max=AUTO)
@@ -108,6 +114,19 @@ def batch(
         finally:
             out.close()
     raise typer.Exit(min(failed, MOST_FAILED_STATUS))
+
+
+def _verbatim(target: Model, text: str, form: str, raw: bool, done: set[str]) -> list[Task] | None:
+    """The lines left, read again with plain and JSONL prompts verbatim, where `target` has no chat template to wrap
+    them in (None: they stand as read)."""
+    if form == OPENAI or raw or target.chat_template() is not None:
+        return None
+    return _left(read_tasks(text, raw=True)[1], done)
+
+
+def _left(tasks: list[Task], done: set[str]) -> list[Task]:
+    """The tasks whose ids the output does not hold yet."""
+    return [task for task in tasks if json.dumps(task.id) not in done]
 
 
 def _prepare(source: str, output: Path | None, raw: bool,

@@ -193,9 +193,10 @@ class LoadOptions:
     draft_mmproj: Path | None = None
     images: bool = False  # prompts may hold images: the pair's projectors, or those beside the models, load too
     sequences: int = 1  # generating at once, each with a context of its own: a default context fits them all
-    # The most tokens the work holds, read off the loaded target (`spec run`: its prompt and -n): a default context is
-    # sized to it (`pair.held_context`); None: the whole default context (a chat, a server: the work is not known).
-    holding: Callable[[Model], int] | None = None
+    # The most tokens the work holds, read off the loaded target (`spec run`: its prompt and -n; `spec batch`: its longest
+    # line): a default context is sized to it (`pair.held_context`); None, or a holding that reads None: the whole
+    # default context (a chat, a server, a batch with images: the work is not known).
+    holding: Callable[[Model], int | None] | None = None
 
     def for_request(self, flags: RequestFlags, no_draft: bool = False, quiet: bool = False,
                     images: bool = False) -> LoadOptions:
