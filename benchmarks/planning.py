@@ -51,7 +51,7 @@ def main() -> None:
     paths = {"target": Path(args.target) if args.target else None, "draft": Path(args.draft) if args.draft else None}
     with open_pair(LoadOptions(pair=args.pair, quiet=True, **paths)) as loaded:
         pair = loaded.pair
-        prompts = [pair.prompt_tokens(prompt) for prompt in PROMPTS]
+        prompts = [pair.prompt_tokens(prompt, raw=not pair.has_chat_template) for prompt in PROMPTS]
         alone = Stats(draft_max=0)
         for tokens in prompts:
             pair.output_memory.forget()
