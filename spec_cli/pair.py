@@ -31,6 +31,7 @@ from spec_cli.llama import features
 from spec_cli.llama.context import Context, common_prefix
 from spec_cli.llama.grammar import Constraints, Grammar, GrammarError
 from spec_cli.llama.heads import BlockContext, HeadContext
+from spec_cli.llama.kernels import cpu_threads
 from spec_cli.llama.model import Model
 from spec_cli.llama.placement import kv_room, load_model
 from spec_cli.llama.prompt_text import PromptText, with_images
@@ -440,7 +441,7 @@ def load_pair(target: str | os.PathLike[str], draft: str | os.PathLike[str] | No
         raise SpecError(f"the context must hold at least 16 tokens, got {n_ctx}")
     if draft_mmproj is not None and draft is None:
         raise BadInput("--draft-mmproj is the draft model's projector: give the draft model too (--draft)")
-    threads = n_threads or os.cpu_count() or 1
+    threads = n_threads or cpu_threads()
     target_model = load_model(target, gpu_layers, rpc, tensor_split, load_mtp=True)
     draft_model, translation, projectors = None, None, [None, None]
     try:

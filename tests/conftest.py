@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -15,11 +16,24 @@ from spec_cli.llama.model import Model
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--threads", type=int, default=None,
-                     help="CPU threads for the real-model tests (default: all cores); the reduction order, and so "
-                          "the float ties a greedy comparison may meet, changes with it")
+                     help="CPU threads for the real-model tests (default: the CPUs their worker runs on); the reduction "
+                          "order, and so the float ties a greedy comparison may meet, changes with it")
     parser.addoption("--ties", action="store_true",
                      help="also run greedy identity on every prompt of the tie set (tests/support/prompts.py) for each "
                           "real target, to find float ties here rather than on users' machines")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Each pytest-xdist worker runs on its own share of the CPUs (`-n auto`, one worker a CPU: pyproject), and so
+    does every process it starts: a real model's threads default to the CPUs a process may run on (`cpu_threads`).
+    Two workers each decoding on both cores of this 2-core machine left llama.cpp's threads spinning for a core the
+    other held: the demo pair's four-client test took 29 s instead of 11."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER"), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if worker is None or not hasattr(os, "sched_setaffinity"):
+        return
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) >= count:
+        os.sched_setaffinity(0, cpus[int(worker.removeprefix("gw")) % count::count])
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -68,7 +82,8 @@ def generated_models_on_one_thread() -> Iterator[None]:
 
 @pytest.fixture(scope="session")
 def threads(request: pytest.FixtureRequest) -> int | None:
-    """The thread count the real-model tests load with (`--threads`; None: all cores)."""
+    """The thread count the real-model tests load with (`--threads`; None: the CPUs their worker runs on,
+    `pytest_configure`)."""
     return request.config.getoption("--threads")
 
 

@@ -4,6 +4,7 @@ verdict makes of a pair."""
 from __future__ import annotations
 
 import json
+import os
 import stat
 import sys
 from pathlib import Path
@@ -111,3 +112,17 @@ def test_the_first_run_says_it_is_probing(target_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert "trying which of llama.cpp's CPU kernels this machine runs (once" in result.stderr
     assert kernels.known()
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or (os.cpu_count() or 1) < 2, reason="one CPU, or no affinity")
+def test_the_default_threads_are_the_cpus_the_process_may_run_on(target_path: Path) -> None:
+    """Under `taskset` or a container's cpuset, a pair loads with as many threads as CPUs it may run on, not every
+    CPU of the machine (threads past them wait their turn, and llama.cpp's spin while they wait)."""
+    allowed = os.sched_getaffinity(0)
+    try:
+        os.sched_setaffinity(0, {min(allowed)})
+        assert kernels.cpu_threads() == 1
+        with load_pair(target_path) as pair:
+            assert pair.n_threads == 1
+    finally:
+        os.sched_setaffinity(0, allowed)

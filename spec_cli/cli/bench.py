@@ -20,6 +20,7 @@ from spec_cli.decoding.scheduler import MAX_SEQUENCES
 from spec_cli.decoding.verification import DEFAULT_VERIFY
 from spec_cli.drafting.modes import MODES, mode
 from spec_cli.errors import SpecError
+from spec_cli.llama.kernels import cpu_threads
 from spec_cli.request import AUTO, GenerationRequest, draft_max_from_text
 from spec_cli.terminal.output import note
 from spec_cli.terminal.progress import progress
@@ -97,7 +98,7 @@ def bench(
                         "draft": str(loaded.pair.draft.path) if loaded.pair.draft else None,
                         "prompts": sum(map(len, prompts.values())), "task": None if prompts_file else task,
                         "max_tokens": max_tokens, "repeat": repeat, "temperatures": temperatures,
-                        "threads": load.threads or os.cpu_count()}
+                        "threads": load.threads or cpu_threads()}
             result = benchmark.report(sides, settings, repeat)
             show_comparison(result)
             if json_file is not None:
@@ -127,7 +128,7 @@ def _concurrency(load: LoadOptions, levels: list[int], prompts_file: Path | None
         result = {**concurrency_report(batches),
                   "settings": {"target": str(pair.target.path), "draft": str(pair.draft.path) if pair.draft else None,
                                "draft_modes": compared, "draft_max": k, "max_tokens": max_tokens, "repeat": repeat,
-                               "prompts": len(prompts), "threads": load.threads or os.cpu_count()}}
+                               "prompts": len(prompts), "threads": load.threads or cpu_threads()}}
         show_concurrency(result)
         if json_file is not None:
             _write(json_file, json.dumps(result, indent=2) + "\n")

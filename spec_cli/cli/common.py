@@ -28,7 +28,7 @@ FLAGS = {"draft_max": "--draft-max", "draft_mode": "--draft-mode", "draft_p_min"
          "verify": "--verify", "max_tokens": "--max-tokens", "seed": "--seed", "grammar": "--grammar",
          "grammar_file": "--grammar-file", "json_schema": "--json-schema", "json_schema_file": "--json-schema-file"}
 
-ThreadsOpt = Annotated[Optional[int], typer.Option("--threads", min=1, help="CPU threads per model (default: all cores).", show_default=False)]
+ThreadsOpt = Annotated[Optional[int], typer.Option("--threads", min=1, help="CPU threads per model (default: every CPU this process may run on: all cores, or those taskset or a container allows).", show_default=False)]
 
 
 @contextmanager

@@ -3,7 +3,6 @@ machine to another one's `--rpc`."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -12,6 +11,7 @@ import typer
 from spec_cli.cli.common import reachable_from_outside, user_errors
 from spec_cli.errors import SpecError
 from spec_cli.llama import rpc
+from spec_cli.llama.kernels import cpu_threads
 from spec_cli.models import registry
 from spec_cli.reports import models as reports
 from spec_cli.terminal.output import note, worker_started
@@ -51,7 +51,7 @@ Examples:
 def worker(
     host: Annotated[str, typer.Option("--host", help="IPv4 address to listen on; anything but loopback needs --allow-remote.")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", min=1, max=65535, help="TCP port to listen on.")] = rpc.DEFAULT_PORT,
-    threads: Annotated[Optional[int], typer.Option("--threads", min=1, help="CPU threads for computing (default: all cores).", show_default=False)] = None,
+    threads: Annotated[Optional[int], typer.Option("--threads", min=1, help="CPU threads for computing (default: every CPU this process may run on: all cores, or those taskset or a container allows).", show_default=False)] = None,
     cache: Annotated[Optional[Path], typer.Option("--cache", help="Keep large tensors received in this folder, so a client that loads the same model again sends hashes instead of weights (default: no cache).", show_default=False)] = None,
     allow_remote: Annotated[bool, typer.Option("--allow-remote", help="Allow a --host other machines can reach. The RPC protocol has no authentication or encryption.")] = False,
 ) -> None:
@@ -67,7 +67,7 @@ def worker(
                  "read what it holds (the RPC protocol has no authentication or encryption)")
         if cache is not None:
             _make_folder(cache.expanduser())
-        n_threads = threads or os.cpu_count() or 1
+        n_threads = threads or cpu_threads()
         server = rpc.server(host, port, n_threads, str(cache.expanduser()) if cache else None)
         try:
             worker_started(f"{host}:{port}", rpc.served_devices(), n_threads)

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Callable
 
 from spec_cli.llama import gguf
+from spec_cli.llama.kernels import cpu_threads
 from spec_cli.llama.model import check_gguf
 from spec_cli.paths import cache_dir
 
@@ -44,7 +45,7 @@ def derive(source: Path, ftype: str, dest: Path | None = None, n_threads: int | 
     partial = dest.with_name(f".{dest.name}.{os.getpid()}.part")
     notify(f"making {dest.name} from {source.name} (first use only)")
     try:
-        gguf.quantize(source, partial, ftype, n_threads or os.cpu_count() or 1)
+        gguf.quantize(source, partial, ftype, n_threads or cpu_threads())
         os.replace(partial, dest)
     finally:
         partial.unlink(missing_ok=True)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import platform
 import shutil
 import sys
@@ -258,7 +257,7 @@ def doctor_facts(default: PairSpec, probe_again: bool = False) -> list[tuple[str
         ("GPU offload", "yes" if gpu else "no (CPU-only build)"),
         ("llama.cpp system info", system_info),
         ("CPU", kernels.cpu_name()),
-        ("CPU threads", str(os.cpu_count())),
+        ("CPU threads", str(kernels.cpu_threads())),
         ("memory", f"{memory / 1e9:.1f} GB" if memory else "unknown"),
         ("derived models cache", str(cache_dir() / "derived")),
         ("Hugging Face cache", str(hub.cache_dir()) + (" (offline: HF_HUB_OFFLINE)" if hub.offline() else "")),
