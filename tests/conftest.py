@@ -16,8 +16,8 @@ from spec_cli.llama.model import Model
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--threads", type=int, default=None,
-                     help="CPU threads for the real-model tests (default: the CPUs their worker runs on); the reduction "
-                          "order, and so the float ties a greedy comparison may meet, changes with it")
+                     help="CPU threads for the real-model tests (default: the CPUs their worker runs on); the "
+                          "reduction order, and so the float ties a greedy comparison may meet, changes with it")
     parser.addoption("--ties", action="store_true",
                      help="also run greedy identity on every prompt of the tie set (tests/support/prompts.py) for each "
                           "real target, to find float ties here rather than on users' machines")
