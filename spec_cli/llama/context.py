@@ -18,6 +18,7 @@ from llama_cpp import llama_cpp_ext
 from spec_cli.errors import SpecError
 from spec_cli.llama import features, memory
 from spec_cli.llama.model import Backend, Model
+from spec_cli.llama.threads import Threads
 from spec_cli.llama.vision import KEPT_IMAGES, Projector, whole_images
 
 
@@ -153,6 +154,8 @@ class Context:
         self.busy_s = 0.0
         self._trim_s = 0.0
         self.throughput = Throughput()  # shared with `sequence`'s copies
+        # The count its passes run on (as made: a caller may lower it), shared with `sequence`'s copies.
+        self.threads = Threads(llama_cpp.llama_n_threads(handle))
         # Row p: h_p as last computed. Valid for every position of the sequence decoded with its current tokens,
         # those a rollback took back included (their h does not change); rows of rejected drafts are stale.
         self.hidden: np.ndarray | None = None
@@ -202,9 +205,11 @@ class Context:
         all); the rest are speculative, and a memory that cannot cut them away later prepares for it now.
         """
         tokens = self._prepare(tokens, n_logits, len(tokens) if n_final is None else n_final)
+        self.threads.apply(self._handle)
         started = time.perf_counter()
         rows = self._decode(tokens, n_logits)
         elapsed = time.perf_counter() - started
+        self.threads.passed(len(tokens), n_logits, elapsed)
         self.busy_s += elapsed
         if n_logits <= 1:  # a stretch taken in, not a verify pass (whose output rows cost more)
             self.throughput.record(len(tokens), elapsed)
@@ -455,6 +460,7 @@ def decode_together(parts: Sequence[Part]) -> list[np.ndarray]:
         firsts.append(at)
         at = context._put(at, tokens, len(tokens) - n_logits)
     first._batch.n_tokens = at
+    first.threads.apply(first._handle)
     Backend.forget()
     status = llama_cpp.llama_decode(first._handle, first._batch)
     if status != 0:
@@ -464,6 +470,7 @@ def decode_together(parts: Sequence[Part]) -> list[np.ndarray]:
     n_rows = sum(n_logits for _, _, n_logits in todo)
     rows = copy_rows(llama_cpp.llama_get_logits(first._handle), n_rows, first.model.n_vocab) if n_rows else None
     elapsed, out, row = time.perf_counter() - started, [], 0
+    first.threads.passed(at, n_rows, elapsed)
     if n_rows <= len(parts):  # prompt chunks and one-row steps, not verify passes
         first.throughput.record(at, elapsed)
     for (context, tokens, n_logits), first_row in zip(todo, firsts):

@@ -1,0 +1,106 @@
+"""How many threads a context's passes run on: every CPU the process may run on (`kernels.cpu_threads`, or
+`--threads`), or fewer where fewer decode faster.
+
+llama.cpp's threads meet at a barrier after each step of a pass and spin while they wait. Where another process
+holds one of the cores, the thread that shares it waits for its turn while the others spin: on a 2-core machine
+beside a process spinning on one core, the demo target decoded 14–16 tokens a second on two threads and 27–33 on
+one (47–48 and 27–28 on the quiet machine), and its one-row passes took anywhere from 35 to 220 ms.
+
+So the count is chosen from the passes measured, as the drafting is: while a context's passes of one shape take
+about the same time (a quiet machine) nothing is tried at the most threads; where they spread (another process
+takes turns on the cores), a few passes try one thread fewer, and below the most, from time to time, one more
+(the load may have gone); the count whose passes are faster stays. A trial that changes nothing waits twice as
+long for the next.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from statistics import fmean
+from typing import Sequence
+
+import llama_cpp
+
+SPREAD = 0.5  # (upper quartile − lower quartile) / median of one shape's recent passes past which a trial is due (at
+# 0.3, 128-token runs on a quiet machine of two cores tried one thread fewer once or twice, ~3% each)
+KEPT = 9  # recent passes of each shape and count a judgement reads
+TRIAL = 6  # passes a trial runs at the other count
+WIN = 0.8  # the trial's passes over the current count's (means), at most, for the trial's count to stay
+REST = 16  # passes before the first trial may start (a short answer is over in a few hundred)
+SETTLED = 128  # passes after a trial that changed the count before the next may start (a trial of a count that
+# loses costs its passes: six at twice the time is ~5% of 128)
+REST_MAX = 4096  # each trial that changed nothing doubles the wait for the next, up to this
+
+
+class Threads:
+    """The thread count of one llama.cpp context (every sequence of it shares this), at most `most`: `count`, or the
+    count on trial while one runs (`next`); `passed` books each pass."""
+
+    def __init__(self, most: int) -> None:
+        self.most = most
+        self.count = most
+        self._recent: dict[tuple[int, int, int], deque[float]] = {}  # (threads, tokens, rows): seconds
+        self._trying: int | None = None
+        self._left = 0  # passes the trial still runs
+        self._rest = REST
+        self._since = 0  # passes since the last trial ended
+        self._upward = False  # whether the next trial below the most tries one more (else one fewer, where it can)
+        self._applied = most  # what llama.cpp was last told (a context is made with the most)
+
+    @property
+    def next(self) -> int:
+        """The count the next pass runs on."""
+        return self._trying if self._trying is not None else self.count
+
+    def apply(self, handle: llama_cpp.llama_context_p) -> None:
+        """Tell llama.cpp the count for the next pass, where it changed."""
+        n = self.next
+        if n != self._applied:
+            llama_cpp.llama_set_n_threads(handle, n, n)
+            self._applied = n
+
+    def passed(self, tokens: int, rows: int, seconds: float) -> None:
+        """A pass over `tokens` tokens, `rows` of them with logits, took `seconds` on `next` threads."""
+        threads = self.next
+        recent = self._recent.setdefault((threads, tokens, rows), deque(maxlen=KEPT))
+        recent.append(seconds)
+        if self._trying is not None:
+            self._left -= 1
+            if not self._left:
+                self._judge()
+            return
+        self._since += 1
+        if self.most > 1 and self._since >= self._rest and (self.count < self.most or _spread(recent) > SPREAD):
+            self._try()
+
+    def _try(self) -> None:
+        """Start a trial of one thread fewer or one more, its earlier passes forgotten (the load they met is gone)."""
+        up = self.count < self.most and (self.count == 1 or self._upward)
+        self._upward = not self._upward
+        self._trying, self._left = self.count + 1 if up else self.count - 1, TRIAL
+        for key in [key for key in self._recent if key[0] == self._trying]:
+            del self._recent[key]
+
+    def _judge(self) -> None:
+        """The trial's count stays where its passes of the shape it ran most took at most `WIN` of the current
+        count's, on average: the mean, not the middle, as a pass's time is what a rate pays, and spinning threads
+        make long tails (two threads' one-row passes beside another process: a middle of 42 ms, a mean of 68).
+        """
+        trying, self._trying, self._since = self._trying, None, 0
+        assert trying is not None
+        tried = max(((key, seconds) for key, seconds in self._recent.items() if key[0] == trying),
+                    key=lambda item: len(item[1]))
+        current = self._recent.get((self.count, *tried[0][1:]), ())
+        if len(current) >= 2 and fmean(tried[1]) <= WIN * fmean(current):
+            self.count, self._rest = trying, SETTLED
+        else:
+            self._rest = min(REST_MAX, 2 * self._rest)
+
+
+def _spread(seconds: Sequence[float]) -> float:
+    """(upper quartile − lower quartile) / median of `seconds` (0 for fewer than `KEPT` // 2 + 1 of them)."""
+    if len(seconds) <= KEPT // 2:
+        return 0.0
+    ordered = sorted(seconds)
+    n = len(ordered)
+    return (ordered[(3 * n) // 4] - ordered[n // 4]) / max(ordered[n // 2], 1e-9)
