@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Iterator
 
+import llama_cpp
 import numpy as np
 import pytest
 from click.testing import Result
@@ -237,3 +238,17 @@ def test_under_a_grammar_the_head_drafts_from_its_masked_law(pair: Pair) -> None
     assert drafted.token_ids == alone.token_ids
     assert set(drafted.text) <= set("abcde .")
     assert drafted.stats.accepted > 0
+
+
+def test_the_heads_passes_run_on_the_count_its_threads_chose(pair: Pair) -> None:
+    """The generated models' contexts are made on one thread (conftest): a count of two, set by hand as a trial of
+    `llama/threads.py` would, reaches llama.cpp at the head's next pass, and the text is the target alone's."""
+    head = pair.head_context
+    assert head is not None and head.threads.count == llama_cpp.llama_n_threads(head._handle) == 1
+    head.threads.count = 2
+    try:
+        drafted = greedy(pair, "and the dog ran far", draft_mode="mtp", draft_max=3)
+        assert llama_cpp.llama_n_threads(head._handle) == 2 and drafted.stats.drafted > 0
+        assert drafted.token_ids == greedy(pair, "and the dog ran far", draft_mode="none").token_ids
+    finally:
+        head.threads.count = 1

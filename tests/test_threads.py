@@ -21,7 +21,7 @@ def run(threads: Threads, seconds_at: dict[int, tuple[float, float]], passes: in
     for _ in range(passes):
         count = threads.next
         counts.append(count)
-        threads.passed(1, 1, float(rng.uniform(*seconds_at[count])))
+        threads.passed((1, 1), float(rng.uniform(*seconds_at[count])))
     return counts
 
 

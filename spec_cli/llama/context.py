@@ -209,7 +209,7 @@ class Context:
         started = time.perf_counter()
         rows = self._decode(tokens, n_logits)
         elapsed = time.perf_counter() - started
-        self.threads.passed(len(tokens), n_logits, elapsed)
+        self.threads.passed((len(tokens), n_logits), elapsed)
         self.busy_s += elapsed
         if n_logits <= 1:  # a stretch taken in, not a verify pass (whose output rows cost more)
             self.throughput.record(len(tokens), elapsed)
@@ -470,7 +470,7 @@ def decode_together(parts: Sequence[Part]) -> list[np.ndarray]:
     n_rows = sum(n_logits for _, _, n_logits in todo)
     rows = copy_rows(llama_cpp.llama_get_logits(first._handle), n_rows, first.model.n_vocab) if n_rows else None
     elapsed, out, row = time.perf_counter() - started, [], 0
-    first.threads.passed(at, n_rows, elapsed)
+    first.threads.passed((at, n_rows), elapsed)
     if n_rows <= len(parts):  # prompt chunks and one-row steps, not verify passes
         first.throughput.record(at, elapsed)
     for (context, tokens, n_logits), first_row in zip(todo, firsts):

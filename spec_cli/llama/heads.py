@@ -23,6 +23,7 @@ from llama_cpp import llama_cpp_ext
 from spec_cli.errors import SpecError
 from spec_cli.llama.context import Context, copy_rows, new_context
 from spec_cli.llama.model import Backend, Model
+from spec_cli.llama.threads import Threads
 
 _FLOAT_P = ctypes.POINTER(ctypes.c_float)
 
@@ -42,6 +43,8 @@ class _FedContext:
         self._embedding = llama_cpp.llama_embd(None, 1, 0)  # reused: one row of an array the caller keeps alive
         self.tokens: list[int] = []
         self.busy_s = 0.0
+        self.threads = Threads(llama_cpp.llama_n_threads(self._handle))  # the count its passes run on
+        self._rows = self._outputs = 0  # of the batch being filled
 
     @property
     def n_past(self) -> int:
@@ -63,12 +66,18 @@ class _FedContext:
                 llama_cpp.llama_batch_ext_set_embd_token(self._batch, index, embedding)
             self._position[0] = position
         llama_cpp.llama_batch_ext_set_pos(self._batch, index, self._position)
+        self._rows += 1
         if output:
             llama_cpp.llama_batch_ext_set_output_logits(self._batch, index, True)
+            self._outputs += 1
 
     def _process(self, kind: int) -> None:
+        self.threads.apply(self._handle)
         Backend.forget()
+        started = time.perf_counter()
         status = llama_cpp.llama_process(self._handle, kind, self._batch)
+        self.threads.passed((kind, self._rows, self._outputs), time.perf_counter() - started)
+        self._rows = self._outputs = 0
         llama_cpp.llama_batch_ext_clear(self._batch)
         if status != 0:  # the memory may hold part of the batch: forget everything
             llama_cpp.llama_memory_seq_rm(llama_cpp.llama_get_memory(self._handle), 0, 0, -1)

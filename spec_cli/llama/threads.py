@@ -1,5 +1,5 @@
-"""How many threads a context's passes run on: every CPU the process may run on (`kernels.cpu_threads`, or
-`--threads`), or fewer where fewer decode faster.
+"""How many threads a context's passes run on (the target's, a draft model's, a head's): every CPU the process may
+run on (`kernels.cpu_threads`, or `--threads`), or fewer where fewer decode faster.
 
 llama.cpp's threads meet at a barrier after each step of a pass and spin while they wait. Where another process
 holds one of the cores, the thread that shares it waits for its turn while the others spin: on a 2-core machine
@@ -39,7 +39,7 @@ class Threads:
     def __init__(self, most: int) -> None:
         self.most = most
         self.count = most
-        self._recent: dict[tuple[int, int, int], deque[float]] = {}  # (threads, tokens, rows): seconds
+        self._recent: dict[tuple[int, tuple[int, ...]], deque[float]] = {}  # (threads, a pass's shape): seconds
         self._trying: int | None = None
         self._left = 0  # passes the trial still runs
         self._rest = REST
@@ -59,10 +59,10 @@ class Threads:
             llama_cpp.llama_set_n_threads(handle, n, n)
             self._applied = n
 
-    def passed(self, tokens: int, rows: int, seconds: float) -> None:
-        """A pass over `tokens` tokens, `rows` of them with logits, took `seconds` on `next` threads."""
-        threads = self.next
-        recent = self._recent.setdefault((threads, tokens, rows), deque(maxlen=KEPT))
+    def passed(self, shape: tuple[int, ...], seconds: float) -> None:
+        """A pass of `shape` (what makes two passes' times comparable: its tokens, the rows with logits…) took
+        `seconds` on `next` threads."""
+        recent = self._recent.setdefault((self.next, shape), deque(maxlen=KEPT))
         recent.append(seconds)
         if self._trying is not None:
             self._left -= 1
@@ -90,7 +90,7 @@ class Threads:
         assert trying is not None
         tried = max(((key, seconds) for key, seconds in self._recent.items() if key[0] == trying),
                     key=lambda item: len(item[1]))
-        current = self._recent.get((self.count, *tried[0][1:]), ())
+        current = self._recent.get((self.count, tried[0][1]), ())
         if len(current) >= 2 and fmean(tried[1]) <= WIN * fmean(current):
             self.count, self._rest = trying, SETTLED
         else:
