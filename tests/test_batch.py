@@ -203,9 +203,9 @@ def test_several_slots_hold_what_the_longest_task_needs_and_a_batch_of_images_th
 
 def test_spec_batch_sizes_its_pair_to_its_longest_line_and_a_batch_of_images_keeps_the_whole_context(
         target_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The pair's own contexts (`--parallel 1`'s, and those the pair makes besides its slots') hold the longest line's
-    prompt, as the batch tokenizes it (verbatim: the tiny model has no chat template), and its max_tokens; a line with an
-    image leaves the whole context, as does a --ctx given."""
+    """The pair's own contexts (`--parallel 1`'s, and those the pair makes besides its slots') hold the longest
+    line's prompt, as the batch tokenizes it (verbatim: the tiny model has no chat template), and its max_tokens; a
+    line with an image leaves the whole context, as does a --ctx given."""
     contexts: list[int] = []
     load = options.load_pair
 
@@ -218,9 +218,10 @@ def test_spec_batch_sizes_its_pair_to_its_longest_line_and_a_batch_of_images_kee
     plain = tmp_path / "plain.txt"
     plain.write_text(f"{PROMPTS[0]}\n{PROMPTS[2]}\n")
     pictured = tmp_path / "pictured.jsonl"
-    pictured.write_text(json.dumps({"prompt": PROMPTS[0]}) + "\n" + json.dumps({"messages": [{"role": "user", "content": [
+    image = {"messages": [{"role": "user", "content": [
         {"type": "text", "text": "what is it"},
-        {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}]}]}) + "\n")
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}]}]}
+    pictured.write_text(json.dumps({"prompt": PROMPTS[0]}) + "\n" + json.dumps(image) + "\n")
     for args in ([str(plain), "--parallel", "1"], [str(plain), "--parallel", "2", "--ctx", "300"],
                  [str(pictured), "--parallel", "2"]):
         code, _out, err = batch("--target", str(target_path), "--no-draft", "-n", "5", "-q", *args)

@@ -241,8 +241,8 @@ def test_under_a_grammar_the_head_drafts_from_its_masked_law(pair: Pair) -> None
 
 
 def test_the_heads_passes_run_on_the_count_its_threads_chose(pair: Pair) -> None:
-    """The generated models' contexts are made on one thread (conftest): a count of two, set by hand as a trial of
-    `llama/threads.py` would, reaches llama.cpp at the head's next pass, and the text is the target alone's."""
+    """The generated models' contexts are made on one thread (conftest): a count of two, set by hand as a trial
+    of `llama/threads.py` would, reaches llama.cpp at the head's next pass, and the text is the target alone's."""
     head = pair.head_context
     assert head is not None and head.threads.count == llama_cpp.llama_n_threads(head._handle) == 1
     head.threads.count = 2

@@ -158,8 +158,8 @@ def held_tokens(tasks: Iterable[Task], target: Model, max_tokens: int) -> int | 
 
 def request_tokens(target: Model, request: ApiRequest, pieces: Sequence[Sequence[int]] = ()) -> list[int]:
     """A line's prompt as `target` reads it: its messages through the chat template (`pieces`: the ids of their
-    images, `Pair.see`), its prompt verbatim (a line's plain prompt was wrapped as a message when it was read; one with
-    images is `Pair.prompt_tokens`'), or its token ids."""
+    images, `Pair.see`), its prompt verbatim (a line's plain prompt was wrapped as a message when it was read; a prompt
+    with images goes through `Pair.prompt_tokens`, which places them), or its token ids."""
     if request.endpoint == "chat":
         return target.tokenize_prompt(target.format_chat(request.messages), images=pieces)
     if isinstance(request.prompt, str):
