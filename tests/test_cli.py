@@ -48,6 +48,7 @@ def test_json_has_every_field_and_consistent_arithmetic(pair_args: list[str]) ->
     assert s["tokens_per_second"] == pytest.approx(s["generated_tokens"] / s["decode_s"])
     assert s["elapsed_s"] == pytest.approx(s["prompt_s"] + s["decode_s"])
     assert s["accepted"] + s["rounds"] == s["generated_tokens"]
+    assert 1 <= s["threads"]["last"] <= s["threads"]["most"]  # the generated models' contexts: one thread
 
 
 def test_speculative_and_no_draft_give_the_same_greedy_tokens(pair_args: list[str]) -> None:

@@ -48,6 +48,16 @@ def test_without_drafts_the_line_says_so_and_where_the_models_run() -> None:
                                            "target on CUDA0 (every layer that fits; the rest on the CPU)")
 
 
+def test_fewer_threads_than_the_most_are_said_and_every_thread_is_not() -> None:
+    """A busy machine's passes ran faster on fewer threads (`llama/threads.py`): the line says so; on all of them it
+    says nothing."""
+    stats = Stats(draft_max=0, prompt_tokens=5, generated_tokens=3, decode_s=1.0, prompt_s=0.5, threads=(1, 2))
+    assert summary_line(stats, "stop") == ("3 tokens · 3.0 tok/s · no draft · prompt 5 tokens in 0.50s · finish: stop · "
+                                           "1 of 2 threads (fewer decoded faster: the CPUs are busy)")
+    stats.threads = (2, 2)
+    assert summary_line(stats, "stop").endswith("finish: stop")
+
+
 def test_a_generation_batched_with_others_says_how_many_a_pass_and_auto_that_stopped_drafting() -> None:
     stats = Stats(draft_max=16, adaptive=True, draft_mode="model", prompt_tokens=5, generated_tokens=3,
                   decode_s=1.0, prompt_s=0.5)

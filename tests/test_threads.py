@@ -43,6 +43,21 @@ def test_passes_that_spread_try_fewer_threads_and_keep_them_where_they_are_faste
     assert counts[first:].count(2) < 0.02 * len(counts[first:])  # the trials of two threads, fewer and fewer
 
 
+def test_passes_of_several_shapes_are_each_read_against_their_own() -> None:
+    """One-row passes of 20 ms and verify passes of 60 ms, in turn: a quiet machine (each within 2%) tries nothing,
+    though the two shapes differ threefold; a busy one (two threads' passes 1–6× their shape's time, one thread's
+    1.5×) goes to one thread."""
+    rng = np.random.default_rng(5)
+    for spread_at_two, at_one, expected in (((1.0, 1.02), (1.7, 1.72), {2}), ((1.0, 6.0), (1.5, 1.55), {1, 2})):
+        threads, counts = Threads(2), []
+        for i in range(3_000):
+            shape, base = ((1, 1), 0.020) if i % 2 else ((9, 9), 0.060)
+            counts.append(threads.next)
+            threads.passed(shape, base * float(rng.uniform(*(spread_at_two if threads.next == 2 else at_one))))
+        assert set(counts) == expected
+        assert threads.count == min(expected)
+
+
 def test_once_the_load_has_gone_every_thread_comes_back() -> None:
     threads = Threads(2)
     run(threads, {2: (0.035, 0.220), 1: (0.030, 0.036)}, 500, seed=2)
@@ -56,7 +71,7 @@ def test_a_trial_that_loses_waits_twice_as_long_for_the_next() -> None:
     """Spread passes at either count, neither faster: the most threads stay, and the trials come 64, 128, 256 …
     passes apart (each also waits for a spread among the last passes)."""
     threads = Threads(2)
-    counts = run(threads, {2: (0.020, 0.040), 1: (0.020, 0.040)}, 6_000, seed=4)
+    counts = run(threads, {2: (0.010, 0.050), 1: (0.010, 0.050)}, 6_000, seed=4)
     starts = [i for i in range(1, len(counts)) if counts[i] == 1 and counts[i - 1] == 2]
     gaps = np.diff(starts)
     assert threads.count == 2

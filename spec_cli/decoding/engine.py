@@ -210,6 +210,7 @@ class Generation:
         that the generation is over (`Drafter.done`)."""
         if self.finish_reason is None:
             self.finish_reason = "interrupted"
+        self.stats.threads = (self.target.threads.count, self.target.threads.most)
         self._rewind()
         if self.drafter is not None and not self._closed:
             self.drafter.done(self._seq, len(self.prompt), ended=self.finish_reason == "stop")

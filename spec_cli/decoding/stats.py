@@ -43,6 +43,7 @@ class Stats:
     batched: int = 0  # Σ over rounds of the sequences verified in that round's pass (1 for a generation alone)
     memory: dict[str, dict[str, str]] = field(default_factory=dict)  # per model: kind, rollback method
     placement: dict[str, str] = field(default_factory=dict)  # per model: "CPU", or the devices it runs on
+    threads: tuple[int, int] = (0, 0)  # the target's thread count as it ended, and the most (`llama/threads.py`)
     costs: LoopCosts = field(default_factory=LoopCosts)  # each call's seconds, for the cost model
 
     def merge(self, other: Stats) -> None:
@@ -60,6 +61,7 @@ class Stats:
         for way, counts in other.ways.items():
             self.ways[way] = [mine + theirs for mine, theirs in zip(self.ways.get(way, [0, 0, 0]), counts)]
         self.costs.merge(other.costs)
+        self.threads = other.threads if other.threads[1] else self.threads  # the latest
 
     def record_round(self, drafted: int, accepted: int, way: str = "") -> None:
         """Count one draft-and-verify round in which `accepted` of `drafted` tokens were kept, drafted by `way`
@@ -165,5 +167,6 @@ class Stats:
             "current_k": self.current_k,
             "memory": self.memory,
             "placement": self.placement,
+            "threads": {"last": self.threads[0], "most": self.threads[1]},
             "costs": self.costs.as_dict(),
         }

@@ -21,9 +21,9 @@ from typing import Sequence
 
 import llama_cpp
 
-SPREAD = 0.5  # (upper quartile − lower quartile) / median of one shape's recent passes past which a trial is due (at
-# 0.3, 128-token runs on a quiet machine of two cores tried one thread fewer once or twice, ~3% each)
-KEPT = 9  # recent passes of each shape and count a judgement reads
+SPREAD = 0.5  # (upper quartile − lower quartile) / median of the latest passes' ratios past which a trial is due
+# (at 0.3, 128-token runs on a quiet machine of two cores tried one thread fewer once or twice, ~3% each)
+KEPT = 9  # the latest passes of each shape kept, and the latest ratios the spread reads
 TRIAL = 6  # passes a trial runs at the other count
 WIN = 0.8  # the trial's passes over the current count's (means), at most, for the trial's count to stay
 REST = 16  # passes before the first trial may start (a short answer is over in a few hundred)
@@ -34,12 +34,18 @@ REST_MAX = 4096  # each trial that changed nothing doubles the wait for the next
 
 class Threads:
     """The thread count of one llama.cpp context (every sequence of it shares this), at most `most`: `count`, or the
-    count on trial while one runs (`next`); `passed` books each pass."""
+    count on trial while one runs (`next`); `passed` books each pass.
+
+    Passes differ in shape (a verify pass's rows, a prompt's chunk), so each is read against the latest passes of its
+    own shape at `count`: its time over their mean. Those ratios' spread says whether the machine is busy, and a
+    trial's mean ratio whether the count tried is faster."""
 
     def __init__(self, most: int) -> None:
         self.most = most
         self.count = most
-        self._recent: dict[tuple[int, tuple[int, ...]], deque[float]] = {}  # (threads, a pass's shape): seconds
+        self._recent: dict[tuple[int, ...], deque[float]] = {}  # by shape, the latest passes' seconds at `count`
+        self._ratios: deque[float] = deque(maxlen=KEPT)  # the latest passes at `count`, each over its shape's mean
+        self._tried: list[float] = []  # the trial's passes, each over its shape's mean at `count`
         self._trying: int | None = None
         self._left = 0  # passes the trial still runs
         self._rest = REST
@@ -62,45 +68,49 @@ class Threads:
     def passed(self, shape: tuple[int, ...], seconds: float) -> None:
         """A pass of `shape` (what makes two passes' times comparable: its tokens, the rows with logits…) took
         `seconds` on `next` threads."""
-        recent = self._recent.setdefault((self.next, shape), deque(maxlen=KEPT))
-        recent.append(seconds)
+        recent = self._recent.get(shape)
+        ratio = seconds / max(fmean(recent), 1e-9) if recent is not None and len(recent) >= 2 else None
         if self._trying is not None:
+            if ratio is not None:
+                self._tried.append(ratio)
             self._left -= 1
             if not self._left:
                 self._judge()
             return
+        if recent is None:
+            recent = self._recent[shape] = deque(maxlen=KEPT)
+        recent.append(seconds)
+        if ratio is not None:
+            self._ratios.append(ratio)
         self._since += 1
-        if self.most > 1 and self._since >= self._rest and (self.count < self.most or _spread(recent) > SPREAD):
+        if self.most > 1 and self._since >= self._rest and (self.count < self.most or _spread(self._ratios) > SPREAD):
             self._try()
 
     def _try(self) -> None:
-        """Start a trial of one thread fewer or one more, its earlier passes forgotten (the load they met is gone)."""
+        """Start a trial of one thread fewer or, below the most, every other time one more."""
         up = self.count < self.most and (self.count == 1 or self._upward)
         self._upward = not self._upward
-        self._trying, self._left = self.count + 1 if up else self.count - 1, TRIAL
-        for key in [key for key in self._recent if key[0] == self._trying]:
-            del self._recent[key]
+        self._trying, self._left, self._tried = self.count + 1 if up else self.count - 1, TRIAL, []
 
     def _judge(self) -> None:
-        """The trial's count stays where its passes of the shape it ran most took at most `WIN` of the current
-        count's, on average: the mean, not the middle, as a pass's time is what a rate pays, and spinning threads
-        make long tails (two threads' one-row passes beside another process: a middle of 42 ms, a mean of 68).
-        """
+        """The trial's count stays where its passes took at most `WIN` of the current count's, on average: the mean,
+        not the middle, as a pass's time is what a rate pays, and spinning threads make long tails (two threads'
+        one-row passes beside another process: a middle of 42 ms, a mean of 68). The new count's passes are then
+        measured afresh."""
         trying, self._trying, self._since = self._trying, None, 0
         assert trying is not None
-        tried = max(((key, seconds) for key, seconds in self._recent.items() if key[0] == trying),
-                    key=lambda item: len(item[1]))
-        current = self._recent.get((self.count, tried[0][1]), ())
-        if len(current) >= 2 and fmean(tried[1]) <= WIN * fmean(current):
+        if self._tried and fmean(self._tried) <= WIN:
             self.count, self._rest = trying, SETTLED
+            self._recent.clear()
+            self._ratios.clear()
         else:
             self._rest = min(REST_MAX, 2 * self._rest)
 
 
-def _spread(seconds: Sequence[float]) -> float:
-    """(upper quartile − lower quartile) / median of `seconds` (0 for fewer than `KEPT` // 2 + 1 of them)."""
-    if len(seconds) <= KEPT // 2:
+def _spread(values: Sequence[float]) -> float:
+    """(upper quartile − lower quartile) / median of `values` (0 for fewer than `KEPT` // 2 + 1 of them)."""
+    if len(values) <= KEPT // 2:
         return 0.0
-    ordered = sorted(seconds)
+    ordered = sorted(values)
     n = len(ordered)
     return (ordered[(3 * n) // 4] - ordered[n // 4]) / max(ordered[n // 2], 1e-9)

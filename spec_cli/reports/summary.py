@@ -47,6 +47,8 @@ def summary_line(stats: Stats, finish_reason: str | None, brief: bool = False) -
     parts += [f"prompt {s.prompt_tokens} tokens{cached} in {s.prompt_s:.2f}s", f"finish: {finish_reason}"]
     if any(where != "CPU" for where in s.placement.values()):
         parts += [f"{name} on {where}" for name, where in s.placement.items()]
+    if s.threads[0] < s.threads[1]:
+        parts.append(f"{s.threads[0]} of {s.threads[1]} threads (fewer decoded faster: the CPUs are busy)")
     return " · ".join(parts)
 
 
