@@ -6,11 +6,11 @@ holds one of the cores, the thread that shares it waits for its turn while the o
 beside a process spinning on one core, the demo target decoded 14–16 tokens a second on two threads and 27–33 on
 one (47–48 and 27–28 on the quiet machine), and its one-row passes took anywhere from 35 to 220 ms.
 
-So the count is chosen from the passes measured, as the drafting is: while a context's passes of one shape take
-about the same time (a quiet machine) nothing is tried at the most threads; where they spread (another process
-takes turns on the cores), a few passes try one thread fewer, and below the most, from time to time, one more
-(the load may have gone); the count whose passes are faster stays. A trial that changes nothing waits twice as
-long for the next.
+So the count is chosen from the passes measured, as the drafting is: while a context's passes take about the same
+time as the latest of their shape (a quiet machine) nothing is tried at the most threads; where they spread
+(another process takes turns on the cores), a few passes try one thread fewer, and below the most, every so often,
+one more (the load may have gone); the count whose passes are faster stays. At the most, a trial that changes
+nothing waits twice as long for the next. Passes shorter than the OS scheduler's tick are not read.
 """
 
 from __future__ import annotations
@@ -25,11 +25,15 @@ SPREAD = 0.5  # (upper quartile − lower quartile) / median of the latest passe
 # (at 0.3, 128-token runs on a quiet machine of two cores tried one thread fewer once or twice, ~3% each)
 KEPT = 9  # the latest passes of each shape kept, and the latest ratios the spread reads
 TRIAL = 6  # passes a trial runs at the other count
-WIN = 0.8  # the trial's passes over the current count's (means), at most, for the trial's count to stay
+WIN = 0.8  # the trial's passes over the current count's (means), at most, for fewer threads to stay
+BACK = 0.95  # the same for more threads, back towards the most (the count a quiet machine runs best on)
+SHORT = 0.001  # seconds under which a pass is not read: the OS scheduler's ticks are about that, and on the tiny test
+# models (0.1–0.3 ms a pass) reading them went to one thread where two ran batches 30% faster
 REST = 16  # passes before the first trial may start (a short answer is over in a few hundred)
 SETTLED = 128  # passes after a trial that changed the count before the next may start (a trial of a count that
 # loses costs its passes: six at twice the time is ~5% of 128)
-REST_MAX = 4096  # each trial that changed nothing doubles the wait for the next, up to this
+REST_MAX = 4096  # each trial at the most that changed nothing doubles the wait for the next, up to this; below the
+# most the next comes after `SETTLED` passes still, so that a count chosen on a burst of load is not kept long after
 
 
 class Threads:
@@ -68,6 +72,8 @@ class Threads:
     def passed(self, shape: tuple[int, ...], seconds: float) -> None:
         """A pass of `shape` (what makes two passes' times comparable: its tokens, the rows with logits…) took
         `seconds` on `next` threads."""
+        if seconds < SHORT and self._trying is None:
+            return
         recent = self._recent.get(shape)
         ratio = seconds / max(fmean(recent), 1e-9) if recent is not None and len(recent) >= 2 else None
         if self._trying is not None:
@@ -93,18 +99,18 @@ class Threads:
         self._trying, self._left, self._tried = self.count + 1 if up else self.count - 1, TRIAL, []
 
     def _judge(self) -> None:
-        """The trial's count stays where its passes took at most `WIN` of the current count's, on average: the mean,
-        not the middle, as a pass's time is what a rate pays, and spinning threads make long tails (two threads'
-        one-row passes beside another process: a middle of 42 ms, a mean of 68). The new count's passes are then
-        measured afresh."""
+        """The trial's count stays where its passes took at most `WIN` (`BACK` for more threads) of the current
+        count's, on average: the mean, not the middle, as a pass's time is what a rate pays, and spinning threads make
+        long tails (two threads' one-row passes beside another process: a middle of 42 ms, a mean of 68). The new
+        count's passes are then measured afresh."""
         trying, self._trying, self._since = self._trying, None, 0
         assert trying is not None
-        if self._tried and fmean(self._tried) <= WIN:
+        if self._tried and fmean(self._tried) <= (BACK if trying > self.count else WIN):
             self.count, self._rest = trying, SETTLED
             self._recent.clear()
             self._ratios.clear()
         else:
-            self._rest = min(REST_MAX, 2 * self._rest)
+            self._rest = SETTLED if self.count < self.most else min(REST_MAX, 2 * self._rest)
 
 
 def _spread(values: Sequence[float]) -> float:
