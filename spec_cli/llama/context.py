@@ -154,7 +154,7 @@ class Context:
         self.busy_s = 0.0
         self._trim_s = 0.0
         self.throughput = Throughput()  # shared with `sequence`'s copies
-        # The count its passes run on (as made: a caller may lower it), shared with `sequence`'s copies.
+        # The count its passes run on, from the one llama.cpp made it with; shared with `sequence`'s copies.
         self.threads = Threads(llama_cpp.llama_n_threads(handle))
         # Row p: h_p as last computed. Valid for every position of the sequence decoded with its current tokens,
         # those a rollback took back included (their h does not change); rows of rejected drafts are stale.
