@@ -433,9 +433,9 @@ def load_pair(target: str | os.PathLike[str], draft: str | os.PathLike[str] | No
     `n_ctx` None: the target's trained context where `sequences` sequences of it fit in memory (`trained_context`).
     `holding`: the most tokens the work holds, read off the loaded target (`spec run`'s prompt and its max_tokens, the
     longest of `spec batch`'s lines; None: not known): the context is then sized to it, within `n_ctx`
-    (`held_context`). A model's KV cache is allocated and cleared for
-    every token its context holds: at the demo pair's trained 8192 tokens, ~350 MB and ~0.35 s of a 2.5 s `spec run`
-    on a 2-core machine, for a prompt and answer of ~60 tokens.
+    (`held_context`). A model's KV cache is allocated and cleared for every token its context holds: at the demo
+    pair's trained 8192 tokens, ~350 MB and ~0.35 s of a 2.5 s `spec run` on a 2-core machine, for a prompt and
+    answer of ~60 tokens.
     """
     if n_ctx is not None and n_ctx < 16:
         raise SpecError(f"the context must hold at least 16 tokens, got {n_ctx}")

@@ -10,7 +10,7 @@ import numpy as np
 
 from spec_cli.llama.context import Context
 from spec_cli.llama.model import Model
-from spec_cli.llama.threads import KEPT, REST, REST_MAX, SETTLED, TRIAL, Threads
+from spec_cli.llama.threads import KEPT, REST, REST_MAX, SETTLED, SHAPES, TRIAL, Threads
 
 
 def run(threads: Threads, seconds_at: dict[int, tuple[float, float]], passes: int, seed: int) -> list[int]:
@@ -85,17 +85,25 @@ def test_a_trial_that_loses_waits_twice_as_long_for_the_next() -> None:
     assert len(starts) >= 5 and all(rest <= gap < 2 * rest for gap, rest in zip(gaps, rests))
 
 
+def test_a_long_lived_context_keeps_the_passes_of_its_latest_shapes_only() -> None:
+    """A server's prompt chunks come in every size: the shapes kept stay bounded, the newest among them."""
+    threads = Threads(2)
+    for tokens in range(1, 1_000):
+        threads.passed((tokens, 0), 0.002)
+    assert len(threads._recent) == SHAPES and (999, 0) in threads._recent and (1, 0) not in threads._recent
+
+
 def test_a_context_runs_its_passes_on_the_chosen_count_and_its_sequences_share_it(target_path: Path) -> None:
     """The generated models' contexts are made on one thread (conftest): a count of two, set by hand, reaches
     llama.cpp at the next pass, for prompts and single tokens alike."""
     model = Model(target_path)
+    context = Context(model, 64, 2, sequences=2)
     try:
-        context = Context(model, 64, 2, sequences=2)
         assert context.threads.most == context.threads.count == llama_cpp.llama_n_threads(context._handle) == 1
         assert context.sequence(1).threads is context.threads
         context.threads.count = 2
         context.decode(model.tokenize("the cat"), 1)
         assert llama_cpp.llama_n_threads(context._handle) == llama_cpp.llama_n_threads_batch(context._handle) == 2
-        context.close()
     finally:
+        context.close()
         model.close()

@@ -24,6 +24,8 @@ import llama_cpp
 SPREAD = 0.5  # (upper quartile − lower quartile) / median of the latest passes' ratios past which a trial is due
 # (at 0.3, 128-token runs on a quiet machine of two cores tried one thread fewer once or twice, ~3% each)
 KEPT = 9  # the latest passes of each shape kept, and the latest ratios the spread reads
+SHAPES = 64  # the shapes whose latest passes are kept, the oldest seen dropped first (a server's prompt chunks come
+# in every size, and each would stay for the process's life)
 TRIAL = 6  # passes a trial runs at the other count
 WIN = 0.8  # the trial's passes over the current count's (means), at most, for fewer threads to stay
 BACK = 0.95  # the same for more threads, back towards the most (the count a quiet machine runs best on)
@@ -84,6 +86,8 @@ class Threads:
                 self._judge()
             return
         if recent is None:
+            if len(self._recent) >= SHAPES:
+                del self._recent[next(iter(self._recent))]
             recent = self._recent[shape] = deque(maxlen=KEPT)
         recent.append(seconds)
         if ratio is not None:
