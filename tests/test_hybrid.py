@@ -13,7 +13,7 @@ from spec_cli.decoding.draft_length import TEXT_ROUNDS, FixedK, Pool
 from spec_cli.decoding.drafter import Draft, Terms
 from spec_cli.decoding.sampling import SamplingParams
 from spec_cli.drafting.entry import OUT
-from spec_cli.drafting.hybrid import K_START, HybridDrafter, HybridState
+from spec_cli.drafting.hybrid import K_START, DecayedRate, HybridDrafter, HybridState
 from spec_cli.drafting.ngram import NgramDrafter
 from spec_cli.llama.grammar import Grammar
 from support.hybrids import GREEDY, MATCH, NO_MATCH, FakeModel, choice, hybrid, machine
@@ -352,3 +352,67 @@ def test_the_lookup_starts_from_one_proposal_of_two_kept_not_from_all() -> None:
     for _ in range(2):
         state.lengths["ngram"].acceptance.update(3, 3)
     assert state.lengths["ngram"].acceptance.rates(1)[0] > 0.75
+
+
+def settled(drafter: HybridDrafter, tokens: list[int]) -> None:
+    """Past a new text's first rounds, which each choose afresh (`RegimeEntry.settled`), as the loop runs them: a
+    round's catch-up, the offer, its K taken, its draft, what was kept of it."""
+    drafter.rewind(1)
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        drafter.catch_up(tokens, 64)
+        [offer, *_] = drafter.offer(tokens, Terms(8, 64, False, 100), GREEDY, rng)
+        drafter.take(offer.way, 4)
+        draft = drafter.propose(tokens, 4, GREEDY, rng)
+        drafter.update(len(draft.tokens), len(draft.tokens))
+
+
+def test_a_choice_of_no_draft_stands_while_the_lookup_proposes_nothing_out_of_every_regime() -> None:
+    """The planner's choice of no draft may stand for a round (`still_idle`) while the lookup proposes nothing, past a
+    new text's first rounds and out of every own drafter's regime: a round that stands prices no way and weighs no
+    regime; a lookup that starts proposing (a copy begins) ends it."""
+    drafter, model = hybrid(model_accepts=0, ngram_accepts=0)
+    drafter.rewind(1)
+    rng = np.random.default_rng(0)
+    assert not drafter.still_idle(NO_MATCH, 8, GREEDY, rng)  # a new text: its first rounds are each weighed
+    settled(drafter, NO_MATCH)
+    regret, rounds = drafter.state.regret_s, drafter.entry._rounds
+    assert drafter.still_idle(NO_MATCH, 8, GREEDY, rng)
+    drafter.stood()
+    assert (drafter.state.regret_s, drafter.entry._rounds, model.proposed) == (regret, rounds, 0)
+    assert not drafter.still_idle(MATCH, 8, GREEDY, rng)  # the lookup proposes now
+    drafter, _model = hybrid(model_accepts=4, ngram_accepts=0, in_use="model")
+    settled(drafter, NO_MATCH)
+    assert not drafter.still_idle(NO_MATCH, 8, GREEDY, rng)  # in the model's regime every round is chosen
+
+
+def test_the_rounds_a_choice_stood_for_count_at_the_next() -> None:
+    """The next choice after rounds a choice of no draft stood for counts each of them: the regimes' rates as that
+    many rounds of their choices priced now, and the rounds of the text the regime entry waits for; a choice made
+    after two such rounds and one made at once, from the same state, differ by those two rounds."""
+    after_stands, at_once = (hybrid(model_accepts=0, ngram_accepts=0)[0] for _ in range(2))
+    for drafter in (after_stands, at_once):
+        settled(drafter, NO_MATCH)
+    before = {regime: (rate.tokens, rate.seconds) for regime, rate in after_stands.state.regimes.items()}
+    for _ in range(2):
+        assert after_stands.still_idle(NO_MATCH, 8, GREEDY, np.random.default_rng(0))
+        after_stands.stood()
+    for drafter in (after_stands, at_once):
+        drafter.offer(NO_MATCH, Terms(8, 64, False, 100), GREEDY, np.random.default_rng(0))
+    assert after_stands.entry._rounds == at_once.entry._rounds + 2
+    decay = at_once.state.decay
+    for regime, (tokens, seconds) in before.items():
+        one = at_once.state.regimes[regime]
+        added = (one.tokens - tokens * decay, one.seconds - seconds * decay)  # one round of its choice, priced now
+        three = after_stands.state.regimes[regime]
+        assert three.tokens == pytest.approx(tokens * decay ** 3 + added[0] * (1 + decay + decay ** 2))
+        assert three.seconds == pytest.approx(seconds * decay ** 3 + added[1] * (1 + decay + decay ** 2))
+        assert added[1] > 0
+
+
+def test_rounds_added_at_once_are_the_same_rounds_added_one_by_one() -> None:
+    one_by_one, at_once = DecayedRate(3.0, 0.1), DecayedRate(3.0, 0.1)
+    for _ in range(5):
+        one_by_one.add(2.0, 0.05, 0.8)
+    at_once.add(2.0, 0.05, 0.8, rounds=5)
+    assert (at_once.tokens, at_once.seconds) == pytest.approx((one_by_one.tokens, one_by_one.seconds))

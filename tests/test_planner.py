@@ -91,7 +91,8 @@ def ways_planned(cap: int, costs: LoopCosts | None = None, kept: int = 0,
     asked: list[int] = []
     generation = SimpleNamespace(drafter=SimpleNamespace(chooses_ways=True, plan_s=0.0), draft_length=FixedK(16),
                                  room=lambda: 1000, offer=lambda k, chunk, shared: asked.append(k) or [offer],
-                                 take=lambda way, k: None, drafter_backlog=lambda: 0,
+                                 take=lambda way, k: None, drafter_backlog=lambda: 0, still_idle=lambda k: True,
+                                 stood=lambda: None,
                                  stats=SimpleNamespace(draft_mode="hybrid", adaptive=True, draft_s=0.0, plan_s=0.0))
     return planner, Planned(generation), asked  # type: ignore[arg-type]
 
@@ -231,3 +232,44 @@ def test_a_planner_prices_its_first_passes_from_the_first_pair_it_meets() -> Non
     other.verify.record(0, 0.5)
     planner.meet(other.verify)
     assert planner.pass_costs.seconds(1) == pytest.approx(0.020)
+
+
+def test_where_a_step_is_dear_a_choice_of_no_drafts_stands_while_its_drafter_still_offers_none() -> None:
+    """Where choosing costs 3.5 × `PLAN_BUDGET` and far less than a step (no quiet steps), a choice of no drafts whose
+    drafter offered no way that drafts stands for the 3 steps after it: each asks the drafter whether it would still
+    offer none (`still_idle`), not for its offers; a step where it would offer one chooses afresh."""
+    planner, running, asked = ways_planned(0)
+    for rows in range(1, 18):  # each pass measured twice: the first call of a size is cold
+        planner.pass_costs.record(rows, 0.040 + 0.004 * rows)
+    planner._planned_s.extend([3.5 * planning.PLAN_BUDGET] * planning.CHOICES_KEPT)
+    idle, stood = [True], []
+    running.generation.still_idle = lambda k: idle[0]
+    running.generation.stood = lambda: stood.append(running.idle)
+    assert [planner.ks([running], CHUNK, False)[0] for _ in range(5)] == [0] * 5
+    assert planner._quiet is None and len(asked) == 2 and stood == [2, 3, 4]  # chosen at steps 1 and 5
+    idle[0] = False
+    assert planner.ks([running], CHUNK, False) == [0] and len(asked) == 3 and len(stood) == 3
+
+
+def test_a_choice_that_drafts_or_offered_a_way_to_draft_is_chosen_again_each_step() -> None:
+    """Only a choice of no drafts whose drafters offered nothing to draft is watched: one that drafts, or one that
+    gave K = 0 to a lookup's proposal (whose match grows round by round), is made afresh at the next step."""
+    for cap, kept in ((4, 4), (4, 0)):
+        planner, running, asked = ways_planned(cap, kept=kept)
+        for rows in range(1, 18):
+            planner.pass_costs.record(rows, 0.040 + 0.004 * rows)
+        planner._planned_s.extend([3.5 * planning.PLAN_BUDGET] * planning.CHOICES_KEPT)
+        ks = [planner.ks([running], CHUNK, False)[0] for _ in range(3)]
+        assert ks == [4 if kept else 0] * 3 and len(asked) == 3 and planner._watched is None
+
+
+def test_a_choice_of_no_drafts_is_watched_for_as_many_steps_as_hold_choosing_to_its_budget_a_sequence() -> None:
+    """The steps a watched choice stands for: its cost over `PLAN_BUDGET` for each sequence planned, at most
+    `WATCHED_MAX`, and none before most of the last choices are known (a cold first one is not what choosing costs)."""
+    planner, _ = planned(LoopCosts(shape=PER_TOKEN))
+    planner._planned_s.append(100 * planning.PLAN_BUDGET)
+    assert planner._watched_steps(1) == 0
+    planner._planned_s.extend([4.5 * planning.PLAN_BUDGET] * 2)
+    assert [planner._watched_steps(n) for n in (1, 2, 4, 8)] == [4, 2, 1, 0]
+    planner._planned_s.extend([100 * planning.PLAN_BUDGET] * 2)
+    assert planner._watched_steps(1) == planning.WATCHED_MAX

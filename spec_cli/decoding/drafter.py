@@ -158,6 +158,15 @@ class Drafter:
         """Draft next round the way `way`, one of those just offered, at K = `k` (a scheduler weighed them in the
         batch)."""
 
+    def still_idle(self, tokens: Sequence[int], k: int, sampling: SamplingParams, rng: np.random.Generator) -> bool:
+        """For a drafter that `chooses_ways` whose last offer held no way that drafts: whether it would offer none for
+        at most `k` tokens now either, so that the planner's choice of no drafts may stand for this round (`stood`).
+        The default: yes (its offers do not change between choices)."""
+        return True
+
+    def stood(self) -> None:
+        """A round the planner's choice of no drafts stood for (`still_idle`), without asking for offers."""
+
     def pending(self, tokens: Sequence[int]) -> int:
         """How many tokens the next proposal must feed before its first draft step (its catch-up): 0 for a
         drafter without a memory of its own."""

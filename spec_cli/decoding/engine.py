@@ -260,6 +260,21 @@ class Generation:
         if self.drafter is not None:
             self.drafter.take(way, k)
 
+    def still_idle(self, k: int) -> bool:
+        """Whether the drafter, whose last offer held no way that drafts, would offer none for at most `k` tokens now
+        either (`Drafter.still_idle`): what it proposes to see so is drafting time, what it weighs its own planning."""
+        if self.drafter is None:
+            return True
+        started, planned = time.perf_counter(), self.drafter.plan_s
+        idle = self.drafter.still_idle(self._seq, k, self.sampling, self._draws())
+        self.stats.draft_s += time.perf_counter() - started - (self.drafter.plan_s - planned)
+        return idle
+
+    def stood(self) -> None:
+        """The planner's choice of no drafts stands for this round (`Drafter.stood`)."""
+        if self.drafter is not None:
+            self.drafter.stood()
+
     def drafter_backlog(self) -> int:
         """How many tokens the drafter must take in before it drafts again (0 for one without a memory)."""
         return self.drafter.pending(self._seq) if self.drafter is not None else 0

@@ -2,7 +2,9 @@
 by the batch's goodput), with the rules for what is not priced yet or is stale: a probe (K = 1) for a drafter idle
 for long enough, a plain step where every step drafts and the pass over the sequences alone goes stale, and quiet
 steps where choosing again would cost more than a step's small share. A lone generation is a schedule of one, so this
-is the only place a round's way and K are chosen.
+is the only place a round's way and K are chosen. Where a step is dear, a choice of no drafts that no drafter had a
+way to draft for stands for some steps while each would still offer none (`_Watched`): choosing is held to
+`PLAN_BUDGET` a sequence a step.
 
 It reads what the scheduler measures: c(R), a verify pass's seconds by its rows (`pass_costs`), h, a step's host work
 (`host`), and each mode's acceptance pooled over its sequences (`acceptance`).
@@ -28,6 +30,8 @@ PLAN_SHARE = 0.01  # the most of a step's time that choosing K = 0 again and aga
 QUIET_MAX = 128  # the most steps a choice of no drafts at all stands for
 CHOICES_KEPT = 5  # the last choices' seconds the quiet rule reads the middle one of (`Planner._quiet_steps`)
 HOST_KEPT = 8  # the last steps' host seconds, of each kind, whose middle h reads (`Planner.host_s`)
+PLAN_BUDGET = 50e-6  # the seconds choosing may cost a sequence a step, on average (`Planner._stand_steps`)
+WATCHED_MAX = 8  # the most steps a watched choice of no drafts stands for (`_Watched`)
 
 
 @dataclass(eq=False)  # one sequence, equal only to itself: the quiet rule compares lists of them every step
@@ -102,6 +106,33 @@ class _Quiet:
             running.idle += running.adaptive * self.steps
 
 
+@dataclass
+class _Watched:
+    """A choice of no drafts standing for `left` more steps of the same sequences (`running`, with the Ks it gave
+    them) while each drafter of several ways among them would still offer no way that drafts (`watched`:
+    `Generation.still_idle`, the memory's lookup made each step, which is drafting); the step where one would chooses
+    afresh. Where a step is dear, the quiet rule holds a choice for no step or one, and the lookup is what tells a copy
+    beginning: a streak that did not look would draft nothing through the first rounds of one. Its length was cut to
+    the first probe that may fall due."""
+
+    left: int
+    running: list[Planned]
+    ks: list[int | None]
+    watched: list[Planned]
+
+    def goes_on(self, generating: list[Planned]) -> bool:
+        """Count this step down where the choice still stands for `generating`."""
+        if not self.left or generating != self.running or \
+                not all(running.generation.still_idle(_cap(running.generation)) for running in self.watched):
+            return False
+        self.left -= 1
+        for running in generating:
+            running.idle += running.adaptive
+        for running in self.watched:
+            running.generation.stood()
+        return True
+
+
 class Planner:
     """Chooses each step's ways and Ks (`ks`) from what the scheduler measures, which it books here.
 
@@ -119,6 +150,8 @@ class Planner:
         self.acceptance: dict[str, PositionAcceptance] = {}
         self._quiet: _Quiet | None = None  # a choice of no drafts that stands for some steps
         self._chosen_s: deque[float] = deque(maxlen=CHOICES_KEPT)  # the last steps' choosing, their offers included
+        self._planned_s: deque[float] = deque(maxlen=CHOICES_KEPT)  # the same, less the proposals made to offer
+        self._watched: _Watched | None = None  # a choice of no drafts standing while its drafters' offers stay so
         self._replan_s = 0.0  # the seconds of a step's choice, its drafters' offers included (decayed)
         self._drafting_steps = 0  # steps that would draft since the last that did not (`_plain_due`)
 
@@ -151,7 +184,9 @@ class Planner:
         spent choosing their ways, which each drafter counts itself, and their proposals made to offer them (drafting
         time, `Generation.offer`). Where no K is the planner's there is nothing to choose; a quiet step (`_Quiet`) asks
         no drafter and only counts down: on a tiny model, whose step costs ~150 µs, asking whether a probe was due and
-        counting idle rounds every quiet step cost 3% of the target alone's speed."""
+        counting idle rounds every quiet step cost 3% of the target alone's speed. A watched step (`_Watched`) asks
+        each drafter of several ways whether it would still offer nothing to draft, and chooses afresh where one
+        would."""
         started = time.perf_counter()
         if self._quiet is not None:
             if self._quiet.goes_on(generating) or self._probes_wait(self._quiet, generating):
@@ -172,10 +207,17 @@ class Planner:
             return sum(r.generation.stats.draft_s for r in generating)
 
         chose, proposed = choosing(), proposing()
-        ks = self._ks(generating, chunk, shared)
+        watched, self._watched = self._watched, None
+        afresh = watched is None or not watched.goes_on(generating)
+        if afresh:
+            ks = self._ks(generating, chunk, shared)
+        else:
+            self._watched, ks = watched, watched.ks
         seconds, proposed = time.perf_counter() - started, proposing() - proposed
-        self._chosen_s.append(seconds)
-        self._replan_s = seconds if not self._replan_s else 0.8 * self._replan_s + 0.2 * seconds
+        if afresh:
+            self._chosen_s.append(seconds)
+            self._planned_s.append(seconds - proposed)
+            self._replan_s = seconds if not self._replan_s else 0.8 * self._replan_s + 0.2 * seconds
         share = (seconds - proposed - (choosing() - chose)) / len(generating)
         for running in generating:
             running.generation.stats.plan_s += share
@@ -210,6 +252,13 @@ class Planner:
                 running.idle = running.priced_after = 0
             else:
                 running.idle += 1
+        watching = 0 if any(ks) or not all(r.moot and len(r.offers) == 1 for r in generating if r.offers) else \
+            self._watched_steps(len(generating))
+        if watching > quiet:  # a dear step: a streak that looks each step outlasts one that does not
+            left = min([watching, *_probes_after(generating)])
+            watched = [running for running in generating if running.offers]
+            self._watched = _Watched(left, list(generating), list(ks), watched) if left > 0 else None
+            return ks
         left = min([quiet, *_probes_after(generating)]) if quiet and not any(ks) else 0
         self._quiet = _Quiet(left, list(generating), list(ks), quiet, candidates) if left > 0 else None
         return ks
@@ -271,6 +320,17 @@ class Planner:
         choosing_s = sorted(self._chosen_s)[len(self._chosen_s) // 2]
         return min(QUIET_MAX, int(choosing_s / (PLAN_SHARE * step_s)))
 
+    def _watched_steps(self, sequences: int) -> int:
+        """How many steps after this one a watched choice of no drafts stands for (`_Watched`): as many as hold
+        choosing, the proposals made to offer left out (they are drafting), to `PLAN_BUDGET` a sequence a step, up to
+        `WATCHED_MAX`. On the demo pair a choice after a 20 ms decode costs ~300 µs, most of it Python run with the
+        caches cold (the same work repeated at once: a quarter of that), spread thin over pricing every way. The middle
+        of the last `CHOICES_KEPT` choices, once most are known (`_quiet_steps`)."""
+        if len(self._planned_s) <= CHOICES_KEPT // 2:
+            return 0
+        planning_s = sorted(self._planned_s)[len(self._planned_s) // 2]
+        return min(WATCHED_MAX, int(planning_s / (PLAN_BUDGET * sequences)))
+
     def _probe_due(self, running: Planned, candidate: Candidate, sequences: int) -> bool:
         """Whether an idle drafter that has sat out enough rounds should draft one token now: the probe (its
         catch-up, a step, a row) pays against its share of the passes it sat out (the cost model's rule,
@@ -302,7 +362,7 @@ class Planner:
         measured (unmeasured: free, so that it gets tried)."""
         generation = running.generation
         length, mode = generation.draft_length, generation.stats.draft_mode
-        cap = max(0, min(length.k_max, generation.room() - 1))
+        cap = _cap(generation)
         if not running.adaptive:
             return Candidate((), fixed=min(length.next_k(), cap) if generation.drafter else 0)
         if not isinstance(length, AdaptiveK):  # a drafter of several ways: each way it offers, priced as it drafts
@@ -356,6 +416,11 @@ class Planner:
 def _probes_after(generating: list[Planned]) -> list[int]:
     """The steps until each drafter may be due a probe (`Planned.probe_may_be_due`)."""
     return [max(r.probe_after, r.priced_after) - r.idle for r in generating if r.adaptive and not r.moot]
+
+
+def _cap(generation: Generation) -> int:
+    """The most `generation` may draft next round: its controller's largest K, within the tokens it has room for."""
+    return max(0, min(generation.draft_length.k_max, generation.room() - 1))
 
 
 def _chooses_k(generation: Generation) -> bool:

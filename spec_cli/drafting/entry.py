@@ -52,7 +52,7 @@ class RegimeEntry:
         self._weighed, self._trying, self._rounds, self._tried = False, None, 0, 0
 
     def trial(self, options: dict[str, Option], pending: dict[str, int], ks: dict[str, int],
-              out_rate: float) -> str | None:
+              out_rate: float, rounds: int = 1) -> str | None:
         """The own drafter on trial this round, if any: weighed once a text, out of every own drafter's regime, after
         `SETTLE_ROUNDS` rounds (the rate out is then this text's: weighed at its first round, against the last text's
         rate, a rewrite the memory copies at twice the target alone's speed paid a 68-token catch-up for two rounds),
@@ -70,9 +70,11 @@ class RegimeEntry:
         then moving on prices of the lookup's first proposals on this text, before their acceptance here is known. A
         rewrite whose first proposals were priced as chance matches put the rate out at the target alone's, and the
         draft model's regime was entered for its pay-back at round 3 (a 70-token catch-up and a round that kept none
-        of 12: 0.35 s of a 1.7 s answer), two rounds before the memory's copies ran at twice the model's rate."""
+        of 12: 0.35 s of a 1.7 s answer), two rounds before the memory's copies ran at twice the model's rate.
+        `rounds`: the text's rounds since it was last asked (those a choice of no draft stood for, `settled`), this
+        one's included."""
         state = self.state
-        self._rounds += 1
+        self._rounds += rounds
         self._proposing = state.lookup in options
         if state.in_use == OUT and not self._weighed:
             self._weighed = self._rounds > SETTLE_ROUNDS and not self._proposing
@@ -85,16 +87,24 @@ class RegimeEntry:
             return self._trying
         return None
 
-    def weigh(self, best: str, rates: dict[str, float], tokens: float, pending: dict[str, int]) -> None:
+    @property
+    def settled(self) -> bool:
+        """Whether this text is past the rounds weighed one by one, so that a choice of no draft may stand for several:
+        its first `SETTLE_ROUNDS` (a trial is weighed at the first after them), and a trial's."""
+        return self._rounds > SETTLE_ROUNDS and (self._trying is None or self._tried >= TRIAL_ROUNDS)
+
+    def weigh(self, best: str, rates: dict[str, float], tokens: float, pending: dict[str, int],
+              rounds: int = 1) -> None:
         """Move to regime `best` where the ski-rental wait or the pay-back says so; `tokens`: what this round's choice
-        in the regime in use emits, which staying prices at the difference of the two rates."""
+        in the regime in use emits, which staying prices at the difference of the two rates, for each of `rounds`
+        rounds since the last weighing."""
         state = self.state
         if best == state.in_use or rates[best] <= rates[state.in_use]:
             state.regret_s = 0.0
             return
         if state.regret_s == 0.0:
             state.price_s = 0.0 if best == OUT else self.backlog_price(best, pending[best])
-        state.regret_s += tokens / rates[state.in_use] - tokens / rates[best]  # every regime has a round now
+        state.regret_s += rounds * (tokens / rates[state.in_use] - tokens / rates[best])  # every regime has a round now
         if state.regret_s >= state.price_s or self._pays_back(rates[state.in_use], rates[best]):
             state.in_use, state.regret_s = best, 0.0
 

@@ -43,9 +43,16 @@ class DecayedRate:
     tokens: float = 0.0
     seconds: float = 0.0
 
-    def add(self, tokens: float, seconds: float, decay: float) -> None:
-        self.tokens = self.tokens * decay + tokens
-        self.seconds = self.seconds * decay + seconds
+    def add(self, tokens: float, seconds: float, decay: float, rounds: int = 1) -> None:
+        """A round of `tokens` in `seconds`, or `rounds` such rounds one after another."""
+        if rounds == 1:
+            self.tokens = self.tokens * decay + tokens
+            self.seconds = self.seconds * decay + seconds
+            return
+        keep = decay ** rounds
+        added = (1.0 - keep) / (1.0 - decay) if decay < 1.0 else float(rounds)
+        self.tokens = self.tokens * keep + tokens * added
+        self.seconds = self.seconds * keep + seconds * added
 
     def scale(self, keep: float) -> None:
         self.tokens, self.seconds = self.tokens * keep, self.seconds * keep
@@ -161,6 +168,8 @@ class HybridDrafter(Drafter):
         self._new = False  # a new prompt's first round is next
         self._wanted: str | None = None  # the own drafter the last choice picked while it lacked more than a chunk
         self._lacking: dict[str, int] = {}  # what each own drafter lacked when the last choice was made (`pending`)
+        self._looked: tuple[int, int, Draft] | None = None  # (where, within what K, what) the lookup last proposed
+        self._stood = 0  # the rounds of no draft the planner's last choice has stood for since (`stood`)
 
     def start(self, tokens: Sequence[int]) -> None:
         """A new prompt, which each own drafter takes in once its regime is entered (its backlog, which is
@@ -196,7 +205,8 @@ class HybridDrafter(Drafter):
 
     def _new_prompt(self, tokens: Sequence[int]) -> None:
         self.state.new_text()
-        self._unused = self._decided = None
+        self._unused = self._decided = self._looked = None
+        self._stood = 0
         self.entry.new_text()
         self._new = True
         self.lookup.prefill(tokens)
@@ -287,6 +297,38 @@ class HybridDrafter(Drafter):
         self.chosen = (way, 0.0)
         self._unused = None if way == self.lookup_name else self._unused
 
+    def still_idle(self, tokens: Sequence[int], k: int, sampling: SamplingParams, rng: np.random.Generator) -> bool:
+        """Whether the planner's choice of no draft may stand for this round (its last offer held no way that drafts):
+        out of every own drafter's regime, the lookup still proposes nothing (its proposal, made here, is the next
+        choice's where it does), no own drafter is owed a catch-up, and the text is past the rounds weighed one by one
+        (`RegimeEntry.settled`: its first ones, a trial's). A round it stands for prices no way; the regimes' rates and
+        the rounds a regime's entry waits for count it at the next choice (`_choose`)."""
+        if self._new or self._wanted is not None or self.state.in_use != OUT or not self.entry.settled:
+            return False
+        started = time.perf_counter()
+        looked_up, lookup_s = self._look(tokens, k, sampling, rng)
+        self.plan_s += time.perf_counter() - started - lookup_s
+        return not looked_up.tokens
+
+    def stood(self) -> None:
+        """A round of no draft that `still_idle` let stand: counted at the next choice."""
+        self._stood += 1
+        self._looked = None
+
+    def _look(self, tokens: Sequence[int], k: int, sampling: SamplingParams,
+              rng: np.random.Generator) -> tuple[Draft, float]:
+        """The lookup's proposal of at most `k` tokens here, and the seconds it took now: made once a place (`still_idle`
+        and the choice that follows it where the lookup proposes share it)."""
+        looked = self._looked
+        if looked is not None and looked[0] == len(tokens) and looked[1] == k:
+            return looked[2], 0.0
+        started = time.perf_counter()
+        looked_up = self.lookup.propose(tokens, k, sampling, rng)
+        lookup_s = time.perf_counter() - started
+        self._lookups.add(1.0, lookup_s, self.state.decay)
+        self._looked = (len(tokens), k, looked_up)
+        return looked_up, lookup_s
+
     def _choice(self, tokens: Sequence[int], k: int, sampling: SamplingParams, rng: np.random.Generator,
                 offering: bool = False, shared: bool = False) -> tuple[str, Draft, int]:
         """This round's option (see the class notes), the lookup's proposal, and K for an own drafter chosen: the
@@ -302,11 +344,10 @@ class HybridDrafter(Drafter):
             k_own = min(k, self.state.lengths[name].k_max) if name in self.own else 0
             return name, looked_up, k_own
         planning = time.perf_counter()
+        rounds, self._stood = 1 + self._stood, 0
         self._learn_in_hindsight(tokens)
-        started = time.perf_counter()
-        looked_up = self.lookup.propose(tokens, k if offering else self._k(self.lookup_name, k), sampling, rng)
-        lookup_s = time.perf_counter() - started
-        self._lookups.add(1.0, lookup_s, self.state.decay)
+        looked_up, lookup_s = self._look(tokens, k if offering else self._k(self.lookup_name, k), sampling, rng)
+        self._looked = None
         ks = {name: self._k(name, k) for name in self.own}
         options = self._price(min(len(looked_up.tokens), self._k(self.lookup_name, k)), looked_up.match, ks)
         pending = {name: self.own[name].pending(tokens) for name in self.own}
@@ -315,7 +356,7 @@ class HybridDrafter(Drafter):
                 drafter.narrow(tokens)  # a trial: the cheapest catch-up, the latest tokens only
                 pending[name] = drafter.pending(tokens)
         self._lacking = pending
-        name = self._choose(options, pending, ks)
+        name = self._choose(options, pending, ks, rounds)
         if not shared or name not in self.books or not self.books[name].draft.weight:
             name = self._ready(name, options, pending)
         self.chosen = (name, options[name].seconds or 0.0)
@@ -358,11 +399,12 @@ class HybridDrafter(Drafter):
         pool = self.state.lengths[name].acceptance.pooled
         return pool is not None and not pool.known
 
-    def _choose(self, options: dict[str, Option], pending: dict[str, int], ks: dict[str, int]) -> str:
+    def _choose(self, options: dict[str, Option], pending: dict[str, int], ks: dict[str, int], rounds: int = 1) -> str:
         """Try what is not priced yet (the n-gram first: it costs no decode; an own drafter in its regime, so
         that it catches up first; one whose costs are not measured, or whose acceptance is not, `_untried`); else the
         choice of the regime the loop runs in, after weighing a trial of an own drafter on a new text or a move to the
-        regime with the best rate (`entry`)."""
+        regime with the best rate (`entry`). `rounds`: the rounds since the last choice (those the planner's choice of
+        no draft stood for, `stood`, and this one), each a round of every regime's choice as priced now."""
         for name in (self.lookup_name, *self.own, NONE):
             if name in options and options[name].seconds is None:
                 if name in self.own:
@@ -371,13 +413,13 @@ class HybridDrafter(Drafter):
         state = self.state
         picks = {regime: self._regime_choice(regime, options) for regime in state.regimes}
         for regime, (name, tokens, seconds) in picks.items():
-            state.regimes[regime].add(tokens, seconds, state.decay)
+            state.regimes[regime].add(tokens, seconds, state.decay, rounds)
         rates = {regime: state.regimes[regime].rate or 0.0 for regime in state.regimes}
         best = max(rates, key=lambda regime: rates[regime])
-        trying = self.entry.trial(options, pending, ks, rates[OUT])
+        trying = self.entry.trial(options, pending, ks, rates[OUT], rounds)
         if trying is not None:
             return trying
-        self.entry.weigh(best, rates, picks[state.in_use][1], pending)
+        self.entry.weigh(best, rates, picks[state.in_use][1], pending, rounds)
         return picks[state.in_use][0]
 
     def _ready(self, name: str, options: dict[str, Option], pending: dict[str, int]) -> str:
