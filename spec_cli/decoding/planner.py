@@ -30,7 +30,7 @@ PLAN_SHARE = 0.01  # the most of a step's time that choosing K = 0 again and aga
 QUIET_MAX = 128  # the most steps a choice of no drafts at all stands for
 CHOICES_KEPT = 5  # the last choices' seconds the quiet rule reads the middle one of (`Planner._quiet_steps`)
 HOST_KEPT = 8  # the last steps' host seconds, of each kind, whose middle h reads (`Planner.host_s`)
-PLAN_BUDGET = 50e-6  # the seconds choosing may cost a sequence a step, on average (`Planner._stand_steps`)
+PLAN_BUDGET = 50e-6  # the seconds choosing may cost a sequence a step, on average (`Planner._watched_steps`)
 WATCHED_MAX = 8  # the most steps a watched choice of no drafts stands for (`_Watched`)
 
 

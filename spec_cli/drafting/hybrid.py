@@ -45,10 +45,6 @@ class DecayedRate:
 
     def add(self, tokens: float, seconds: float, decay: float, rounds: int = 1) -> None:
         """A round of `tokens` in `seconds`, or `rounds` such rounds one after another."""
-        if rounds == 1:
-            self.tokens = self.tokens * decay + tokens
-            self.seconds = self.seconds * decay + seconds
-            return
         keep = decay ** rounds
         added = (1.0 - keep) / (1.0 - decay) if decay < 1.0 else float(rounds)
         self.tokens = self.tokens * keep + tokens * added
