@@ -16,8 +16,11 @@ from typer.testing import CliRunner
 from spec_cli import SpecError, load_pair
 from spec_cli.bench.speedup import (TARGET_ALONE, Config, Side, _compare_texts, _same_text, builtin_prompts, compare,
                             configurations, load_prompts, pooled_costs, predicted_speedup, report)
+from spec_cli.cli import options
 from spec_cli.cli.app import app
+from spec_cli.decoding.draft_length import AUTO_K_MAX
 from spec_cli.decoding.stats import Stats
+from spec_cli.pair import Pair, text_tokens
 from spec_cli.bench.ties import Difference, logits_after, tie_tolerance
 from spec_cli.terminal.tables import _same_text_line, show_comparison
 
@@ -355,3 +358,28 @@ def test_several_prompt_sets_in_one_run(target_path: Path, tmp_path: Path, monke
 def test_unknown_task_in_a_list(target_path: Path) -> None:
     result = run_bench(target_path, "--task", "chat,poetry")
     assert result.exit_code == 1 and "unknown task 'poetry'" in result.stderr
+
+
+def test_spec_bench_sizes_its_pair_to_its_longest_prompt(target_path: Path, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pair's contexts hold the longest prompt, as the bench tokenizes it (verbatim: the tiny model has no chat
+    template), and -n, as `spec run`'s hold its one prompt; a --ctx given is kept."""
+    contexts: list[int] = []
+    load = options.load_pair
+
+    def loading(*args: object, **kwargs: object) -> Pair:
+        pair = load(*args, **kwargs)  # type: ignore[arg-type]
+        contexts.append(pair.n_ctx)
+        return pair
+
+    monkeypatch.setattr(options, "load_pair", loading)
+    prompts = ["the cat sat on", "one two three four five six seven eight nine ten"]
+    prompts_file = tmp_path / "prompts.txt"
+    prompts_file.write_text("\n".join(prompts) + "\n")
+    for ctx in ([], ["--ctx", "300"]):
+        result = runner.invoke(app, ["bench", "--target", str(target_path), "--prompts", str(prompts_file), "-n", "5",
+                                     "--modes", "ngram", "-k", "2", *ctx])
+        assert result.exit_code == 0, result.output
+    with load_pair(target_path) as pair:
+        longest = max(len(text_tokens(pair.target, prompt, raw=True)) for prompt in prompts)
+    assert contexts == [longest + 5 + AUTO_K_MAX + 1, 300]

@@ -13,7 +13,7 @@ import typer
 
 from spec_cli.bench import speedup as benchmark
 from spec_cli.cli.common import csv_list, user_errors
-from spec_cli.cli.options import LoadOptions, largest_k, loads_pair, open_pair
+from spec_cli.cli.options import LoadOptions, largest_k, loads_pair, open_pair, prompts_holding
 from spec_cli.bench.concurrency import compare_concurrency
 from spec_cli.bench.concurrency import report as concurrency_report
 from spec_cli.decoding.scheduler import MAX_SEQUENCES
@@ -80,7 +80,9 @@ def bench(
         rules = csv_list(verify, parse=lambda rule: GenerationRequest(verify=rule).verify)
         k_given = csv_list(ks, parse=lambda k: GenerationRequest(draft_max=draft_max_from_text(k)).draft_max) if ks else []
         options = replace(load, needs_draft=not mode_list or any(MODES[mode].loads_draft for mode in mode_list),
-                          max_draft=largest_k(k_given))
+                          max_draft=largest_k(k_given),
+                          holding=prompts_holding([text for texts in prompts.values() for text in texts], False,
+                                                  max_tokens))
         # With --rpc, the same files twice: local, and the target split over the workers, side by side.
         places = ["local", "rpc"] if load.rpc else [None]
         with open_pair(replace(options, local_only=bool(load.rpc))) as loaded, \

@@ -22,7 +22,7 @@ from spec_cli.llama import kernels, rpc
 from spec_cli.llama.model import Model, supports_gpu_offload
 from spec_cli.models import registry
 from spec_cli.models.registry import mmproj_beside
-from spec_cli.pair import Pair, load_pair
+from spec_cli.pair import Pair, load_pair, text_tokens
 from spec_cli.paths import cache_dir
 from spec_cli.request import AUTO, MAX_K, GenerationRequest, draft_max_from_text
 from spec_cli.formats.structured import Constraint
@@ -193,8 +193,8 @@ class LoadOptions:
     draft_mmproj: Path | None = None
     images: bool = False  # prompts may hold images: the pair's projectors, or those beside the models, load too
     sequences: int = 1  # generating at once, each with a context of its own: a default context fits them all
-    # The most tokens the work holds, read off the loaded target (`spec run`: its prompt and -n; `spec batch`: its longest
-    # line): a default context is sized to it (`pair.held_context`); None, or a holding that reads None: the whole
+    # The most tokens the work holds, read off the loaded target (`spec run`, `spec bench`: its longest prompt and -n,
+    # `prompts_holding`; `spec batch`: its longest line): a default context is sized to it (`pair.held_context`); None, or a holding that reads None: the whole
     # default context (a chat, a server, a batch with images: the work is not known).
     holding: Callable[[Model], int | None] | None = None
 
@@ -210,6 +210,16 @@ class LoadOptions:
 class Loaded:
     pair: Pair
     draft_max: int | str
+
+
+def prompts_holding(texts: list[str], raw: bool, max_tokens: int) -> Callable[[Model], int]:
+    """The most tokens a generation of one of `texts` holds, read off the loaded target: its prompt as `generate`
+    tokenizes it (verbatim where `raw` or the target has no chat template) and `max_tokens`. A run's context is sized
+    to them: the whole trained one was allocated and cleared for prompts and answers of a few hundred tokens."""
+    def holding(target: Model) -> int:
+        verbatim = raw or target.chat_template() is None
+        return max((len(text_tokens(target, text, verbatim)) for text in texts), default=0) + max_tokens
+    return holding
 
 
 @contextmanager

@@ -5,21 +5,19 @@ from __future__ import annotations
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import Annotated, Callable, Optional
+from typing import Annotated, Optional
 
 import typer
 
 from spec_cli.cli.common import EXIT_INTERRUPTED, silence_stdout, user_errors
 from spec_cli.cli.options import (DraftMaxOpt, DraftModeOpt, DraftPMinOpt, LoadOptions, MemoryOptions, NoDraftOpt,
                                   QuietOpt, RequestFlags, Sampling, SeedOpt, VerifyOpt, constrains, loads_pair,
-                                  open_pair, remembers, samples)
+                                  open_pair, prompts_holding, remembers, samples)
 from spec_cli.decoding.engine import Generation
 from spec_cli.errors import SpecError
 from spec_cli.llama import rpc
-from spec_cli.llama.model import Model
 from spec_cli.llama.vision import read_image
 from spec_cli.formats.structured import Constraint
-from spec_cli.pair import text_tokens
 from spec_cli.terminal.output import error, note
 from spec_cli.terminal.views import View, make_view
 from spec_cli.formats.user_text import NOT_UTF8_NOTE, decode_user_text
@@ -95,7 +93,7 @@ def run(
                                         grammar=constraint.compiled())
         memory = memory.checked()
         options = replace(load.for_request(flags, no_draft, quiet, images=bool(pictures)),
-                          holding=None if pictures else _holding(text, raw, max_tokens))
+                          holding=None if pictures else prompts_holding([text], raw, max_tokens))
         with open_pair(options) as loaded:
             memory.apply(loaded.pair, default_file=True, quiet=quiet)
             if not raw and not loaded.pair.has_chat_template:
@@ -104,13 +102,6 @@ def run(
                 raw = True
             stream(loaded.pair.generate(text, flags.for_pair(loaded), raw=raw, images=pictures),
                    make_view(as_json, quiet))
-
-
-def _holding(text: str, raw: bool, max_tokens: int) -> Callable[[Model], int]:
-    """The tokens this run holds, read off the loaded target: its prompt, as `generate` will tokenize it (verbatim for a
-    target without a chat template), and `max_tokens`. A run's context is sized to them: the whole trained one was
-    allocated and cleared for a prompt and answer of a few hundred tokens."""
-    return lambda target: len(text_tokens(target, text, raw or target.chat_template() is None)) + max_tokens
 
 
 def _read_prompt(prompt: str | None, quiet: bool, images: bool) -> str:
