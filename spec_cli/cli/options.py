@@ -194,8 +194,9 @@ class LoadOptions:
     images: bool = False  # prompts may hold images: the pair's projectors, or those beside the models, load too
     sequences: int = 1  # generating at once, each with a context of its own: a default context fits them all
     # The most tokens the work holds, read off the loaded target (`spec run`, `spec bench`: its longest prompt and -n,
-    # `prompts_holding`; `spec batch`: its longest line): a default context is sized to it (`pair.held_context`); None, or a holding that reads None: the whole
-    # default context (a chat, a server, a batch with images: the work is not known).
+    # `prompts_holding`; `spec batch`: its longest line): a default context is sized to it (`pair.held_context`);
+    # None, or a holding that reads None: the whole default context (a chat, a server, a batch with images: the work is
+    # not known).
     holding: Callable[[Model], int | None] | None = None
 
     def for_request(self, flags: RequestFlags, no_draft: bool = False, quiet: bool = False,
