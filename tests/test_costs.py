@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from spec_cli.decoding.costs import FOLLOW_STEP, HOST, LOAD_BAND, PER_ROUND, PER_TOKEN, BatchCosts, LoopCosts
+from spec_cli.decoding.costs import FOLLOW_STEP, HOST, LOAD_BAND, PER_ROUND, PER_TOKEN, REPRICE, BatchCosts, LoopCosts
 from spec_cli.decoding.draft_length import PositionAcceptance
 
 
@@ -351,6 +351,27 @@ def test_reads_follow_the_calls_recorded_between_them() -> None:
         costs.record(1, 0.040)
     assert not costs.fresh(2)
     assert costs.seconds(2) >= costs.seconds(1) == pytest.approx(0.040, rel=0.01)
+
+
+def test_reads_are_kept_while_the_means_they_rest_on_move_less_than_a_share() -> None:
+    """A call that moves its size's mean by less than `REPRICE` (of the mean the reads were found with) leaves what
+    reads found as it was; calls that move it further, a little at a time, or a new size, have it found again."""
+    costs = BatchCosts(decay=0.95)
+    for _ in range(20):
+        costs.record(1, 0.010)
+        costs.record(4, 0.040)
+    read = costs.prices(4)
+    costs.record(1, 0.0104)  # the mean of 1 moves by 0.2%
+    assert costs.prices(4) == read and costs.mean(1) > 0.010
+    for _ in range(10):  # 4% off it each, ~2.5% in all
+        costs.record(1, 0.0104)
+    assert costs.mean(1) > 0.010 * (1 + REPRICE)
+    assert costs.seconds(1) == costs.mean(1) > read[1]
+    moved = costs.seconds(1)
+    costs.record(1, 0.0104)
+    assert costs.seconds(1) == moved  # kept again: the reads were found at the moved mean
+    costs.record(3, 0.030)  # a size seen for the first time
+    assert costs.seconds(3) == pytest.approx(0.030)
 
 
 def test_a_sizes_first_call_is_replaced_by_its_second() -> None:

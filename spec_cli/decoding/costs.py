@@ -42,6 +42,7 @@ SLOPE_DECAY = 0.998  # the context slope's one-token steps weigh 0.2% less at ea
 SPREAD = 64  # the least spread (weighted s.d., tokens) of the contexts steps were measured at that shows a slope
 SLOPE_STEPS = 64  # the fewest one-token steps (aged) a slope stands on
 LISTED = 17  # the sizes `BatchCosts.seconds` reads off one list: K + 1 rows up to `-k auto`'s largest K
+REPRICE = 0.02  # how far a size's mean moves (a share of it) before what `BatchCosts`' reads kept is found again
 
 
 class Acceptance(Protocol):
@@ -103,6 +104,7 @@ class BatchCosts:
         self._read: dict[int, float | None] = {}  # what `seconds` read since the last call recorded
         self._prices: list[float] = []  # what `prices` read, likewise
         self._between: dict[int, float | None] = {}  # what `interpolated` read, likewise
+        self._basis: dict[int, float] = {}  # the means of the sizes called since, when those reads were found (`_near`)
         self._scale = 1.0  # decay^-(calls recorded since the last rescale)
         self._ref: int | None = None  # the size called most (aged): what the others' shapes are measured against
         self._shape: dict[int, tuple[int, float]] = {}  # size: (the size called most, its mean over that one's)
@@ -119,7 +121,8 @@ class BatchCosts:
         self.calls_recorded = 0  # how many calls `record` took: a book that follows this one reads it to catch up
 
     def record(self, n: int, seconds: float) -> None:
-        if n not in self.weight or self._since_fit >= REFIT_EVERY:
+        known, before = n in self.weight, self._mean.get(n)
+        if not known or self._since_fit >= REFIT_EVERY:
             self._line = None
         if self.decay < 1.0:
             self._scale /= self.decay
@@ -141,18 +144,29 @@ class BatchCosts:
         self._since_fit += 1
         if n not in self._fresh_set or STALE * self._scale > self._stale_at:
             self._fresh = None
-        self._forget_reads()
+        if not known or first or self._fresh is None or not self._near(n, before):
+            self._forget_reads()
         self._level = None
         self.calls_recorded += 1
         if n in self._booked:
             self._unmeasured = False
         self._follow_due = bool(self._seeded)
 
+    def _near(self, n: int, before: float | None) -> bool:
+        """Whether size n's mean, just recorded, is within `REPRICE` of what it was when the reads kept were found (its
+        mean before the first call since, `_basis`): a call moves a live book's mean by a twentieth of its noise, and
+        the reads found again after every call (each book a round, after a pass that left the caches cold) were ~60 µs
+        of the default's ~250 µs choice on the demo pair; prices within a share of a call's noise choose alike."""
+        basis = self._basis.setdefault(n, before if before is not None else self._mean[n])
+        return abs(self._mean[n] - basis) <= REPRICE * basis
+
     def _forget_reads(self) -> None:
         """The means changed: what reads kept (`seconds`, `interpolated`, `prices`, the monotone fit) is found again
         (emptied only where a read kept something: a round's draft steps are recorded one after another)."""
         if self._fit is not None or self._prices or self._read or self._between:
             self._read, self._between, self._prices, self._fit = {}, {}, [], None
+        if self._basis:
+            self._basis = {}
 
     def _add(self, n: int, weight: float, total: float) -> None:
         if n not in self.weight:
