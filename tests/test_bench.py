@@ -363,7 +363,7 @@ def test_unknown_task_in_a_list(target_path: Path) -> None:
 def test_spec_bench_sizes_its_pair_to_its_longest_prompt(target_path: Path, tmp_path: Path,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """The pair's contexts hold the longest prompt, as the bench tokenizes it (verbatim: the tiny model has no chat
-    template), and -n, as `spec run`'s hold its one prompt; a --ctx given is kept."""
+    template), and -n, as `spec run`'s hold its one prompt, with --concurrency too; a --ctx given is kept."""
     contexts: list[int] = []
     load = options.load_pair
 
@@ -376,10 +376,11 @@ def test_spec_bench_sizes_its_pair_to_its_longest_prompt(target_path: Path, tmp_
     prompts = ["the cat sat on", "one two three four five six seven eight nine ten"]
     prompts_file = tmp_path / "prompts.txt"
     prompts_file.write_text("\n".join(prompts) + "\n")
-    for ctx in ([], ["--ctx", "300"]):
+    for extra in ([], ["--ctx", "300"], ["--concurrency", "1,2"]):
         result = runner.invoke(app, ["bench", "--target", str(target_path), "--prompts", str(prompts_file), "-n", "5",
-                                     "--modes", "ngram", "-k", "2", *ctx])
+                                     "--modes", "ngram", "-k", "2", "-r", "1", *extra])
         assert result.exit_code == 0, result.output
     with load_pair(target_path) as pair:
         longest = max(len(text_tokens(pair.target, prompt, raw=True)) for prompt in prompts)
-    assert contexts == [longest + 5 + AUTO_K_MAX + 1, 300]
+    held = longest + 5 + AUTO_K_MAX + 1
+    assert contexts == [held, 300, held]

@@ -117,11 +117,12 @@ def _concurrency(load: LoadOptions, levels: list[int], prompts_file: Path | None
     k = csv_list(ks, parse=lambda text: GenerationRequest(draft_max=draft_max_from_text(text)).draft_max)[0] if ks \
         else AUTO
     needs_draft = not mode_list or any(MODES[name].loads_draft for name in mode_list)
-    with open_pair(replace(load, needs_draft=needs_draft, max_draft=largest_k([k]))) as loaded:
+    texts = benchmark.load_prompts(prompts_file, notify=note) if prompts_file else benchmark.builtin_prompts(task)
+    with open_pair(replace(load, needs_draft=needs_draft, max_draft=largest_k([k]),
+                           holding=prompts_holding(texts, False, max_tokens))) as loaded:
         pair = loaded.pair
         compared = [name for name in mode_list if name != "none"] or [
             pair.default_draft_mode, *(name for name in pair.drafting_modes if name != pair.default_draft_mode)]
-        texts = benchmark.load_prompts(prompts_file, notify=note) if prompts_file else benchmark.builtin_prompts(task)
         prompts = [pair.prompt_tokens(text, raw=not pair.has_chat_template) for text in texts]
         sides = [*(GenerationRequest(draft_max=k, draft_mode=name, max_tokens=max_tokens) for name in compared),
                  GenerationRequest(draft_max=0, draft_mode="none", max_tokens=max_tokens)]
