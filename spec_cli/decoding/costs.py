@@ -121,7 +121,7 @@ class BatchCosts:
         self.calls_recorded = 0  # how many calls `record` took: a book that follows this one reads it to catch up
 
     def record(self, n: int, seconds: float) -> None:
-        known, before = n in self.weight, self._mean.get(n)
+        known, before = n in self.weight, self._mean.get(n, 0.0)
         if not known or self._since_fit >= REFIT_EVERY:
             self._line = None
         if self.decay < 1.0:
@@ -152,12 +152,12 @@ class BatchCosts:
             self._unmeasured = False
         self._follow_due = bool(self._seeded)
 
-    def _near(self, n: int, before: float | None) -> bool:
+    def _near(self, n: int, before: float) -> bool:
         """Whether size n's mean, just recorded, is within `REPRICE` of what it was when the reads kept were found (its
         mean before the first call since, `_basis`): a call moves a live book's mean by a twentieth of its noise, and
         the reads found again after every call (each book a round, after a pass that left the caches cold) were ~60 µs
         of the default's ~250 µs choice on the demo pair; prices within a share of a call's noise choose alike."""
-        basis = self._basis.setdefault(n, before if before is not None else self._mean[n])
+        basis = self._basis.setdefault(n, before)
         return abs(self._mean[n] - basis) <= REPRICE * basis
 
     def _forget_reads(self) -> None:
