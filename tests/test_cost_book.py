@@ -33,7 +33,7 @@ def test_a_closed_pair_keeps_what_it_measured(target_path: Path, other_draft_pat
     [entry] = book.values()
     assert entry["machine"] == kernels.machine_key() and entry["cpu"] == kernels.cpu_name()
     assert entry["pair"] == [target_path.name, other_draft_path.name]
-    assert "0" in entry["verify"] and "1" in entry["books"]["model"]["draft"]
+    assert "1" in entry["passes"] and "1" in entry["books"]["model"]["draft"]  # the target's passes by rows
     assert entry["acceptance"]["model"]["reached"][0] > 0
     assert cost_book.this_machine() == [entry]
 
@@ -43,7 +43,7 @@ def test_the_next_pair_starts_from_the_book(target_path: Path, other_draft_path:
     with load_pair(target_path, other_draft_path, n_threads=2) as pair:
         costs = pair.drafting.costs("model")
         assert costs.draft.seconds(1) == entry["books"]["model"]["draft"]["1"]
-        assert costs.verify.seconds(0) == entry["verify"]["0"]
+        assert costs.verify.seconds(1) == entry["passes"]["1"]
         length = pair.drafting.build("model", 0.0, "auto")[1]
         assert isinstance(length, AdaptiveK) and length.priced  # no warm-up: the planner prices it at once
         assert length.acceptance.alpha == pytest.approx(entry["acceptance"]["model"]["accepted"] / (
@@ -67,9 +67,21 @@ def test_a_damaged_book_is_ignored(target_path: Path, other_draft_path: Path) ->
     cost_book.path().write_text("{ not json")
     assert len(measure(target_path, other_draft_path)) == 1  # read as empty, then written whole
     key = next(iter(cost_book.read_all()))
-    cost_book.path().write_text(json.dumps({key: {"verify": {"0": -1.0}, "books": "nonsense"}}))
+    cost_book.path().write_text(json.dumps({key: {"passes": {"1": -1.0}, "books": "nonsense"}}))
     with load_pair(target_path, other_draft_path, n_threads=2) as pair:
-        assert pair.drafting.costs("model").verify.seconds(0) is None  # the whole entry is left aside
+        assert pair.drafting.costs("model").verify.seconds(1) is None  # the whole entry is left aside
+
+
+def test_a_book_written_before_passes_were_kept_by_rows_is_read_by_rows(target_path: Path,
+                                                                        other_draft_path: Path) -> None:
+    """An entry that holds the target's passes by K ("verify", a pass of K + 1 rows) seeds them by rows."""
+    [(key, entry)] = measure(target_path, other_draft_path).items()
+    by_k = {"0": 0.020, "4": 0.030}
+    del entry["passes"]
+    cost_book.path().write_text(json.dumps({key: {**entry, "verify": by_k}}))
+    with load_pair(target_path, other_draft_path, n_threads=2) as pair:
+        verify = pair.drafting.costs("model").verify
+        assert [verify.seconds(1), verify.seconds(5)] == pytest.approx([0.020, 0.030])
 
 
 def test_doctor_reads_the_book_for_this_machine(target_path: Path, other_draft_path: Path) -> None:
@@ -78,7 +90,7 @@ def test_doctor_reads_the_book_for_this_machine(target_path: Path, other_draft_p
     before = CliRunner().invoke(app, ["doctor"], env={"COLUMNS": "400"})
     assert before.exit_code == 0 and "nothing yet: spec run, chat, serve and bench keep their costs in" in before.stdout
     [entry] = measure(target_path, other_draft_path).values()
-    step, target = entry["books"]["model"]["draft"]["1"], entry["verify"]["0"]
+    step, target = entry["books"]["model"]["draft"]["1"], entry["passes"]["1"]
     [line] = cost_book.reading(entry)
     assert line.startswith(f"model: a draft step costs {step / target:.2f} of a target step here; at acceptance ")
     assert re.search(r"the cost model predicts \d+\.\d\d× at K = \d+", line)
@@ -93,7 +105,7 @@ import sys
 from spec_cli.drafting import cost_book
 name = sys.argv[1]
 for i in range(25):
-    cost_book.write(f"{name}-{i % 5}", {"verify": {"0": 0.01}, "books": {}, "filler": "x" * 20000})
+    cost_book.write(f"{name}-{i % 5}", {"passes": {"1": 0.01}, "books": {}, "filler": "x" * 20000})
 """
 
 

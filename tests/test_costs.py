@@ -239,7 +239,7 @@ def loop_costs(c1: float = 0.010, c2: float = 0.016, verify=lambda k: 0.040 + 0.
                shape: str = "per token") -> LoopCosts:
     costs = LoopCosts(shape=shape)
     for k in (0, 2, 4, 6):
-        costs.verify.record(k, verify(k))
+        costs.verify.record(k + 1, verify(k))  # c_v by rows: a round drafting k verifies k + 1
     costs.draft.record(1, c1)
     costs.draft.record(2, c2)
     return costs
@@ -292,7 +292,7 @@ def test_the_loops_own_work_counts_per_token() -> None:
     costs.record_round([(1, 0.010), (1, 0.010)], k=2, verify_s=0.048, round_s=0.074, emitted=3)
     assert costs.per_token == pytest.approx(0.006 / 3)
     acceptance = Fixed(expected=2.5, all_accepted=0.5)
-    assert costs.round_seconds(2, acceptance) == pytest.approx(costs.verify.seconds(2) + 2.5 * 0.002)
+    assert costs.round_seconds(2, acceptance) == pytest.approx(costs.verify.seconds(3) + 2.5 * 0.002)
 
 
 def test_rate_is_unknown_until_the_costs_it_needs_are_measured() -> None:
@@ -300,7 +300,7 @@ def test_rate_is_unknown_until_the_costs_it_needs_are_measured() -> None:
     model.verify = lookup.verify
     acceptance = PositionAcceptance()
     assert lookup.rate(3, acceptance) is None
-    lookup.verify.record(3, 0.05)
+    lookup.verify.record(4, 0.05)  # the pass over [last, d1..d3]
     assert lookup.rate(3, acceptance) == pytest.approx(4 / 0.05)  # optimistic: all accepted
     assert model.rate(3, acceptance) is None  # no draft step measured yet
 
@@ -447,7 +447,7 @@ def test_the_peak_rate_is_climbed_to_from_any_k() -> None:
     """From below or above the best K, climbing one K at a time reaches the rate `best_k` finds over every K."""
     costs = LoopCosts()
     for k in range(17):
-        costs.verify.record(k, 0.020 + 0.002 * k)
+        costs.verify.record(k + 1, 0.020 + 0.002 * k)
     costs.draft.record(1, 0.004)
     costs.draft.record(2, 0.006)
     acceptance = PositionAcceptance()

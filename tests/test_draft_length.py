@@ -97,7 +97,7 @@ def fed_costs(draft_step: float, verify: Callable[[int], float], catch_up: float
               shape: str = PER_TOKEN) -> LoopCosts:
     costs = LoopCosts(shape=shape)
     for k in range(0, 17, 2):
-        costs.verify.record(k, verify(k))
+        costs.verify.record(k + 1, verify(k))  # by rows: K + 1
     costs.draft.record(1, draft_step)
     costs.draft.record(2, catch_up if catch_up is not None else draft_step)
     return costs

@@ -32,7 +32,7 @@ def test_hybrid_tries_what_is_not_priced_yet() -> None:
     costs.draft.record(1, 0.012)
     costs.draft.record(2, 0.016)
     assert choice(drafter, NO_MATCH) == "model"  # its steps are priced, the target's pass over them is not
-    costs.verify.record(4, 0.041)
+    costs.verify.record(5, 0.041)  # a pass over [last, d1..d4]
     choice(drafter, NO_MATCH)
     assert drafter.chosen is not None and drafter.chosen[1] > 0  # every option priced: a choice by rates
 
@@ -53,7 +53,7 @@ def test_the_cheapest_of_several_own_drafters_is_taken() -> None:
     """Two own drafters as good as each other (a draft model, an MTP head): the one whose steps cost less."""
     cheap = LoopCosts()
     for k in range(9):
-        cheap.verify.record(k, 0.025 + 0.004 * k)
+        cheap.verify.record(k + 1, 0.025 + 0.004 * k)
     for n in (1, 2, 10, 40):
         cheap.draft.record(n, 0.002 * n)
     drafter, _ = hybrid(model_accepts=4, own={"model": machine(), "mtp": cheap})

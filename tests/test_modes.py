@@ -77,7 +77,7 @@ def test_each_text_starts_from_an_own_drafters_acceptance_over_every_text(other:
         assert length.acceptance.measured == modes.BOOK_ROUNDS
     assert len(pool.texts) == 2 and pool.texts[-1].alpha == 0.0 and pool.text.measured == 0.0
     assert hybrid.state.ks["model"] == drafting._first_k("model", default, hybrid.state.lookup) != 1
-    drafting._verify.record(0, 0.01)  # something measured: the book is written
+    drafting._verify.record(1, 0.01)  # something measured: the book is written
     learnt = drafting.learnt()
     assert learnt is not None and learnt["acceptance"]["model"] == pool.every.as_counts()
     assert learnt["texts"]["model"] == [text, pool.texts[-1].as_counts()]
@@ -91,7 +91,7 @@ def test_a_book_keeps_the_last_answers_lengths_for_the_next_process(other: Pair)
     assert isinstance(hybrid, HybridDrafter)
     hybrid.done([1] * 70, 6, ended=True)
     hybrid.done([1] * 30, 6)
-    drafting._verify.record(0, 0.01)
+    drafting._verify.record(1, 0.01)
     learnt = drafting.learnt()
     assert learnt is not None and learnt["answers"] == [[64, True], [24, False]]
     later = modes.Drafting(other.drafting.sources)
@@ -105,11 +105,11 @@ def test_a_book_size_dearer_a_row_than_a_smaller_one_is_read_at_the_smaller_ones
     """A pass measured while the machine was busy would price its size out of use for good (never chosen, never
     measured again): read from the book, no size costs more a row than a smaller one; cheaper ones stand."""
     drafting = modes.Drafting(other.drafting.sources)
-    drafting.seed({"verify": {"0": 0.020, "1": 0.026, "5": 0.038, "6": 0.136, "9": 0.045},
+    drafting.seed({"passes": {"1": 0.020, "2": 0.026, "6": 0.038, "7": 0.136, "10": 0.045},
                    "books": {"model": {"draft": {"1": 0.010, "2": 0.016, "3": 0.090}, "per_token": 0.0}}})
     verify, draft = drafting.costs("model").verify, drafting.costs("model").draft
-    assert [verify.seconds(k) for k in (0, 1, 5, 9)] == pytest.approx([0.020, 0.026, 0.038, 0.045])
-    assert verify.seconds(6) == pytest.approx(0.038 * 7 / 6)
+    assert [verify.seconds(rows) for rows in (1, 2, 6, 10)] == pytest.approx([0.020, 0.026, 0.038, 0.045])
+    assert verify.seconds(7) == pytest.approx(0.038 * 7 / 6)
     assert [draft.seconds(n) for n in (1, 2, 3)] == pytest.approx([0.010, 0.016, 0.016 * 3 / 2])
 
 

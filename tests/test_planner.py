@@ -214,24 +214,31 @@ def test_a_plain_pass_priced_by_its_first_call_alone_is_measured_again() -> None
     assert not any(planner._plain_due([running]) for _ in range(PROBE_ROUNDS - 1))
 
 
-def test_a_planner_prices_its_first_passes_from_the_first_pair_it_meets() -> None:
-    """Before it has measured a pass, a planner reads c(R) off the target's passes by K that the pair's running costs
-    hold (R = K + 1 rows); once it has prices, another pair's book does not replace them, and a book with none (or
-    none at all) leaves it without."""
+def test_a_planner_reads_and_books_the_passes_of_the_first_pair_it_meets() -> None:
+    """c(R) is the pair's book of the target's passes by rows, which the default's regimes and `-k auto` read too: a
+    pass the planner books moves what they read (booked once, by rows), what it booked before it met one joins, and
+    another pair's book does not replace it."""
     planner = Planner()
     planner.meet(None)
-    planner.meet(LoopCosts(shape=PER_TOKEN).verify)
-    assert not planner.pass_costs.weight
-    book = LoopCosts(shape=PER_TOKEN)
-    for k, seconds in ((0, 0.020), (4, 0.032), (8, 0.041)):
-        book.verify.record(k, seconds)
-        book.verify.record(k, seconds)
+    planner.passed(2, 0.030)
+    planner.passed(2, 0.030)
+    book = LoopCosts(shape=HOST)
+    for rows, seconds in ((1, 0.020), (5, 0.032), (9, 0.041)):
+        book.verify.record(rows, seconds)
+        book.verify.record(rows, seconds)
     planner.meet(book.verify)
-    assert [planner.pass_costs.seconds(rows) for rows in (1, 5, 9)] == pytest.approx([0.020, 0.032, 0.041])
-    other = LoopCosts(shape=PER_TOKEN)
-    other.verify.record(0, 0.5)
+    assert planner.pass_costs is book.verify
+    assert [book.verify.seconds(rows) for rows in (1, 2, 5, 9)] == pytest.approx([0.020, 0.030, 0.032, 0.041])
+    acceptance = PositionAcceptance()
+    before = book.round_seconds(4, acceptance)
+    for _ in range(40):
+        planner.passed(5, 0.064)
+    assert book.round_seconds(4, acceptance) - before == pytest.approx(book.verify.seconds(5) - 0.032)
+    assert book.verify.seconds(5) > 0.060
+    other = LoopCosts(shape=HOST)
+    other.verify.record(1, 0.5)
     planner.meet(other.verify)
-    assert planner.pass_costs.seconds(1) == pytest.approx(0.020)
+    assert planner.pass_costs is book.verify
 
 
 def test_where_a_step_is_dear_a_choice_of_no_drafts_stands_while_its_drafter_still_offers_none() -> None:

@@ -1,5 +1,5 @@
 """The loop's clock: each step's wall time and llama.cpp's share land in the right statistics, rollback counts
-from the generation's start, and each round is booked in every cost book."""
+from the generation's start, and each round is booked in every cost book (its pass in the pair's by the scheduler)."""
 
 from __future__ import annotations
 
@@ -26,8 +26,8 @@ def test_steps_land_in_their_shares_and_rollback_counts_from_this_generation() -
     scheduler ran for the round, a rewind), and rollback counts from this generation's rounds."""
     stats = Stats(draft_max=2)
     target, drafter = Part(busy_s=7.0, rollback_s=3.0), Part()  # a context used by earlier generations
-    books = [stats.costs, LoopCosts()]
-    timer = RoundTimer(stats, [target, drafter], books)
+    running = LoopCosts()  # the pair's
+    timer = RoundTimer(stats, [target, drafter], [running])
     timer.prompt_started()
     target.spend(0.5, rollback_s=0.25)  # the prompt's snapshot: not a round's rollback
     time.sleep(0.01)
@@ -46,7 +46,8 @@ def test_steps_land_in_their_shares_and_rollback_counts_from_this_generation() -
     timer.end_round([(1, 0.002), (1, 0.002)], drafted=2, emitted=3, context=40)
     assert stats.llama_s == 0.125 + 0.25 + 0.0625 and stats.rollback_s == 0.0625
     assert stats.verify_s >= 0.02 and 0 < stats.draft_s < stats.verify_s
-    for book in books:
-        assert book.verify.mean(2) == stats.verify_s
+    assert stats.costs.verify.mean(3) == stats.verify_s  # its pass over [last, d1, d2]
+    assert not running.verify.weight  # the scheduler that ran the pass books it there (`Planner.passed`)
+    for book in (stats.costs, running):
         assert book.draft.mean(1) == 0.002
     assert stats.decode_s >= stats.verify_s

@@ -4,7 +4,8 @@ Three costs make up a round that drafts K tokens and emits E of them:
 - c_d(n), a draft-model step that feeds n tokens (n = 1 while drafting; the catch-up at the start of a round
   feeds 1 token after a rejection and 2, [d_K, bonus], after a fully accepted round, more after n-gram
   rounds the model sat out); for a drafter that drafts a block in one pass (DFlash), c_d(K + 1) is that pass;
-- c_v(K), the target's pass over [last, d1..dK] with the verification work on its logits;
+- c_v(R), the target's pass over R rows with the verification work on their logits: a round alone verifies
+  [last, d1..dK], R = K + 1; a scheduler's pass holds every sequence's rows;
 - o, the loop's own work per emitted token (detokenising, the consumer of the events, rewinding).
 
 How c_d grows with K is the drafter's cost shape, which each drafter declares in its own module
@@ -501,12 +502,13 @@ class ContextSlope:
 
 @dataclass
 class LoopCosts:
-    """c_d(n) by batch size for a drafter of cost shape `shape`, c_v(K) by K, and o per emitted token, as measured
-    so far.
+    """c_d(n) by batch size for a drafter of cost shape `shape`, c_v(R) by rows, and o per emitted token, as
+    measured so far.
 
-    c_v is the target's, whoever drafted: books that price different drafters share one (`sharing`). c_d is read
-    at the context the loop is at now (`at`), by how the draft's decodes grow with context (`ContextSlope`): the
-    target's passes are measured every round, the draft's only while it drafts."""
+    c_v is the target's, whoever drafted: books that price different drafters share one (`sharing`), which is also
+    the planner's c(R) (`Planner.meet`), so that a pass is booked once, by rows, whatever ran it. c_d is read at the
+    context the loop is at now (`at`), by how the draft's decodes grow with context (`ContextSlope`): the target's
+    passes are measured every round, the draft's only while it drafts."""
 
     decay: float = 1.0
     shape: str = PER_TOKEN
@@ -530,11 +532,14 @@ class LoopCosts:
         return costs
 
     def record_round(self, steps: list[tuple[int, float]], k: int, verify_s: float, round_s: float,
-                     emitted: int, context: int = 0) -> None:
-        """One round at `context` tokens: its draft steps (tokens fed, seconds), its verify, and all it took,
-        `emitted` tokens."""
+                     emitted: int, context: int = 0, booked: bool = False) -> None:
+        """One round at `context` tokens: its draft steps (tokens fed, seconds), its verify pass over its K + 1 rows
+        (unless that pass is `booked` by whoever ran it: a scheduler books c_v by the rows of every sequence, and each
+        sequence booking the whole pass against its own K + 1 rows priced a lone round at a batch's pass), and all it
+        took, `emitted` tokens."""
         self.record_draft(steps, context)
-        self.verify.record(k, verify_s)
+        if not booked:
+            self.verify.record(k + 1, verify_s)
         self.other_s = self.other_s * self.decay + max(0.0, round_s - verify_s - sum(s for _, s in steps))
         self.other_tokens = self.other_tokens * self.decay + emitted
 
@@ -585,8 +590,8 @@ class LoopCosts:
         return seconds + max(self.draft_context.shift(self.verify.context), -seconds / 2)
 
     def round_seconds(self, k: int, acceptance: Acceptance) -> float | None:
-        """Expected seconds of a round drafting k: drafting (as the shape says), c_v(K), o per emitted token."""
-        verify, draft = self.verify.seconds(k), self.draft_seconds(k, acceptance)
+        """Expected seconds of a round drafting k: drafting (as the shape says), c_v(k + 1), o per emitted token."""
+        verify, draft = self.verify.seconds(k + 1), self.draft_seconds(k, acceptance)
         if verify is None or draft is None:
             return None
         return draft + verify + self.per_token * acceptance.expected_tokens(k)

@@ -94,7 +94,7 @@ class Generation:
         self._control_text = control_text
         self._costs = costs
         self._timer = RoundTimer(self.stats, [target, *(drafter.clocks if drafter is not None else ())],
-                                 [self.stats.costs, *filter(None, [costs])])
+                                 [costs] if costs is not None else [])
         self._draft = Draft()  # the round `plan` began
         self._k = 0  # the K of the round `begin_round` began
         self.catching_up = 0  # tokens the drafter still lacks, while it catches up between rounds
@@ -127,7 +127,7 @@ class Generation:
 
     @property
     def pass_costs(self) -> BatchCosts | None:
-        """The target's passes by K as the pair's running costs hold them (None without): a scheduler's first prices."""
+        """The target's passes by rows as the pair's running costs hold them (None without): the scheduler's c(R)."""
         return self._costs.verify if self._costs is not None else None
 
     def start(self) -> list[int]:

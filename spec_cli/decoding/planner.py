@@ -144,7 +144,8 @@ class Planner:
     """
 
     def __init__(self) -> None:
-        self.pass_costs = BatchCosts(DECAY)
+        self.pass_costs = BatchCosts(DECAY)  # c(R): the pair's, once a sequence brings its book (`meet`)
+        self._met = False
         self.host: dict[bool, deque[float]] = {True: deque(maxlen=HOST_KEPT), False: deque(maxlen=HOST_KEPT)}
         self._host_s: float | None = None  # h as last read, until the next step is booked
         self.acceptance: dict[str, PositionAcceptance] = {}
@@ -155,17 +156,24 @@ class Planner:
         self._replan_s = 0.0  # the seconds of a step's choice, its drafters' offers included (decayed)
         self._drafting_steps = 0  # steps that would draft since the last that did not (`_plain_due`)
 
-    def meet(self, verify: BatchCosts | None) -> None:
-        """A sequence joins whose pair's running costs hold the target's passes by K (`verify`, one sequence's K + 1
-        rows): the first prices of c(R) while the planner has measured none. Without them the first steps of `spec
-        serve` and `spec batch` (whose schedulers were made bare) chose no drafts, then at most one a sequence (a pass
-        grows to twice the largest measured): a short answer's first rounds drafted one token of a lookup's while the
-        default's draft model, its regime in use, fell 54 tokens behind, which it then caught up on."""
-        if verify is not None and verify.weight and not self.pass_costs.weight:
-            self.pass_costs.seed({str(int(k) + 1): seconds for k, seconds in verify.as_dict().items()}, 1.0)
+    def meet(self, passes: BatchCosts | None) -> None:
+        """A sequence joins whose pair's running costs hold the target's passes by rows (`passes`, c_v(R), which a
+        cost book seeds): from then on the planner's c(R), read and booked there, the one book every pricing of a pass
+        reads (the default's regimes, `-k auto`, the cost book it is kept in). The planner kept a book of its own
+        beside it, seeded from it: the same passes booked twice, the pair's by each sequence's K with the whole pass's
+        seconds. Without the pair's prices the first steps of `spec serve` and `spec batch` (whose schedulers are
+        made bare) chose no drafts, then at most one a sequence (a pass grows to twice the largest measured): a short
+        answer's first rounds drafted one token of a lookup's while the default's draft model, its regime in use, fell
+        54 tokens behind, which it then caught up on. What it booked before (sequences without such costs) joins."""
+        if passes is None or self._met:
+            return
+        if self.pass_costs.weight:
+            passes.merge(self.pass_costs)
+        self.pass_costs, self._met = passes, True
 
     def passed(self, rows: int, seconds: float) -> None:
-        """A verify pass over `rows` rows, without prompt chunks, took `seconds`: c(R)."""
+        """A verify pass over `rows` rows, without prompt chunks, took `seconds`: c(R), booked once whatever ran it
+        (`LoopCosts.record_round`)."""
         self.pass_costs.record(rows, seconds)
 
     def stepped(self, drafted: bool, seconds: float) -> None:

@@ -21,16 +21,18 @@ class InLlama(Protocol):
 
 class RoundTimer:
     """Times the prompt, then each round's steps. `parts` are what decodes (the target's context, the
-    drafter's `clocks`); `books` the cost books every round is recorded in (the generation's own, and the pair's running
-    ones, which outlive it).
+    drafter's `clocks`); `running` the pair's running cost books, which outlive the generation, and which its rounds are
+    recorded in besides its own (`stats.costs`): all but the verify pass, which the scheduler that ran it books there,
+    once, by the rows of every sequence in it (`Planner.passed`).
 
     A step's wall time goes to its share (drafting, verification); the time in llama.cpp is read once a round, at
     its end (`end_round`): everything the parts decoded since the prompt was in or the last round ended, which is
     all the round's work (the verify pass a scheduler ran for it included, whatever step it fell in), as nothing
     decodes for a generation between its rounds."""
 
-    def __init__(self, stats: Stats, parts: Sequence[InLlama], books: Sequence[LoopCosts]) -> None:
-        self.stats, self.parts, self.books = stats, parts, books
+    def __init__(self, stats: Stats, parts: Sequence[InLlama], running: Sequence[LoopCosts]) -> None:
+        self.stats, self.parts = stats, parts
+        self.books = [stats.costs, *running]
         self._rollback_base = 0.0  # rollback counted before this generation's rounds (the prompt's snapshot)
         self._decode_start = self._round_start = self._prompt_start = time.perf_counter()
         self._busy_at = 0.0  # the parts' seconds in llama.cpp when the prompt was in or the last round ended
@@ -103,5 +105,6 @@ class RoundTimer:
         self.stats.rollback_s = rollback - self._rollback_base
         round_s = time.perf_counter() - self._round_start
         for book in self.books:
-            book.record_round(steps, drafted, self._verify_s, round_s, emitted, context)
+            booked = book is not self.stats.costs
+            book.record_round(steps, drafted, self._verify_s, round_s, emitted, context, booked=booked)
             book.at(context + emitted)

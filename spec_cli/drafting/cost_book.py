@@ -20,7 +20,7 @@ from typing import Any, Sequence
 
 from spec_cli.decoding.costs import LoopCosts
 from spec_cli.decoding.draft_length import AUTO_K_MAX, PositionAcceptance
-from spec_cli.drafting.modes import MODES
+from spec_cli.drafting.modes import MODES, entry_passes
 from spec_cli.llama import kernels
 from spec_cli.paths import cache_dir, locked
 
@@ -79,17 +79,20 @@ def this_machine() -> list[Entry]:
 
 def reading(entry: Entry) -> list[str]:
     """What an entry says about drafting here, one line per own drafter it measured: its step against the
-    target's (c = c_d(1) / c_v(0)), and the best speed-up the cost model predicts from the costs and the
+    target's (c = c_d(1) / c_v(1)), and the best speed-up the cost model predicts from the costs and the
     acceptance measured, with what that implies."""
-    verify = entry.get("verify", {})
+    try:
+        passes = entry_passes(entry)
+    except (AttributeError, TypeError, ValueError):
+        return []
     lines = []
     for name, book in entry.get("books", {}).items():
-        step, target = book.get("draft", {}).get("1"), verify.get("0")
+        step, target = book.get("draft", {}).get("1"), passes.get("1")
         counts = entry.get("acceptance", {}).get(name)
         if not step or not target or not counts or name not in MODES:
             continue
         costs = LoopCosts(shape=MODES[name].cost_shape)
-        costs.verify.seed(verify, 1.0)
+        costs.verify.seed(passes, 1.0)
         costs.draft.seed(book["draft"], 1.0)
         acceptance = PositionAcceptance(prior_weight=0.0)
         acceptance.seed(counts, float("inf"))

@@ -240,7 +240,7 @@ class Drafting:
         self.sources = sources
         # What the draft's context holds of the sequence (all of it, or a window), across generations.
         self.draft_memory = DraftMemory(sources.draft, sources.target) if sources.draft is not None else None
-        self._verify = BatchCosts(DECAY)  # the target's passes, whoever drafted: one for every book
+        self._verify = BatchCosts(DECAY)  # the target's passes by rows, whoever drafted: one for every book
         self._costs: dict[str, LoopCosts] = {}
         self._lengths: dict[tuple[str, str, int | str], DraftLength] = {}
         self._hybrids: dict[int | str, HybridState] = {}
@@ -349,7 +349,7 @@ class Drafting:
         if not entry:
             return
         try:
-            verify = _capped(_means(entry.get("verify", {})), rows=1)
+            passes = entry_passes(entry)
             books = {name: (_capped(_means(book.get("draft", {})), rows=0), float(book.get("per_token", 0.0)),
                             _context(book.get("draft_context")))
                      for name, book in entry.get("books", {}).items() if name in MODES}
@@ -366,7 +366,7 @@ class Drafting:
             context = self.sources.target if name == "target" else self.sources.draft
             if context is not None:
                 context.throughput.seed(rate)
-        self._verify.seed(verify, BOOK_CALLS)
+        self._verify.seed(passes, BOOK_CALLS)
         for name, (draft, per_token, context) in books.items():
             costs = self.costs(name)
             costs.draft.seed(draft, BOOK_CALLS)
@@ -394,9 +394,17 @@ class Drafting:
         throughput = {name: context.throughput.per_token
                       for name, context in (("target", self.sources.target), ("draft", self.sources.draft))
                       if context is not None and context.throughput.per_token is not None}
-        return {"verify": self._verify.as_dict(), "books": books, "acceptance": {**self._acceptance, **acceptance},
+        return {"passes": self._verify.as_dict(), "books": books, "acceptance": {**self._acceptance, **acceptance},
                 "texts": {**self._texts, **texts}, "throughput": throughput,
                 "answers": [[n, ended] for n, ended in self._answers]}
+
+
+def entry_passes(entry: dict[str, Any]) -> dict[str, float]:
+    """A cost book entry's target passes by rows (c_v(R), `_capped`); an entry written before they were kept by rows
+    holds them by K under "verify" (a pass of K + 1 rows). ValueError where a cost is out of range."""
+    if "passes" in entry:
+        return _capped(_means(entry["passes"]), rows=0)
+    return {str(int(k) + 1): seconds for k, seconds in _capped(_means(entry.get("verify", {})), rows=1).items()}
 
 
 def _means(means: dict[str, float]) -> dict[str, float]:

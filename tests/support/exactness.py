@@ -199,7 +199,7 @@ def priced_to_draft(pair: Pair) -> None:
     beside steps and passes priced at a microsecond, it made a drafter's rate 1/o, no draft's rate, a tie that noise
     broke (the hybrid once drafted nothing in 48 tokens). The hybrid's own book, which prices its lookups and plain
     rounds, keeps what it measures: there o outweighs a lookup's host time, which is not priced here."""
-    steps, passes = {str(n): 1e-7 * n for n in range(1, 129)}, {str(k): 1e-6 for k in range(17)}
+    steps, passes = {str(n): 1e-7 * n for n in range(1, 129)}, {str(rows): 1e-6 for rows in range(1, 18)}
     for name in pair.drafting.own_models():
         pair.drafting.costs(name).draft.seed(steps, 1e6)
     pair.drafting.costs("hybrid").verify.seed(passes, 1e6)

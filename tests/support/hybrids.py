@@ -60,7 +60,7 @@ def machine() -> LoopCosts:
     """Verify 25 ms + 4 ms a drafted token; draft steps 12 ms, a catch-up of n tokens 12 + 4 (n − 1) ms."""
     costs = LoopCosts()
     for k in range(9):
-        costs.verify.record(k, 0.025 + 0.004 * k)
+        costs.verify.record(k + 1, 0.025 + 0.004 * k)  # by rows: K + 1
     for n in (1, 2, 10, 40):
         costs.draft.record(n, 0.012 + 0.004 * (n - 1))
     return costs
