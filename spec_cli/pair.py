@@ -273,8 +273,10 @@ class Pair:
     def _slot_drafting(self, sources: Sources, n_ctx: int) -> Drafting:
         """A slot's drafting, started from the cost book as the pair's was (its contexts' rates are the pair's
         already): a slot that starts cold tries each own drafter on its first request, a catch-up that held every
-        sequence's first token up (~100 ms on the demo pair at `--parallel 4`)."""
-        drafting = Drafting(self._fed(sources, n_ctx))
+        sequence's first token up (~100 ms on the demo pair at `--parallel 4`). Its target's passes are the pair's
+        book (`Drafting.passes`): the scheduler books each pass over every slot's rows once, in the first book it
+        meets, and every slot reads it; the pair keeps it in the cost book when it closes."""
+        drafting = Drafting(self._fed(sources, n_ctx), passes=self.drafting.passes)
         if self._book:
             drafting.seed({name: value for name, value in self._book.items() if name != "throughput"})
         return drafting

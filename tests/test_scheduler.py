@@ -283,6 +283,24 @@ def test_planning_is_timed_alone_and_under_the_scheduler(other: Pair, slots: lis
     assert all(g.stats.plan_s > 0 for g in generations) and sum(g.stats.plan_s for g in generations) < wall
 
 
+def test_slots_share_the_pairs_book_of_passes_and_each_pass_is_booked_once_by_its_rows(other: Pair) -> None:
+    """Every slot prices the target's passes from the pair's one book, where the scheduler books each pass over all
+    their rows once: each sequence booked the whole pass against its own K + 1 rows before, in a book of its slot's."""
+    slots = other.slots(2)
+    passes = other.drafting.passes
+    assert all(slot.drafting.passes is passes and slot.drafting.costs("none").verify is passes for slot in slots)
+    request = GenerationRequest(sampling=GREEDY, draft_max=0, draft_mode="none", max_tokens=8)
+    scheduler = Scheduler()
+    for slot, prompt in zip(slots, PROMPTS[1:]):
+        scheduler.join(slot.generate(other.prompt_tokens(prompt, raw=True), request))
+    before, steps = passes.calls_recorded, 0
+    while len(scheduler):
+        scheduler.step()
+        steps += 1
+    assert 0 < passes.calls_recorded - before <= steps  # one a step at most, and only passes without prompt chunks
+    assert passes.fresh(2)  # the two sequences' rows, one each
+
+
 def test_a_scheduler_prices_its_first_step_from_the_pair_its_first_sequence_comes_from(other: Pair,
                                                                                        slots: list) -> None:
     """A scheduler made bare (`spec serve`'s, `spec batch`'s) reads its first passes' prices off the pair's running

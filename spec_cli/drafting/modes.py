@@ -234,13 +234,17 @@ def mode_help() -> str:
 
 
 class Drafting:
-    """A pair's drafting: its `Sources`, and what its drafters learn, kept across generations."""
+    """A pair's drafting: its `Sources`, and what its drafters learn, kept across generations. `passes`: the book of
+    the target's passes by rows to share (a slot's, the pair's: one scheduler runs every slot's rows in one pass and
+    books it once), else one of its own."""
 
-    def __init__(self, sources: Sources) -> None:
+    def __init__(self, sources: Sources, passes: BatchCosts | None = None) -> None:
         self.sources = sources
         # What the draft's context holds of the sequence (all of it, or a window), across generations.
         self.draft_memory = DraftMemory(sources.draft, sources.target) if sources.draft is not None else None
-        self._verify = BatchCosts(DECAY)  # the target's passes by rows, whoever drafted: one for every book
+        # The target's passes by rows, whoever drafted: one for every book; a shared one is seeded by its owner.
+        self._verify = passes if passes is not None else BatchCosts(DECAY)
+        self._shares_passes = passes is not None
         self._costs: dict[str, LoopCosts] = {}
         self._lengths: dict[tuple[str, str, int | str], DraftLength] = {}
         self._hybrids: dict[int | str, HybridState] = {}
@@ -281,6 +285,11 @@ class Drafting:
             for way in state.ks.keys() & self._pooled.keys():
                 state.ks[way] = self._first_k(way, state.lengths[way], state.lookup)
         return built
+
+    @property
+    def passes(self) -> BatchCosts:
+        """The target's passes by rows: the book every mode's costs share, and the planner's c(R)."""
+        return self._verify
 
     def costs(self, name: str) -> LoopCosts:
         """The running costs mode `name`'s rounds are priced with and recorded in: its drafter's decodes and the
@@ -366,7 +375,8 @@ class Drafting:
             context = self.sources.target if name == "target" else self.sources.draft
             if context is not None:
                 context.throughput.seed(rate)
-        self._verify.seed(passes, BOOK_CALLS)
+        if not self._shares_passes:
+            self._verify.seed(passes, BOOK_CALLS)
         for name, (draft, per_token, context) in books.items():
             costs = self.costs(name)
             costs.draft.seed(draft, BOOK_CALLS)
