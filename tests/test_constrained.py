@@ -98,7 +98,7 @@ def test_greedy_output_follows_the_grammar(alone: Pair, reference: Generation) -
 
 @pytest.mark.parametrize("drafter, mode, k", [
     ("same", "model", 4), ("other", "model", 4), ("other", "model", 1), ("other", "model", "auto"),
-    ("alone", "ngram", 4), ("other", "hybrid", 4), ("same", "hybrid", "auto"),
+    ("alone", "ngram", 4), ("same", "hybrid", 4), ("same", "hybrid", "auto"),
 ])
 def test_greedy_under_a_grammar_equals_the_target_alone(request: pytest.FixtureRequest, reference: Generation,
                                                         drafter: str, mode: str, k: int | str) -> None:
@@ -109,7 +109,9 @@ def test_greedy_under_a_grammar_equals_the_target_alone(request: pytest.FixtureR
     assert generation.text == reference.text
     # Under auto, on tiny models whose draft costs what the target does, the planner may rightly never draft (K = 0
     # pays best; the unrelated draft's acceptance is known from the fixed-K cases before, which share its pool);
-    # every fixed K drafts, its drafts cut by the grammar.
+    # every fixed K drafts, its drafts cut by the grammar. The default drafting chooses its way at a fixed K too (with
+    # the unrelated draft, no draft and the memory's 1.5-token proposals priced within a few percent of each other),
+    # so its fixed-K case drafts with the target's own weights.
     assert generation.stats.drafted > 0 or k == "auto"
     if drafter == "other" and k != "auto":
         assert generation.stats.accepted < generation.stats.drafted  # rejections, and rollbacks after them

@@ -34,6 +34,7 @@ def test_a_closed_pair_keeps_what_it_measured(target_path: Path, other_draft_pat
     assert entry["machine"] == kernels.machine_key() and entry["cpu"] == kernels.cpu_name()
     assert entry["pair"] == [target_path.name, other_draft_path.name]
     assert "1" in entry["passes"] and "1" in entry["books"]["model"]["draft"]  # the target's passes by rows
+    assert entry["books"]["model"]["per_row"] > 0  # and the work on their rows (p, the verification) apart
     assert entry["acceptance"]["model"]["reached"][0] > 0
     assert cost_book.this_machine() == [entry]
 
@@ -44,6 +45,7 @@ def test_the_next_pair_starts_from_the_book(target_path: Path, other_draft_path:
         costs = pair.drafting.costs("model")
         assert costs.draft.seconds(1) == entry["books"]["model"]["draft"]["1"]
         assert costs.verify.seconds(1) == entry["passes"]["1"]
+        assert costs.per_row == pytest.approx(entry["books"]["model"]["per_row"])
         length = pair.drafting.build("model", 0.0, "auto")[1]
         assert isinstance(length, AdaptiveK) and length.priced  # no warm-up: the planner prices it at once
         assert length.acceptance.alpha == pytest.approx(entry["acceptance"]["model"]["accepted"] / (

@@ -295,6 +295,17 @@ def test_the_loops_own_work_counts_per_token() -> None:
     assert costs.round_seconds(2, acceptance) == pytest.approx(costs.verify.seconds(3) + 2.5 * 0.002)
 
 
+def test_where_the_pass_was_booked_by_its_runner_the_work_on_its_rows_is_priced_a_row() -> None:
+    """A round whose verify pass the scheduler booked (c_v by rows, the pass alone) keeps the work on its rows (p, a
+    grammar's masks) apart, and a round is priced with it a row: as it was when c_v held both."""
+    costs = loop_costs(shape=HOST)
+    costs.record_round([], 2, verify_s=0.030, round_s=0.036, emitted=3, pass_s=0.024)
+    assert costs.per_row == pytest.approx(0.006 / 3) and costs.per_token == pytest.approx(0.006 / 3)
+    acceptance = Fixed(expected=2.5, all_accepted=0.5)
+    assert costs.round_seconds(2, acceptance) == pytest.approx(costs.verify.seconds(3) + 3 * 0.002 + 2.5 * 0.002)
+    assert costs.round_seconds(0, acceptance) == pytest.approx(costs.verify.seconds(1) + 0.002 + 0.002)  # a plain round
+
+
 def test_rate_is_unknown_until_the_costs_it_needs_are_measured() -> None:
     lookup, model = LoopCosts(shape=HOST), LoopCosts()
     model.verify = lookup.verify

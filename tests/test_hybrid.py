@@ -25,7 +25,7 @@ def test_hybrid_tries_what_is_not_priced_yet() -> None:
     state = HybridState({"ngram": FixedK(4), "model": FixedK(4)})
     costs = LoopCosts()
     drafter = HybridDrafter(NgramDrafter(n_vocab=100), {"model": FakeModel()}, {"model": costs},
-                            LoopCosts.sharing(costs.verify, 1.0, HOST), state)
+                            LoopCosts.sharing(costs.verify, 1.0, HOST, costs.position), state)
     drafter.prefill(MATCH[:1])
     assert choice(drafter, MATCH) == "ngram"
     assert choice(drafter, NO_MATCH) == "model"
@@ -284,7 +284,8 @@ def test_an_unpriced_catch_up_is_not_offered_whole_to_a_batch() -> None:
     backlog (a batch would take an unpriced catch-up as free and hold every sequence up on it): it catches up a chunk
     a step first, as alone. Once its decodes are priced, the batch gets the whole backlog to weigh."""
     drafter, model = hybrid(model_accepts=4, ngram_accepts=0, pending=300, in_use="model")
-    drafter.books["model"] = LoopCosts.sharing(drafter.books["model"].verify, 1.0, "per token")  # nothing measured
+    book = drafter.books["model"]
+    drafter.books["model"] = LoopCosts.sharing(book.verify, 1.0, "per token", book.position)  # nothing measured
     drafter.rewind(1)
     assert drafter.catch_up(NO_MATCH, 64) is None  # the new prompt's first round: the regime is left
     drafter.state.in_use = "model"  # entered later

@@ -133,6 +133,26 @@ def test_a_book_keeps_how_the_drafts_steps_grow_with_context(other: Pair) -> Non
     assert later.costs("model").draft_context.prior == pytest.approx(0.000005)  # an entry out of range is ignored
 
 
+def test_slots_share_the_targets_passes_and_each_reads_its_drafts_steps_where_its_own_rounds_are(other: Pair) -> None:
+    """The slots of `--parallel` share the pair's book of passes, and each prices its draft's steps at its own
+    sequence's context (a long prompt's rounds beside a short one's), which every book of its ways reads."""
+    drafting = modes.Drafting(other.drafting.sources)
+    costs = drafting.costs("model")
+    for context in range(100, 700):
+        costs.record_round([(1, 0.007 + 0.000005 * context)], 1, verify_s=0.02, round_s=0.03, emitted=2,
+                           context=context)
+    learnt = drafting.learnt()
+    assert learnt is not None
+    short, long = (modes.Drafting(other.drafting.sources, passes=drafting.passes) for _ in range(2))
+    for slot in (short, long):
+        slot.seed(learnt)
+    assert short.costs("model").verify is long.costs("model").verify is drafting.passes
+    short.costs("hybrid").at(100)  # the round's own book (the default's), as the loop's clock sets it
+    long.costs("hybrid").at(4100)
+    assert short.costs("model").step_costs(1)[0] == pytest.approx(0.0075, rel=0.02)
+    assert long.costs("model").step_costs(1)[0] == pytest.approx(0.0275, rel=0.02)
+
+
 def test_every_book_shares_the_targets_passes_and_keeps_its_own_steps(other: Pair) -> None:
     books = [other.drafting.costs(name) for name in ("model", "ngram", "hybrid")]
     assert books[0].verify is books[1].verify is books[2].verify

@@ -48,6 +48,8 @@ def test_steps_land_in_their_shares_and_rollback_counts_from_this_generation() -
     assert stats.verify_s >= 0.02 and 0 < stats.draft_s < stats.verify_s
     assert stats.costs.verify.mean(3) == stats.verify_s  # its pass over [last, d1, d2]
     assert not running.verify.weight  # the scheduler that ran the pass books it there (`Planner.passed`)
+    assert running.per_row >= 0.01 / 3 and stats.costs.per_row == 0.0  # the work on its 3 rows, apart there
+    assert running.per_token == stats.costs.per_token
     for book in (stats.costs, running):
         assert book.draft.mean(1) == 0.002
     assert stats.decode_s >= stats.verify_s

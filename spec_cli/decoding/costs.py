@@ -111,7 +111,6 @@ class BatchCosts:
         self._shape: dict[int, tuple[int, float]] = {}  # size: (the size called most, its mean over that one's)
         self._seeded: set[int] = set()  # sizes whose calls all came from a seed: none measured in this process
         self._first: dict[int, tuple[float, float] | None] = {}  # a size's first call (weight, total) until its second
-        self.context = 0  # the tokens the loop's round follows now (`LoopCosts.at`)
         self.follows: BatchCosts | None = None  # whose `level` the seeded sizes follow until one is measured
         self._booked: dict[int, float] = {}  # a size's mean as a cost book seeded it
         self._followed = 1.0  # the level its seeded sizes were last brought to
@@ -217,7 +216,6 @@ class BatchCosts:
 
     def merge(self, other: BatchCosts) -> None:
         other._ready()
-        self.context = other.context
         for n in other.weight:
             calls = other.calls(n) * self._scale
             self._add(n, calls, calls * other.total[n] / other.weight[n])
@@ -428,6 +426,14 @@ class BatchCosts:
         self._changed()
 
 
+@dataclass
+class Position:
+    """The tokens the loop's next round follows (`LoopCosts.at`): one a sequence's drafting, shared by the books of
+    its ways, which read c_d there. Not the target's book of passes, which every slot shares."""
+
+    context: int = 0
+
+
 class ContextSlope:
     """How a decode's seconds grow with the context it attends to, b in c(n, L) = c(n) + b·(L − L̄): a decode
     reads the whole cache once whatever it feeds, so each call pays b a token of context. L̄ is the mean context of
@@ -507,16 +513,20 @@ class LoopCosts:
 
     c_v is the target's, whoever drafted: books that price different drafters share one (`sharing`), which is also
     the planner's c(R) (`Planner.meet`), so that a pass is booked once, by rows, whatever ran it. c_d is read at the
-    context the loop is at now (`at`), by how the draft's decodes grow with context (`ContextSlope`): the target's
-    passes are measured every round, the draft's only while it drafts."""
+    context the loop is at now (`at`, a `Position` the books of one sequence's drafting share), by how the draft's
+    decodes grow with context (`ContextSlope`): the target's passes are measured every round, the draft's only while
+    it drafts."""
 
     decay: float = 1.0
     shape: str = PER_TOKEN
     draft: BatchCosts = field(init=False)
     verify: BatchCosts = field(init=False)
     draft_context: ContextSlope = field(init=False)
+    position: Position = field(default_factory=Position)
     other_s: float = 0.0
     other_tokens: float = 0.0
+    row_s: float = 0.0  # the work on a verify pass's rows (their p, a grammar's masks) where c_v is the pass alone
+    rows: float = 0.0
 
     def __post_init__(self) -> None:
         self.draft, self.verify = BatchCosts(self.decay), BatchCosts(self.decay)
@@ -524,28 +534,33 @@ class LoopCosts:
         self.draft_context = ContextSlope(self.decay)
 
     @classmethod
-    def sharing(cls, verify: BatchCosts, decay: float, shape: str) -> LoopCosts:
+    def sharing(cls, verify: BatchCosts, decay: float, shape: str, position: Position) -> LoopCosts:
         """A book of its own drafter's steps (of cost shape `shape`) and loop work over the target's passes
-        `verify`."""
-        costs = cls(decay, shape)
+        `verify`, read at its sequence's `position`."""
+        costs = cls(decay, shape, position=position)
         costs.verify = costs.draft.follows = verify
         return costs
 
     def record_round(self, steps: list[tuple[int, float]], k: int, verify_s: float, round_s: float,
-                     emitted: int, context: int = 0, booked: bool = False) -> None:
+                     emitted: int, context: int = 0, pass_s: float | None = None) -> None:
         """One round at `context` tokens: its draft steps (tokens fed, seconds), its verify pass over its K + 1 rows
-        (unless that pass is `booked` by whoever ran it: a scheduler books c_v by the rows of every sequence, and each
-        sequence booking the whole pass against its own K + 1 rows priced a lone round at a batch's pass), and all it
-        took, `emitted` tokens."""
+        with the work on their logits (`verify_s`), and all it took, `emitted` tokens. Where whoever ran the pass booked
+        it (a scheduler books c_v by the rows of every sequence: each booking the whole pass against its own K + 1 rows
+        priced a lone round at a batch's pass), `pass_s` is the pass alone, and the rest of `verify_s` the work on its
+        rows (`per_row`: unpriced, a grammar's masks and the verification of a tiny model's rows made a plain round
+        read half its cost, and the default under a grammar no longer took the memory's proposals)."""
         self.record_draft(steps, context)
-        if not booked:
+        if pass_s is None:
             self.verify.record(k + 1, verify_s)
+        else:
+            self.row_s = self.row_s * self.decay + max(0.0, verify_s - pass_s)
+            self.rows = self.rows * self.decay + k + 1
         self.other_s = self.other_s * self.decay + max(0.0, round_s - verify_s - sum(s for _, s in steps))
         self.other_tokens = self.other_tokens * self.decay + emitted
 
     def at(self, context: int) -> None:
-        """The loop's next round follows `context` tokens: c_d is read there (every book sharing this one's c_v)."""
-        self.verify.context = context
+        """The loop's next round follows `context` tokens: c_d is read there (every book sharing this one's position)."""
+        self.position.context = context
 
     def record_draft(self, steps: list[tuple[int, float]], context: int = 0) -> None:
         """Draft-model decodes at about `context` tokens, (tokens fed, seconds) each; a prompt's is the size of a
@@ -562,8 +577,16 @@ class LoopCosts:
         self.draft.merge(other.draft)
         self.verify.merge(other.verify)
         self.draft_context.merge(other.draft_context)
+        self.position.context = other.position.context
         self.other_s += other.other_s
         self.other_tokens += other.other_tokens
+        self.row_s += other.row_s
+        self.rows += other.rows
+
+    @property
+    def per_row(self) -> float:
+        """The work on each row of a verify pass whose c_v is the pass alone (`record_round`)."""
+        return self.row_s / self.rows if self.rows else 0.0
 
     @property
     def per_token(self) -> float:
@@ -587,14 +610,15 @@ class LoopCosts:
     def _now(self, seconds: float) -> float:
         """A draft decode the book measured at `seconds`, at the context the loop is at now (`ContextSlope.shift`).
         A slope fitted over noise never prices a decode below half its measured mean."""
-        return seconds + max(self.draft_context.shift(self.verify.context), -seconds / 2)
+        return seconds + max(self.draft_context.shift(self.position.context), -seconds / 2)
 
     def round_seconds(self, k: int, acceptance: Acceptance) -> float | None:
-        """Expected seconds of a round drafting k: drafting (as the shape says), c_v(k + 1), o per emitted token."""
+        """Expected seconds of a round drafting k: drafting (as the shape says), c_v(k + 1) with the work on its rows,
+        o per emitted token."""
         verify, draft = self.verify.seconds(k + 1), self.draft_seconds(k, acceptance)
         if verify is None or draft is None:
             return None
-        return draft + verify + self.per_token * acceptance.expected_tokens(k)
+        return draft + verify + self.per_row * (k + 1) + self.per_token * acceptance.expected_tokens(k)
 
     def rate(self, k: int, acceptance: Acceptance) -> float | None:
         """Expected tokens per second of rounds drafting k; None while a cost it needs is unmeasured."""

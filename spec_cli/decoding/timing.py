@@ -23,7 +23,7 @@ class RoundTimer:
     """Times the prompt, then each round's steps. `parts` are what decodes (the target's context, the
     drafter's `clocks`); `running` the pair's running cost books, which outlive the generation, and which its rounds are
     recorded in besides its own (`stats.costs`): all but the verify pass, which the scheduler that ran it books there,
-    once, by the rows of every sequence in it (`Planner.passed`).
+    once, by the rows of every sequence in it (`Planner.passed`), and the work on its rows apart.
 
     A step's wall time goes to its share (drafting, verification); the time in llama.cpp is read once a round, at
     its end (`end_round`): everything the parts decoded since the prompt was in or the last round ended, which is
@@ -37,6 +37,7 @@ class RoundTimer:
         self._decode_start = self._round_start = self._prompt_start = time.perf_counter()
         self._busy_at = 0.0  # the parts' seconds in llama.cpp when the prompt was in or the last round ended
         self._verify_s = 0.0
+        self._pass_s = 0.0  # the verify pass alone, as the scheduler timed it
         self._step_start = 0.0
 
     def _in_llama(self) -> tuple[float, float]:
@@ -61,12 +62,13 @@ class RoundTimer:
 
     def start_round(self) -> None:
         self._round_start = time.perf_counter()
-        self._verify_s = 0.0
+        self._verify_s = self._pass_s = 0.0
 
     def verified(self, seconds: float) -> None:
         """The verify pass a scheduler ran for this round (with other sequences'): its wall time."""
         self.stats.verify_s += seconds
         self._verify_s += seconds
+        self._pass_s += seconds
 
     @contextmanager
     def step(self, share: str) -> Iterator[None]:
@@ -105,6 +107,6 @@ class RoundTimer:
         self.stats.rollback_s = rollback - self._rollback_base
         round_s = time.perf_counter() - self._round_start
         for book in self.books:
-            booked = book is not self.stats.costs
-            book.record_round(steps, drafted, self._verify_s, round_s, emitted, context, booked=booked)
+            pass_s = None if book is self.stats.costs else self._pass_s  # the scheduler books the pass there
+            book.record_round(steps, drafted, self._verify_s, round_s, emitted, context, pass_s)
             book.at(context + emitted)

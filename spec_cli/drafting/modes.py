@@ -15,7 +15,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from spec_cli.decoding.costs import DECAY, HOST, BatchCosts, LoopCosts
+from spec_cli.decoding.costs import DECAY, HOST, BatchCosts, LoopCosts, Position
 from spec_cli.decoding.draft_length import AUTO_K_MAX, AdaptiveK, DraftLength, FixedK, Pool, PositionAcceptance
 from spec_cli.decoding.drafter import Drafter
 from spec_cli.drafting.base import CatchUpDrafter
@@ -245,6 +245,7 @@ class Drafting:
         # The target's passes by rows, whoever drafted: one for every book; a shared one is seeded by its owner.
         self._verify = passes if passes is not None else BatchCosts(DECAY)
         self._shares_passes = passes is not None
+        self._position = Position()  # where this sequence's rounds are, which every book of its ways reads c_d at
         self._costs: dict[str, LoopCosts] = {}
         self._lengths: dict[tuple[str, str, int | str], DraftLength] = {}
         self._hybrids: dict[int | str, HybridState] = {}
@@ -295,7 +296,7 @@ class Drafting:
         """The running costs mode `name`'s rounds are priced with and recorded in: its drafter's decodes and the
         loop's work its own, the target's passes shared."""
         if name not in self._costs:
-            self._costs[name] = LoopCosts.sharing(self._verify, DECAY, MODES[name].cost_shape)
+            self._costs[name] = LoopCosts.sharing(self._verify, DECAY, MODES[name].cost_shape, self._position)
         return self._costs[name]
 
     def length(self, key: tuple[str, str, int | str], drafter: str, limit: int = AUTO_K_MAX,
@@ -360,7 +361,7 @@ class Drafting:
         try:
             passes = entry_passes(entry)
             books = {name: (_capped(_means(book.get("draft", {})), rows=0), float(book.get("per_token", 0.0)),
-                            _context(book.get("draft_context")))
+                            float(book.get("per_row", 0.0)), _context(book.get("draft_context")))
                      for name, book in entry.get("books", {}).items() if name in MODES}
             acceptance = {name: _counts(counts) for name, counts in entry.get("acceptance", {}).items()
                           if name in self.own_models()}
@@ -377,12 +378,13 @@ class Drafting:
                 context.throughput.seed(rate)
         if not self._shares_passes:
             self._verify.seed(passes, BOOK_CALLS)
-        for name, (draft, per_token, context) in books.items():
+        for name, (draft, per_token, per_row, context) in books.items():
             costs = self.costs(name)
             costs.draft.seed(draft, BOOK_CALLS)
             if context is not None:
                 costs.draft_context.seed(context, BOOK_CALLS)
             costs.other_s, costs.other_tokens = BOOK_CALLS * per_token, BOOK_CALLS
+            costs.row_s, costs.rows = BOOK_CALLS * per_row, BOOK_CALLS
         self._acceptance, self._texts, self._pooled = acceptance, texts, {}
         self._answers.clear()
         self._answers.extend(answers)
@@ -398,6 +400,7 @@ class Drafting:
         texts = {name: [text.as_counts() for text in pool.kept()] for name, pool in self._pooled.items()}
         # Only own drafters decode to draft: the other books' steps are not theirs (the hybrid's mixes them).
         books = {name: {"draft": costs.draft.as_dict() if name in own else {}, "per_token": costs.per_token,
+                        "per_row": costs.per_row,
                         **({"draft_context": costs.draft_context.as_dict()}
                            if name in own and costs.draft_context.at is not None else {})}
                  for name, costs in self._costs.items()}

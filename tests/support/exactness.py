@@ -191,18 +191,26 @@ def priced_to_draft(pair: Pair) -> None:
     the hybrid and `-k auto` draft wherever acceptance gives a chance. On the tiny models a draft step costs
     what a target step does, and both would rightly stop drafting, leaving the paths under test (drafts kept and
     rejected, rollbacks) unrun. Measurements made after this weigh too little to change it for a test's few
-    generations; and a pass priced below any measured one reads as what one row measured (`BatchCosts`' floor):
-    priced dearer than the one-row steps a generation measures first, K ≥ 1 never paid under the planner. A step
+    generations; and every pass is priced alike, about what a tiny model's one-row pass measures, so that more rows
+    cost nothing more (a pass priced below any measured one reads as what one row measured, `BatchCosts`' floor:
+    priced dearer than the one-row steps a generation measures first, K ≥ 1 never paid under the planner), while a
+    probe stays a small share of the rounds it sat out (the planner reads this book: at 1 µs a pass a drafter whose
+    pooled acceptance was 0 was due its probe after ~1,500 rounds, and none came in 48 tokens). A step
     costs a tenth of a microsecond a token: at 1 µs an idle drafter's catch-up grew as fast as the probe's allowance
     on a ~60 µs pass (`probe_rounds`), and a drafter whose pooled acceptance was 0 was never probed in 48 tokens.
     So is the loop's own work per emitted token (o) in an own drafter's rounds: at the tiny models' ~150 µs a token,
     beside steps and passes priced at a microsecond, it made a drafter's rate 1/o, no draft's rate, a tie that noise
     broke (the hybrid once drafted nothing in 48 tokens). The hybrid's own book, which prices its lookups and plain
-    rounds, keeps what it measures: there o outweighs a lookup's host time, which is not priced here."""
-    steps, passes = {str(n): 1e-7 * n for n in range(1, 129)}, {str(rows): 1e-6 for rows in range(1, 18)}
+    rounds, keeps what it measures: there o outweighs a lookup's host time, which is not priced here. The work on a
+    verify pass's rows, which every book prices a row beside the pass, is priced as nearly free in each of them, as
+    the passes are."""
+    steps, passes = {str(n): 1e-7 * n for n in range(1, 129)}, {str(rows): 1e-4 for rows in range(1, 18)}
     for name in pair.drafting.own_models():
         pair.drafting.costs(name).draft.seed(steps, 1e6)
     pair.drafting.costs("hybrid").verify.seed(passes, 1e6)
     for name in pair.drafting.own_models():
         book = pair.drafting.costs(name)
         book.other_s, book.other_tokens = 1e6 * 1e-8, 1e6  # o: 10 ns a token, outweighing what a test measures
+    for name in ("hybrid", *pair.drafting.own_models()):
+        book = pair.drafting.costs(name)
+        book.row_s, book.rows = 1e6 * 1e-8, 1e6  # the work on a pass's rows: 10 ns a row

@@ -74,7 +74,8 @@ def hybrid(model_accepts: int, ngram_accepts: int = 4, pending: int = 1, k: int 
     state = HybridState({"ngram": FixedK(k), **{name: FixedK(k) for name in books}}, in_use=in_use)
     model = FakeModel(pending)
     drafters = {name: model if name == "model" else FakeModel(pending) for name in books}
-    lookups = LoopCosts.sharing(next(iter(books.values())).verify, 1.0, HOST)  # prices lookups and plain rounds
+    first = next(iter(books.values()))
+    lookups = LoopCosts.sharing(first.verify, 1.0, HOST, first.position)  # prices lookups and plain rounds
     drafter = HybridDrafter(NgramDrafter(n_vocab=100), drafters, books, lookups, state)
     drafter.start(MATCH[:1])
     for name, accepted in (("ngram", ngram_accepts), *((name, model_accepts) for name in books)):
