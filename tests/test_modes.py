@@ -113,15 +113,21 @@ def test_a_book_size_dearer_a_row_than_a_smaller_one_is_read_at_the_smaller_ones
     assert [draft.seconds(n) for n in (1, 2, 3)] == pytest.approx([0.010, 0.016, 0.016 * 3 / 2])
 
 
-def test_a_book_keeps_how_the_drafts_steps_grow_with_context(other: Pair) -> None:
-    """A draft model measured late in a long text must not price the next short prompt at that text's steps: the book
-    keeps the steps' mean context and their slope, and a new process reads the draft where its rounds are."""
-    drafting = modes.Drafting(other.drafting.sources)
+def drafted_through_a_text(pair: Pair) -> tuple[modes.Drafting, dict | None]:
+    """A drafting of `pair`'s whose draft model stepped through contexts 100..699 at 7 ms + 5 µs a token of context,
+    and what it learnt."""
+    drafting = modes.Drafting(pair.drafting.sources)
     costs = drafting.costs("model")
     for context in range(100, 700):
         costs.record_round([(1, 0.007 + 0.000005 * context)], 1, verify_s=0.02, round_s=0.03, emitted=2,
                            context=context)
-    learnt = drafting.learnt()
+    return drafting, drafting.learnt()
+
+
+def test_a_book_keeps_how_the_drafts_steps_grow_with_context(other: Pair) -> None:
+    """A draft model measured late in a long text must not price the next short prompt at that text's steps: the book
+    keeps the steps' mean context and their slope, and a new process reads the draft where its rounds are."""
+    _, learnt = drafted_through_a_text(other)
     assert learnt is not None and "draft_context" not in learnt["books"].get("ngram", {})
     kept = learnt["books"]["model"]["draft_context"]
     assert kept["slope"] == pytest.approx(0.000005) and 650 < kept["at"] < 700
@@ -136,12 +142,7 @@ def test_a_book_keeps_how_the_drafts_steps_grow_with_context(other: Pair) -> Non
 def test_slots_share_the_targets_passes_and_each_reads_its_drafts_steps_where_its_own_rounds_are(other: Pair) -> None:
     """The slots of `--parallel` share the pair's book of passes, and each prices its draft's steps at its own
     sequence's context (a long prompt's rounds beside a short one's), which every book of its ways reads."""
-    drafting = modes.Drafting(other.drafting.sources)
-    costs = drafting.costs("model")
-    for context in range(100, 700):
-        costs.record_round([(1, 0.007 + 0.000005 * context)], 1, verify_s=0.02, round_s=0.03, emitted=2,
-                           context=context)
-    learnt = drafting.learnt()
+    drafting, learnt = drafted_through_a_text(other)
     assert learnt is not None
     short, long = (modes.Drafting(other.drafting.sources, passes=drafting.passes) for _ in range(2))
     for slot in (short, long):
