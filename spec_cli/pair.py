@@ -92,10 +92,11 @@ class Pair:
         # What the drafters learn (costs, K controllers) is kept here across generations: it carries over from
         # one prompt (or chat turn) to the next, and from the last process on this machine (the cost book).
         self.drafting = Drafting(sources)
+        self._slot_draftings: list[Drafting] = []  # the slots' (`slots`), which share the books of this one
         files = [model.path for model in self._models]
         self._book_key = cost_book.key(files, n_threads, self.placement())
-        self._book = cost_book.read(self._book_key)
-        self.drafting.seed(self._book)
+        book = cost_book.read(self._book_key)
+        self.drafting.seed(book)
 
     def _context(self, model: Model, n_ctx: int, n_threads: int, max_rollback: int, hidden_states: bool = False,
                  feature_layers: tuple[int, ...] = ()) -> Context:
@@ -271,14 +272,14 @@ class Pair:
                 for target, draft in zip(targets, drafts)]
 
     def _slot_drafting(self, sources: Sources, n_ctx: int) -> Drafting:
-        """A slot's drafting, started from the cost book as the pair's was (its contexts' rates are the pair's
-        already): a slot that starts cold tries each own drafter on its first request, a catch-up that held every
-        sequence's first token up (~100 ms on the demo pair at `--parallel 4`). Its target's passes are the pair's
-        book (`Drafting.passes`): the scheduler books each pass over every slot's rows once, in the first book it
-        meets, and every slot reads it; the pair keeps it in the cost book when it closes."""
-        drafting = Drafting(self._fed(sources, n_ctx), passes=self.drafting.passes)
-        if self._book:
-            drafting.seed({name: value for name, value in self._book.items() if name != "throughput"})
+        """A slot's drafting, which shares the pair's books (`Drafting(shared=)`): the pair's started from the cost
+        book (a slot that starts cold tries each own drafter on its first request, a catch-up that held every
+        sequence's first token up: ~100 ms on the demo pair at `--parallel 4`), every slot adds what it measures (the
+        scheduler books each pass over every slot's rows once, in the first book it meets), and the pair keeps it all
+        in the cost book when it closes: each slot kept a book of its own, seeded from the cost book, and what the
+        slots learnt of the draft's steps and acceptance was never kept."""
+        drafting = Drafting(self._fed(sources, n_ctx), shared=self.drafting)
+        self._slot_draftings.append(drafting)
         return drafting
 
     def _sequences(self, model: Model, n: int, n_ctx: int, hidden_states: bool = False,
@@ -335,6 +336,8 @@ class Pair:
     def close(self) -> None:
         """Free the models, after keeping what drafting measured in the cost book and what the memory learnt in
         its file (`keep_memory`)."""
+        for drafting in self._slot_draftings:
+            drafting.end_text()
         learnt = self.drafting.learnt()
         if learnt is not None:
             cost_book.write(self._book_key, {**learnt, "pair": [model.path.name for model in self._models]})

@@ -11,7 +11,9 @@ import pytest
 from support import children
 from typer.testing import CliRunner
 
-from spec_cli import load_pair
+from spec_cli import GenerationRequest, load_pair
+from spec_cli.decoding.sampling import SamplingParams
+from spec_cli.decoding.scheduler import Scheduler
 from spec_cli.cli.app import app
 from spec_cli.decoding.draft_length import AdaptiveK
 from spec_cli.drafting import cost_book
@@ -53,6 +55,25 @@ def test_the_next_pair_starts_from_the_book(target_path: Path, other_draft_path:
         assert length.acceptance.measured <= 8.0  # a prior that the rounds measured now soon outweigh
         for slot in pair.slots(2):  # each slot of `--parallel` starts from the book too, not cold
             assert slot.drafting.costs("model").draft.seconds(1) == entry["books"]["model"]["draft"]["1"]
+
+
+def test_what_the_slots_of_parallel_measured_is_kept(target_path: Path, other_draft_path: Path) -> None:
+    """Under `--parallel` the pair's own drafting never runs: what its slots measured (the draft's steps, its acceptance
+    over every text and on each) is what the book keeps; each slot kept books of its own before, and a batch's process
+    left the draft's in the book as it found them."""
+    request = GenerationRequest(sampling=SamplingParams(), draft_max=4, draft_mode="model", max_tokens=40)
+    with load_pair(target_path, other_draft_path, n_threads=2) as pair:
+        scheduler = Scheduler()
+        generations = [slot.generate(pair.prompt_tokens(prompt, raw=True), request)
+                       for slot, prompt in zip(pair.slots(2), (PROMPT, "a dog and a cat and a dog"))]
+        for generation in generations:
+            scheduler.join(generation)
+        while len(scheduler):
+            scheduler.step()
+    assert all(generation.stats.reached_at[:1] >= [3] for generation in generations)  # rounds that drafted
+    [entry] = cost_book.read_all().values()
+    assert "1" in entry["books"]["model"]["draft"] and entry["acceptance"]["model"]["reached"][0] > 0
+    assert len(entry["texts"]["model"]) == 2  # each slot's text, as it stood when the pair closed
 
 
 def test_another_thread_count_is_another_entry(target_path: Path, other_draft_path: Path) -> None:

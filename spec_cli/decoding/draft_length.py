@@ -201,10 +201,13 @@ class Pool:
     new text is weighed against (the default drafting's `HybridDrafter._trial`). Every controller of the drafter adds
     its rounds here (`PositionAcceptance.pooled`)."""
 
-    def __init__(self, decay: float) -> None:
-        self.every = PositionAcceptance(decay)
-        self.text = PositionAcceptance()  # this text's rounds, plain counts
-        self.texts: deque[PositionAcceptance] = deque(maxlen=TEXTS_KEPT)
+    def __init__(self, decay: float, shared: Pool | None = None) -> None:
+        """`shared`: another sequence's pool of the same drafter (a slot of `--parallel` shares its pair's), whose
+        acceptance over every text and last texts this one adds to and reads: a drafter keeps about as much of its
+        drafts on one sequence as on another, and a batch learns it from all of them at once."""
+        self.every = shared.every if shared is not None else PositionAcceptance(decay)
+        self.text = PositionAcceptance()  # this sequence's text's rounds, plain counts
+        self.texts: deque[PositionAcceptance] = shared.texts if shared is not None else deque(maxlen=TEXTS_KEPT)
 
     def update(self, drafted: int, accepted: int) -> None:
         self.every.update(drafted, accepted)
@@ -212,7 +215,8 @@ class Pool:
 
     def new_text(self) -> None:
         """The text drafted in so far ends: its acceptance is kept where it drafted `TEXT_ROUNDS` rounds or more."""
-        self.texts = deque(self.kept(), maxlen=TEXTS_KEPT)
+        if self._text_kept:
+            self.texts.append(self.text)
         if self.text.measured:
             self.text = PositionAcceptance()
 

@@ -234,17 +234,19 @@ def mode_help() -> str:
 
 
 class Drafting:
-    """A pair's drafting: its `Sources`, and what its drafters learn, kept across generations. `passes`: the book of
-    the target's passes by rows to share (a slot's, the pair's: one scheduler runs every slot's rows in one pass and
-    books it once), else one of its own."""
+    """A pair's drafting: its `Sources`, and what its drafters learn, kept across generations. `shared`: the drafting of
+    the pair whose sequence this one is (a slot of `--parallel`), whose books this one reads and adds to: the target's
+    passes (one scheduler runs every slot's rows in one pass and books it once), the draft's steps, each own drafter's
+    acceptance over every text and the last texts', the last answers' lengths; what is this sequence's own is where its
+    rounds are and its drafters' state on its text. The pair keeps the shared books in the cost book when it closes."""
 
-    def __init__(self, sources: Sources, passes: BatchCosts | None = None) -> None:
+    def __init__(self, sources: Sources, shared: Drafting | None = None) -> None:
         self.sources = sources
+        self._shared = shared
         # What the draft's context holds of the sequence (all of it, or a window), across generations.
         self.draft_memory = DraftMemory(sources.draft, sources.target) if sources.draft is not None else None
-        # The target's passes by rows, whoever drafted: one for every book; a shared one is seeded by its owner.
-        self._verify = passes if passes is not None else BatchCosts(DECAY)
-        self._shares_passes = passes is not None
+        # The target's passes by rows, whoever drafted: one for every book.
+        self._verify = shared.passes if shared is not None else BatchCosts(DECAY)
         self._position = Position()  # where this sequence's rounds are, which every book of its ways reads c_d at
         self._costs: dict[str, LoopCosts] = {}
         self._lengths: dict[tuple[str, str, int | str], DraftLength] = {}
@@ -253,7 +255,7 @@ class Drafting:
         self._texts: dict[str, list[dict[str, float | list[float]]]] = {}  # the cost book's, by own drafter
         self._pooled: dict[str, Pool] = {}  # by own drafter, over every text (`pooled`)
         # The last answers' (length, whether it ended on its own), every hybrid's: what an entry pays back over.
-        self._answers: deque[tuple[int, bool]] = deque(maxlen=ANSWERS_KEPT)
+        self._answers: deque[tuple[int, bool]] = shared._answers if shared is not None else deque(maxlen=ANSWERS_KEPT)
 
     @property
     def modes(self) -> tuple[str, ...]:
@@ -277,8 +279,7 @@ class Drafting:
         default drafting prices each own drafter at the best K for it (`_first_k`): the K the planner last gave a way
         is kept while the way is not drafted, and a way priced at a K that was best on another text (3, where its
         best was 9) was never drafted again."""
-        for pool in self._pooled.values():
-            pool.new_text()
+        self.end_text()
         built = self.check(name).build(self, p_min, k)
         for length in self._lengths.values():
             length.acceptance.new_text(BOOK_ROUNDS)
@@ -286,6 +287,12 @@ class Drafting:
             for way in state.ks.keys() & self._pooled.keys():
                 state.ks[way] = self._first_k(way, state.lengths[way], state.lookup)
         return built
+
+    def end_text(self) -> None:
+        """The text drafted in last ends: each own drafter's acceptance on it joins the last texts' (a slot's, before
+        its pair keeps them in the cost book)."""
+        for pool in self._pooled.values():
+            pool.new_text()
 
     @property
     def passes(self) -> BatchCosts:
@@ -296,7 +303,8 @@ class Drafting:
         """The running costs mode `name`'s rounds are priced with and recorded in: its drafter's decodes and the
         loop's work its own, the target's passes shared."""
         if name not in self._costs:
-            self._costs[name] = LoopCosts.sharing(self._verify, DECAY, MODES[name].cost_shape, self._position)
+            self._costs[name] = self._shared.costs(name).read_at(self._position) if self._shared is not None else \
+                LoopCosts.sharing(self._verify, DECAY, MODES[name].cost_shape, self._position)
         return self._costs[name]
 
     def length(self, key: tuple[str, str, int | str], drafter: str, limit: int = AUTO_K_MAX,
@@ -321,15 +329,19 @@ class Drafting:
         """Own drafter `drafter`'s acceptance over every text and on each of the last texts, which each of its
         controllers adds its rounds to: the cost book's to begin with (over every text, worth as many rounds as its
         decay keeps)."""
-        if drafter not in self._pooled:
-            pool = self._pooled[drafter] = Pool(POOLED_DECAY)
-            if drafter in self._acceptance:
-                pool.every.seed(self._acceptance[drafter], 1.0 / (1.0 - POOLED_DECAY))
-            for counts in self._texts.get(drafter, []):
-                text = PositionAcceptance()
-                text.seed(counts, float("inf"))
-                pool.texts.append(text)
-        return self._pooled[drafter]
+        if drafter in self._pooled:
+            return self._pooled[drafter]
+        if self._shared is not None:  # the pair's, this sequence's text its own
+            pool = self._pooled[drafter] = Pool(POOLED_DECAY, shared=self._shared.pooled(drafter))
+            return pool
+        pool = self._pooled[drafter] = Pool(POOLED_DECAY)
+        if drafter in self._acceptance:
+            pool.every.seed(self._acceptance[drafter], 1.0 / (1.0 - POOLED_DECAY))
+        for counts in self._texts.get(drafter, []):
+            text = PositionAcceptance()
+            text.seed(counts, float("inf"))
+            pool.texts.append(text)
+        return pool
 
     def hybrid_state(self, k: int | str) -> HybridState:
         """What the hybrid drafting with K = `k` has learnt: a K controller for each of its drafters."""
@@ -355,8 +367,8 @@ class Drafting:
         """Start from a cost book's entry (`learnt`'s form): each mean counts as `BOOK_CALLS` calls (at most as dear
         a row as a smaller size's, `_capped`), each own drafter's acceptance as up to `BOOK_ROUNDS` rounds, the rates
         at which the target and the draft take in a stretch as a few chunks (`Throughput`). An entry that does not
-        read as such is ignored."""
-        if not entry:
+        read as such is ignored, and so is any by a drafting that shares its pair's books (the pair's was seeded)."""
+        if not entry or self._shared is not None:
             return
         try:
             passes = entry_passes(entry)
@@ -376,8 +388,7 @@ class Drafting:
             context = self.sources.target if name == "target" else self.sources.draft
             if context is not None:
                 context.throughput.seed(rate)
-        if not self._shares_passes:
-            self._verify.seed(passes, BOOK_CALLS)
+        self._verify.seed(passes, BOOK_CALLS)
         for name, (draft, per_token, per_row, context) in books.items():
             costs = self.costs(name)
             costs.draft.seed(draft, BOOK_CALLS)
