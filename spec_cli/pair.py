@@ -95,8 +95,8 @@ class Pair:
         self._slot_draftings: list[Drafting] = []  # the slots' (`slots`), which share the books of this one
         files = [model.path for model in self._models]
         self._book_key = cost_book.key(files, n_threads, self.placement())
-        book = cost_book.read(self._book_key)
-        self.drafting.seed(book)
+        self._book = cost_book.read(self._book_key)
+        self.drafting.seed(self._book)
 
     def _context(self, model: Model, n_ctx: int, n_threads: int, max_rollback: int, hidden_states: bool = False,
                  feature_layers: tuple[int, ...] = ()) -> Context:
@@ -272,13 +272,15 @@ class Pair:
                 for target, draft in zip(targets, drafts)]
 
     def _slot_drafting(self, sources: Sources, n_ctx: int) -> Drafting:
-        """A slot's drafting, which shares the pair's books (`Drafting(shared=)`): the pair's started from the cost
-        book (a slot that starts cold tries each own drafter on its first request, a catch-up that held every
-        sequence's first token up: ~100 ms on the demo pair at `--parallel 4`), every slot adds what it measures (the
-        scheduler books each pass over every slot's rows once, in the first book it meets), and the pair keeps it all
-        in the cost book when it closes: each slot kept a book of its own, seeded from the cost book, and what the
-        slots learnt of the draft's steps and acceptance was never kept."""
+        """A slot's drafting, started from the cost book as the pair's was: a slot that starts cold tries each own
+        drafter on its first request, a catch-up that held every sequence's first token up (~100 ms on the demo pair
+        at `--parallel 4`). It shares the pair's books of what does not depend on the sequences a pass runs with
+        (`Drafting(shared=)`): the target's passes by rows (the scheduler books each pass over every slot's rows once,
+        in the first book it meets), each own drafter's acceptance, the answers' lengths, which every slot adds to
+        and the pair keeps in the cost book when it closes (each slot kept its own, and a batch's process wrote back
+        the acceptance it had found)."""
         drafting = Drafting(self._fed(sources, n_ctx), shared=self.drafting)
+        drafting.seed(self._book)
         self._slot_draftings.append(drafting)
         return drafting
 

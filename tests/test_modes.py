@@ -140,12 +140,17 @@ def test_a_book_keeps_how_the_drafts_steps_grow_with_context(other: Pair) -> Non
 
 
 def test_slots_share_the_pairs_books_and_each_reads_its_drafts_steps_where_its_own_rounds_are(other: Pair) -> None:
-    """The slots of `--parallel` share the pair's books of passes and draft steps, and each prices its draft's steps at
-    its own sequence's context (a long prompt's rounds beside a short one's), which every book of its ways reads."""
-    drafting, _ = drafted_through_a_text(other)
+    """The slots of `--parallel` share the pair's books of passes and of each own drafter's acceptance, and keep their
+    own of the draft's steps (a scheduler books a sequence's share of the steps it ran with others), each priced at its
+    own sequence's context (a long prompt's rounds beside a short one's), which every book of its ways reads."""
+    drafting, learnt = drafted_through_a_text(other)
+    assert learnt is not None
     short, long = (modes.Drafting(other.drafting.sources, shared=drafting) for _ in range(2))
+    for slot in (short, long):
+        slot.seed(learnt)
     assert short.costs("model").verify is long.costs("model").verify is drafting.passes
-    assert short.costs("model").draft is long.costs("model").draft is drafting.costs("model").draft
+    assert short.pooled("model").every is long.pooled("model").every is drafting.pooled("model").every
+    assert short.costs("model").draft is not drafting.costs("model").draft
     short.costs("hybrid").at(100)  # the round's own book (the default's), as the loop's clock sets it
     long.costs("hybrid").at(4100)
     assert short.costs("model").step_costs(1)[0] == pytest.approx(0.0075, rel=0.02)

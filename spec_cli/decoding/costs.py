@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_right, insort
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Iterable, Protocol
 
 from spec_cli.decoding.fits import monotone, weighted_line
@@ -539,14 +539,6 @@ class LoopCosts:
         `verify`, read at its sequence's `position`."""
         costs = cls(decay, shape, position=position)
         costs.verify = costs.draft.follows = verify
-        return costs
-
-    def read_at(self, position: Position) -> LoopCosts:
-        """This book as another sequence of the same pair reads and books it (a slot of `--parallel`): the same passes,
-        draft steps and their growth with context (the same weights on the same machine: a slot's own, seeded from the
-        cost book, never reached it), c_d read at that sequence's `position`, the loop's work its own from here on."""
-        costs = replace(self, position=position)
-        costs.draft, costs.verify, costs.draft_context = self.draft, self.verify, self.draft_context
         return costs
 
     def record_round(self, steps: list[tuple[int, float]], k: int, verify_s: float, round_s: float,

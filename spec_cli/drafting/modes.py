@@ -236,9 +236,11 @@ def mode_help() -> str:
 class Drafting:
     """A pair's drafting: its `Sources`, and what its drafters learn, kept across generations. `shared`: the drafting of
     the pair whose sequence this one is (a slot of `--parallel`), whose books this one reads and adds to: the target's
-    passes (one scheduler runs every slot's rows in one pass and books it once), the draft's steps, each own drafter's
-    acceptance over every text and the last texts', the last answers' lengths; what is this sequence's own is where its
-    rounds are and its drafters' state on its text. The pair keeps the shared books in the cost book when it closes."""
+    passes (one scheduler runs every slot's rows in one pass and books it once), each own drafter's acceptance over every
+    text and the last texts', the last answers' lengths; the pair keeps them in the cost book when it closes. Its own are
+    its drafters' state on its text and the books of their steps and the loop's work, which a scheduler books as each
+    sequence's share of the passes it ran with others (a lone sequence's step priced at a batch's share drafts too
+    much)."""
 
     def __init__(self, sources: Sources, shared: Drafting | None = None) -> None:
         self.sources = sources
@@ -303,8 +305,7 @@ class Drafting:
         """The running costs mode `name`'s rounds are priced with and recorded in: its drafter's decodes and the
         loop's work its own, the target's passes shared."""
         if name not in self._costs:
-            self._costs[name] = self._shared.costs(name).read_at(self._position) if self._shared is not None else \
-                LoopCosts.sharing(self._verify, DECAY, MODES[name].cost_shape, self._position)
+            self._costs[name] = LoopCosts.sharing(self._verify, DECAY, MODES[name].cost_shape, self._position)
         return self._costs[name]
 
     def length(self, key: tuple[str, str, int | str], drafter: str, limit: int = AUTO_K_MAX,
@@ -367,8 +368,8 @@ class Drafting:
         """Start from a cost book's entry (`learnt`'s form): each mean counts as `BOOK_CALLS` calls (at most as dear
         a row as a smaller size's, `_capped`), each own drafter's acceptance as up to `BOOK_ROUNDS` rounds, the rates
         at which the target and the draft take in a stretch as a few chunks (`Throughput`). An entry that does not
-        read as such is ignored, and so is any by a drafting that shares its pair's books (the pair's was seeded)."""
-        if not entry or self._shared is not None:
+        read as such is ignored. A drafting that shares its pair's books (`shared`) takes only its own from it."""
+        if not entry:
             return
         try:
             passes = entry_passes(entry)
@@ -384,11 +385,6 @@ class Drafting:
             answers = [(int(n), bool(ended)) for n, ended in entry.get("answers", []) if int(n) >= 0]
         except (AttributeError, KeyError, TypeError, ValueError):
             return
-        for name, rate in throughput.items():
-            context = self.sources.target if name == "target" else self.sources.draft
-            if context is not None:
-                context.throughput.seed(rate)
-        self._verify.seed(passes, BOOK_CALLS)
         for name, (draft, per_token, per_row, context) in books.items():
             costs = self.costs(name)
             costs.draft.seed(draft, BOOK_CALLS)
@@ -396,6 +392,13 @@ class Drafting:
                 costs.draft_context.seed(context, BOOK_CALLS)
             costs.other_s, costs.other_tokens = BOOK_CALLS * per_token, BOOK_CALLS
             costs.row_s, costs.rows = BOOK_CALLS * per_row, BOOK_CALLS
+        if self._shared is not None:
+            return
+        for name, rate in throughput.items():
+            context = self.sources.target if name == "target" else self.sources.draft
+            if context is not None:
+                context.throughput.seed(rate)
+        self._verify.seed(passes, BOOK_CALLS)
         self._acceptance, self._texts, self._pooled = acceptance, texts, {}
         self._answers.clear()
         self._answers.extend(answers)
