@@ -201,6 +201,26 @@ def test_alone_an_own_drafter_is_offered_at_its_steady_price_and_catches_up_in_c
     assert [offer.way for offer in offers] == ["none"] and drafter.catch_up(NO_MATCH, 64) is not None
 
 
+def test_left_alone_a_drafter_the_batch_did_not_catch_up_weighs_its_entry_again() -> None:
+    """In the model's regime under a batch that gave it no K (its catch-up would hold every sequence up), the model
+    falls behind. When the others end, it is not offered at a steady round's price (its whole backlog would come with
+    its first step, for the answer's last rounds: 0.4 to 0.65 s on the demo pair at the end of four requests): its
+    regime is left, and entering is weighed against what the answer still emits. A drafter a steady round behind
+    keeps its regime."""
+    rng = np.random.default_rng(0)
+    drafter, model = hybrid(model_accepts=4, ngram_accepts=0, pending=120, in_use="model")
+    drafter.rewind(1)
+    [offer] = drafter.offer(NO_MATCH, Terms(8, 64, True, 100), GREEDY, rng)
+    assert offer.way == "model" and offer.backlog == 120  # the batch's to weigh
+    offers = drafter.offer([*NO_MATCH, 9], Terms(8, 512, False, 4), GREEDY, rng)  # a round on, alone, 4 tokens left
+    assert drafter.state.in_use == OUT and [offer.way for offer in offers] == ["none"]
+    drafter, model = hybrid(model_accepts=4, ngram_accepts=0, pending=2, in_use="model")
+    drafter.rewind(1)
+    drafter.offer(NO_MATCH, Terms(8, 64, True, 100), GREEDY, rng)
+    [offer] = drafter.offer([*NO_MATCH, 9], Terms(8, 512, False, 4), GREEDY, rng)
+    assert drafter.state.in_use == "model" and offer.way == "model"
+
+
 def test_under_auto_the_planners_k_is_the_k_a_way_is_priced_at() -> None:
     """Under auto the planner owns K: the K it gives a way (`take`) is the one that way's option is priced at in the
     rounds after (the way's controller only keeps acceptance), and before any, `K_START`."""

@@ -166,6 +166,7 @@ class HybridDrafter(Drafter):
         self._lacking: dict[str, int] = {}  # what each own drafter lacked when the last choice was made (`pending`)
         self._looked: tuple[int, int, Draft] | None = None  # (where, within what K, what) the lookup last proposed
         self._stood = 0  # the rounds of no draft the planner's last choice has stood for since (`stood`)
+        self._shared = False  # whether this text's last offer was made for a pass other sequences shared
 
     def start(self, tokens: Sequence[int]) -> None:
         """A new prompt, which each own drafter takes in once its regime is entered (its backlog, which is
@@ -202,7 +203,7 @@ class HybridDrafter(Drafter):
     def _new_prompt(self, tokens: Sequence[int]) -> None:
         self.state.new_text()
         self._unused = self._decided = self._looked = None
-        self._stood = 0
+        self._stood, self._shared = 0, False
         self.entry.new_text()
         self._new = True
         self.lookup.prefill(tokens)
@@ -257,6 +258,9 @@ class HybridDrafter(Drafter):
         so the drafter is offered at its steady round's price (a catch-up of at most [d_K, bonus]), and one that lacks
         more than a chunk catches up a chunk a step (`_ready`), which nobody waits on."""
         self._chunk, self.entry.terms = terms.chunk, terms
+        if self._shared and not terms.shared:
+            self._left_alone(tokens)
+        self._shared = terms.shared
         name, looked_up, k_own = self._choice(tokens, terms.k, sampling, rng, offering=True, shared=terms.shared)
         self._offered = (len(tokens), name, looked_up)
         acceptance = self.state.lookup_acceptance(looked_up.match)
@@ -272,6 +276,16 @@ class HybridDrafter(Drafter):
         acceptance = PositionAcceptance() if self._untried(name) else self.state.lengths[name].acceptance
         own = Offer(name, acceptance, self.books[name], k_own, backlog)
         return [own, *([lookup] if lookup.cap else [])]
+
+    def _left_alone(self, tokens: Sequence[int]) -> None:
+        """The other sequences of the pass have ended: the own drafter whose regime is in use leaves it where it lacks
+        more than a steady round's catch-up (the batch did not pay it), so that entering is weighed against what this
+        answer still emits (`entry`). Offered alone at a steady round's price, the draft model whose regime four
+        requests had kept while the batch gave it K = 0 was taken for the last 2 to 4 rounds of the last answer, its
+        catch-up on the whole of it (~100 tokens, 0.4 to 0.65 s on the demo pair) with them."""
+        in_use = self.own.get(self.state.in_use)
+        if in_use is not None and in_use.pending(tokens) > STEADY_BACKLOG:
+            self.state.in_use, self.state.regret_s = OUT, 0.0
 
     def take(self, way: str, k: int) -> None:
         """Draft the offered way `way` next round (the one this round chose, or another), which the planner gave K =
