@@ -174,3 +174,32 @@ def test_a_new_text_weighs_a_trial_though_the_drafters_regime_looks_best_without
     drafter.offer(NO_MATCH, Terms(8, 64, False, 100), GREEDY, np.random.default_rng(0))
     rates = {name: regime.rate for name, regime in drafter.state.regimes.items()}
     assert rates["model"] > rates[OUT] and drafter.state.in_use == "model" and drafter.entry._trying == "model"
+
+
+def test_beside_other_sequences_a_regime_whose_drafter_is_behind_is_the_batchs_to_enter() -> None:
+    """Where other sequences share the pass, the model's catch-up holds them all up: the regime the pay-back enters
+    alone is offered to the batch beside this round's choice, with all the model lacks, and entered only where the
+    batch takes it; no regret runs up meanwhile (it entered the regime at once when the others ended, for an answer's
+    last rounds)."""
+    rng = np.random.default_rng(0)
+    drafter, _model = hybrid(model_accepts=4, ngram_accepts=0, pending=40)
+    rounds_out(drafter, Terms(8, 64, True, 1000))
+    offers = drafter.offer(NO_MATCH, Terms(8, 64, True, 1000), GREEDY, rng)
+    assert [offer.way for offer in offers] == ["none", "model"] and offers[1].backlog == 40
+    assert drafter.state.in_use == OUT and drafter.state.regret_s == 0.0
+    drafter.take("model", 4)
+    assert drafter.state.in_use == "model"
+
+
+def test_a_regime_whose_drafter_the_batch_passes_over_is_left() -> None:
+    """In the model's regime beside other sequences, the model 40 tokens behind: a batch that gives it no K has not
+    paid its catch-up, and the regime is left (its lookup proposals would carry a catch-up nobody pays); one a steady
+    round behind keeps it."""
+    rng = np.random.default_rng(0)
+    for pending, kept in ((40, OUT), (2, "model")):
+        drafter, _model = hybrid(model_accepts=4, ngram_accepts=0, pending=pending, in_use="model")
+        drafter.rewind(1)
+        [offer] = drafter.offer(NO_MATCH, Terms(8, 64, True, 1000), GREEDY, rng)
+        assert offer.way == "model" and offer.backlog == pending
+        drafter.update(0, 0)  # the round drafted nothing
+        assert drafter.state.in_use == kept

@@ -268,14 +268,23 @@ class HybridDrafter(Drafter):
         owed_s = self._left_behind_s(self.state.in_use, acceptance.expected_tokens(cap)) if cap else 0.0
         lookup = Offer(self.lookup_name, acceptance, self.costs, cap, owed_s=owed_s)
         if name == self.lookup_name:
-            return [lookup]
-        if name not in self.own:
-            return [Offer(NONE, lookup.acceptance, self.costs, 0), *([lookup] if lookup.cap else [])]
+            offers = [lookup]
+        elif name not in self.own:
+            offers = [Offer(NONE, lookup.acceptance, self.costs, 0), *([lookup] if lookup.cap else [])]
+        else:
+            offers = [self._own_offer(name, k_own, terms.shared), *([lookup] if lookup.cap else [])]
+        entering = self.entry.entering
+        if entering is not None and entering != name:  # the batch's to enter, by taking it
+            offers.append(self._own_offer(entering, min(terms.k, self.state.lengths[entering].k_max), True))
+        return offers
+
+    def _own_offer(self, name: str, k: int, shared: bool) -> Offer:
+        """Own drafter `name` offered for at most `k` tokens: with all it lacks where other sequences share the pass,
+        alone with a steady round's catch-up."""
         pending = self._lacking[name]
-        backlog = pending if terms.shared else min(pending, STEADY_BACKLOG)  # alone: a steady round's catch-up
+        backlog = pending if shared else min(pending, STEADY_BACKLOG)
         acceptance = PositionAcceptance() if self._untried(name) else self.state.lengths[name].acceptance
-        own = Offer(name, acceptance, self.books[name], k_own, backlog)
-        return [own, *([lookup] if lookup.cap else [])]
+        return Offer(name, acceptance, self.books[name], k, backlog)
 
     def _left_alone(self, tokens: Sequence[int]) -> None:
         """The other sequences of the pass have ended: the own drafter whose regime is in use leaves it where it lacks
@@ -303,6 +312,8 @@ class HybridDrafter(Drafter):
             self.state.ks[way] = k if k < cap else max(k, self.state.ks[way])
         if name == way:
             return
+        if way in self.own:  # a regime the batch entered (`RegimeEntry.entering`)
+            self.state.in_use, self.state.regret_s = way, 0.0
         self._offered = (where, way, looked_up)
         self.chosen = (way, 0.0)
         self._unused = None if way == self.lookup_name else self._unused
@@ -415,6 +426,7 @@ class HybridDrafter(Drafter):
         choice of the regime the loop runs in, after weighing a trial of an own drafter on a new text or a move to the
         regime with the best rate (`entry`). `rounds`: the rounds since the last choice (those the planner's choice of
         no draft stood for, `stood`, and this one), each a round of every regime's choice as priced now."""
+        self.entry.entering = None
         for name in (self.lookup_name, *self.own, NONE):
             if name in options and options[name].seconds is None:
                 if name in self.own:
@@ -504,6 +516,17 @@ class HybridDrafter(Drafter):
             self.plan_s += time.perf_counter() - started
         if name in self.own:
             self.books[name].record_draft(self._draft.steps, self._context)
+            if not drafted and self._shared:
+                self._passed_over(name)
+
+    def _passed_over(self, name: str) -> None:
+        """A batch gave own drafter `name`, this round's choice, no K: where its regime is in use and it lacked more
+        than a steady round's catch-up (which the batch weighs against one pass, and seldom pays), the regime is left,
+        so that the lookup's proposals no longer carry a catch-up nobody pays. The first four of forty extraction
+        prompts at `--parallel 4` ran every round in the draft model's regime without a draft, their lookup proposals
+        (1 to 3 tokens each) passed over at 6 to 12 ms of the model's catch-up each."""
+        if self.state.in_use == name and self._lacking.get(name, 0) > STEADY_BACKLOG:
+            self.state.in_use, self.state.regret_s = OUT, 0.0
 
     def done(self, tokens: Sequence[int], n_prompt: int, ended: bool = False) -> None:
         """The lookup keeps the output; the answer's length, and whether it ended on its own, tells what the next answers
