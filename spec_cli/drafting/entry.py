@@ -11,6 +11,9 @@ Three rules, each for what the others cannot see:
 - a trial on a new text: an own drafter whose acceptance over the last texts says it may pay on this one, though its
   mean does not, drafts a few rounds here (the value of the information), as acceptance differs most from text to
   text.
+
+Beside other sequences a drafter's catch-up holds them all up, so the entry is the batch's (`entering`), and a regime
+whose drafter a batch left behind is left (`leave_unpaid`).
 """
 
 from __future__ import annotations
@@ -117,6 +120,17 @@ class RegimeEntry:
         state.regret_s += rounds * (tokens / rates[state.in_use] - tokens / rates[best])  # every regime has a round now
         if state.regret_s >= state.price_s or self._pays_back(rates[state.in_use], rates[best]):
             state.in_use, state.regret_s = best, 0.0
+
+    def leave_unpaid(self, name: str, lacking: int) -> None:
+        """Leave own drafter `name`'s regime, where it is in use, if it lacks more than a steady round's catch-up that a
+        batch left unpaid: the batch gave it no K though it was the round's choice (a batch weighs all it lacks
+        against one pass, and seldom pays), or the other sequences ended. Its entry is weighed again, against what
+        this answer still emits. Kept, the regime charged the lookup's proposals a catch-up nobody paid (the first four
+        of forty extraction prompts at `--parallel 4` passed over every one, 1 to 3 tokens at 6 to 12 ms each), and the
+        last sequence of four, alone, was offered the draft model at a steady round's price and took it for its last 2
+        to 5 rounds, its catch-up on the whole answer (~100 tokens, 0.4 to 0.65 s on the demo pair) with them."""
+        if self.state.in_use == name and lacking > STEADY_BACKLOG:
+            self.state.in_use, self.state.regret_s = OUT, 0.0
 
     def backlog_price(self, name: str, pending: int) -> float:
         """What entering `name`'s regime costs beyond a steady-state round: its catch-up on `pending` tokens

@@ -258,8 +258,9 @@ class HybridDrafter(Drafter):
         so the drafter is offered at its steady round's price (a catch-up of at most [d_K, bonus]), and one that lacks
         more than a chunk catches up a chunk a step (`_ready`), which nobody waits on."""
         self._chunk, self.entry.terms = terms.chunk, terms
-        if self._shared and not terms.shared:
-            self._left_alone(tokens)
+        in_use = self.state.in_use
+        if self._shared and not terms.shared and in_use in self.own:  # the others ended
+            self.entry.leave_unpaid(in_use, self.own[in_use].pending(tokens))
         self._shared = terms.shared
         name, looked_up, k_own = self._choice(tokens, terms.k, sampling, rng, offering=True, shared=terms.shared)
         self._offered = (len(tokens), name, looked_up)
@@ -285,16 +286,6 @@ class HybridDrafter(Drafter):
         backlog = pending if shared else min(pending, STEADY_BACKLOG)
         acceptance = PositionAcceptance() if self._untried(name) else self.state.lengths[name].acceptance
         return Offer(name, acceptance, self.books[name], k, backlog)
-
-    def _left_alone(self, tokens: Sequence[int]) -> None:
-        """The other sequences of the pass have ended: the own drafter whose regime is in use leaves it where it lacks
-        more than a steady round's catch-up (the batch did not pay it), so that entering is weighed against what this
-        answer still emits (`entry`). Offered alone at a steady round's price, the draft model whose regime four
-        requests had kept while the batch gave it K = 0 was taken for the last 2 to 4 rounds of the last answer, its
-        catch-up on the whole of it (~100 tokens, 0.4 to 0.65 s on the demo pair) with them."""
-        in_use = self.own.get(self.state.in_use)
-        if in_use is not None and in_use.pending(tokens) > STEADY_BACKLOG:
-            self.state.in_use, self.state.regret_s = OUT, 0.0
 
     def take(self, way: str, k: int) -> None:
         """Draft the offered way `way` next round (the one this round chose, or another), which the planner gave K =
@@ -516,17 +507,8 @@ class HybridDrafter(Drafter):
             self.plan_s += time.perf_counter() - started
         if name in self.own:
             self.books[name].record_draft(self._draft.steps, self._context)
-            if not drafted and self._shared:
-                self._passed_over(name)
-
-    def _passed_over(self, name: str) -> None:
-        """A batch gave own drafter `name`, this round's choice, no K: where its regime is in use and it lacked more
-        than a steady round's catch-up (which the batch weighs against one pass, and seldom pays), the regime is left,
-        so that the lookup's proposals no longer carry a catch-up nobody pays. The first four of forty extraction
-        prompts at `--parallel 4` ran every round in the draft model's regime without a draft, their lookup proposals
-        (1 to 3 tokens each) passed over at 6 to 12 ms of the model's catch-up each."""
-        if self.state.in_use == name and self._lacking.get(name, 0) > STEADY_BACKLOG:
-            self.state.in_use, self.state.regret_s = OUT, 0.0
+            if not drafted and self._shared:  # the batch passed the round's choice over
+                self.entry.leave_unpaid(name, self._lacking.get(name, 0))
 
     def done(self, tokens: Sequence[int], n_prompt: int, ended: bool = False) -> None:
         """The lookup keeps the output; the answer's length, and whether it ended on its own, tells what the next answers
