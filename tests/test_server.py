@@ -13,12 +13,14 @@ from pathlib import Path
 
 import httpx
 import openai
+import pytest
 from support import children
 from support.serving import HELLO, NAME, Running, openai_error, running
 from typer.testing import CliRunner
 
 from spec_cli import GenerationRequest, Pair, load_pair
 from spec_cli.cli.app import app
+from spec_cli.drafting import cost_book
 from spec_cli.server import app as server
 
 
@@ -148,8 +150,12 @@ def test_models_and_health_describe_the_server(live: Running, chat_target_path: 
                                                       "tokens_per_second": 0.0, "acceptance": None}
 
 
-def test_spec_serve_answers_logs_each_answer_and_stops_on_ctrl_c(chat_target_path: Path,
-                                                                 other_draft_path: Path) -> None:
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM])
+def test_spec_serve_answers_logs_each_answer_and_stops_on_ctrl_c_or_sigterm(chat_target_path: Path,
+                                                                            other_draft_path: Path,
+                                                                            stop: signal.Signals) -> None:
+    """Stopped by Ctrl-C or SIGTERM (`kill`, `docker stop`), the server ends its answers and keeps what it measured in
+    the cost book: at SIGTERM it used to die where it stood (uvicorn re-raises the signal it shut down on)."""
     process = children.popen([sys.executable, "-m", "spec_cli", "serve", "--target", str(chat_target_path),
                               "--draft", str(other_draft_path), "--port", "0", "-k", "2"],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -158,13 +164,14 @@ def test_spec_serve_answers_logs_each_answer_and_stops_on_ctrl_c(chat_target_pat
     client = openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=30)
     answer = client.chat.completions.create(model=chat_target_path.stem, messages=HELLO, max_tokens=5)
     logged = process.stderr.readline()
-    process.send_signal(signal.SIGINT)
+    process.send_signal(stop)
     _out, rest = process.communicate(timeout=15)
     assert first.startswith(f"spec: serving {chat_target_path.stem} on http://127.0.0.1:")
     assert "drafting hybrid K=2" in first
     assert answer.usage.completion_tokens == 5 and answer.choices[0].finish_reason == "length"
     assert logged.startswith("spec: chat: ") and "5 tokens" in logged and "finish: length" in logged
     assert process.returncode == 0 and rest.strip().endswith("server stopped")
+    assert cost_book.read_all()
 
 
 def test_one_model_is_described_by_its_id(live: Running) -> None:

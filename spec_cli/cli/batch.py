@@ -2,22 +2,19 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
-import signal
 import sys
 import time
 from dataclasses import replace
 from pathlib import Path
-from types import FrameType
-from typing import Annotated, Iterator, NoReturn, Optional
+from typing import Annotated, NoReturn, Optional
 
 import typer
 
 from spec_cli.batch.lines import OPENAI, Task, read_tasks
 from spec_cli.batch.output import InOrder, Output, Result, check_resumable, done_ids, line_of
 from spec_cli.batch.runner import BatchRunner, held_tokens
-from spec_cli.cli.common import EXIT_INTERRUPTED, EXIT_USAGE, user_errors
+from spec_cli.cli.common import EXIT_INTERRUPTED, EXIT_USAGE, terminated_as_interrupt, user_errors
 from spec_cli.cli.options import (DraftMaxOpt, DraftModeOpt, DraftPMinOpt, LoadOptions, MemoryOptions, NoDraftOpt,
                                   RequestFlags, Sampling, SeedOpt, VerifyOpt, constrains, loads_pair, open_pair,
                                   remembers, samples)
@@ -166,7 +163,7 @@ def _run(runner: BatchRunner, todo: list[Task], out: Output, ordered: bool, form
     finished = failed = emitted = 0
     started = time.perf_counter()
     try:
-        with BatchBar(len(todo), shown=not quiet) as bar, _terminated_as_interrupt():
+        with BatchBar(len(todo), shown=not quiet) as bar, terminated_as_interrupt():
 
             def write(result: Result) -> None:
                 nonlocal finished, failed
@@ -206,17 +203,3 @@ def _run(runner: BatchRunner, todo: list[Task], out: Output, ordered: bool, form
 
 def _acceptance(totals: Stats) -> float | None:
     return totals.acceptance_rate if totals.drafted else None
-
-
-@contextlib.contextmanager
-def _terminated_as_interrupt() -> Iterator[None]:
-    """SIGTERM stops the batch as Ctrl-C does: the lines written stay whole, the memory is saved."""
-    def interrupt(_signal: int, _frame: FrameType | None) -> None:
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-

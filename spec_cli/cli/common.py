@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import signal
 import sys
 from contextlib import contextmanager
 from pathlib import Path
+from types import FrameType
 from typing import Annotated, Callable, Iterator, Optional, TypeVar
 
 import typer
@@ -29,6 +31,22 @@ FLAGS = {"draft_max": "--draft-max", "draft_mode": "--draft-mode", "draft_p_min"
          "grammar_file": "--grammar-file", "json_schema": "--json-schema", "json_schema_file": "--json-schema-file"}
 
 ThreadsOpt = Annotated[Optional[int], typer.Option("--threads", min=1, help="CPU threads per model (default: every CPU this process may run on: all cores, or those taskset or a container allows).", show_default=False)]
+
+
+@contextmanager
+def terminated_as_interrupt() -> Iterator[None]:
+    """SIGTERM (`kill`, `docker stop`, a service manager) stops a command as Ctrl-C does, so that what it keeps is
+    kept: a batch's lines written stay whole and the memory is saved; a server's answers in progress get their grace
+    and the cost book and the memory are written. At Python's default a SIGTERM ended the process where it stood:
+    `spec serve` (whose uvicorn re-raises the signal it shut down on) wrote neither."""
+    def interrupt(_signal: int, _frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 @contextmanager
