@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 
 from spec_cli import SpecError
 from spec_cli.cli.app import app
+from spec_cli.drafting import cost_book
 
 runner = CliRunner()
 
@@ -277,7 +278,10 @@ def long_run(target_path: Path) -> list[str]:
             "--raw", "--ctx", "60000", "-n", "59000", "the cat"]
 
 
-def test_ctrl_c_keeps_text_and_prints_statistics(target_path: Path) -> None:
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_or_sigterm_keeps_text_and_prints_statistics(target_path: Path, stop: signal.Signals) -> None:
+    """Stopped by Ctrl-C, or by SIGTERM (`timeout 60 spec run …`, `kill`): the text so far stays, the statistics are
+    printed, and the cost book is kept as the pair closes (at SIGTERM the process died where it stood)."""
     process = children.popen(long_run(target_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     os.set_blocking(process.stdout.fileno(), False)
     deadline, first = time.monotonic() + 60, b""
@@ -285,12 +289,13 @@ def test_ctrl_c_keeps_text_and_prints_statistics(target_path: Path) -> None:
         first = process.stdout.read() or b""
         time.sleep(0.1)
     time.sleep(0.5)
-    process.send_signal(signal.SIGINT)
+    process.send_signal(stop)
     os.set_blocking(process.stdout.fileno(), True)
     rest, err = process.communicate(timeout=60)
     assert process.returncode == 130
     assert first and b"Traceback" not in err
     assert b"finish: interrupted" in err
+    assert cost_book.read_all()
 
 
 def test_closed_pipe_exits_quietly(target_path: Path, tmp_path: Path) -> None:

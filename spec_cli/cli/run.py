@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from spec_cli.cli.common import EXIT_INTERRUPTED, silence_stdout, user_errors
+from spec_cli.cli.common import EXIT_INTERRUPTED, silence_stdout, terminated_as_interrupt, user_errors
 from spec_cli.cli.options import (DraftMaxOpt, DraftModeOpt, DraftPMinOpt, LoadOptions, MemoryOptions, NoDraftOpt,
                                   QuietOpt, RequestFlags, Sampling, SeedOpt, VerifyOpt, constrains, loads_pair,
                                   open_pair, prompts_holding, remembers, samples)
@@ -121,7 +121,8 @@ def _read_prompt(prompt: str | None, quiet: bool, images: bool) -> str:
 
 
 def stream(generation: Generation, view: View) -> None:
-    """Feed the generation's events to the view; Ctrl-C keeps the text so far and still reports."""
+    """Feed the generation's events to the view; Ctrl-C or SIGTERM (`timeout`, `kill`) keeps the text so far, still
+    reports, and the memory and the cost book are kept as the pair closes."""
     events = iter(generation)
     view.start(generation)
 
@@ -131,7 +132,7 @@ def stream(generation: Generation, view: View) -> None:
         error(line)
 
     try:
-        with rpc.on_worker_lost(worker_lost):
+        with rpc.on_worker_lost(worker_lost), terminated_as_interrupt():
             for event in events:
                 view.token(event)
     except KeyboardInterrupt:
