@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -16,6 +17,7 @@ from support.tiny_models import CHAT_TEMPLATE, write_model
 
 from spec_cli import Pair, SamplingParams, SpecError, load_pair
 from spec_cli.conversation.session import ChatSession, Settings, run_command
+from spec_cli.drafting import cost_book
 
 
 def settings(**changes: object) -> Settings:
@@ -256,6 +258,21 @@ def test_piped_chat_answers_each_line_plainly(chat_target_path: Path) -> None:
     with load_pair(chat_target_path, None) as alone:
         session = ChatSession(alone, settings(max_tokens=6, use_draft=False))
         assert [say(session, "hello"), say(session, "how are you")] == answers[:2]
+
+
+def test_chat_stopped_by_sigterm_keeps_what_it_measured(chat_target_path: Path) -> None:
+    """SIGTERM (`kill`, a supervising script) ends a chat as its end of input would, with SIGTERM's status: the pair
+    closes and the cost book is written (the process died where it stood). Ctrl-C cancels a line or an answer here, so
+    it is not Ctrl-C's path."""
+    process = children.popen(chat_command(chat_target_path, "-n", "6", "--temp", "0"), stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process.stdin.write("hello\n")
+    process.stdin.flush()
+    answer = process.stdout.readline()  # the first answer is out: the chat waits for the next line
+    process.send_signal(signal.SIGTERM)
+    _out, err = process.communicate(timeout=60)
+    assert answer.strip() and process.returncode == 128 + signal.SIGTERM and "Traceback" not in err
+    assert cost_book.read_all()
 
 
 def test_piped_chat_replaces_bytes_that_are_not_utf8(chat_target_path: Path) -> None:

@@ -25,6 +25,7 @@ T = TypeVar("T")
 EXIT_USER_ERROR = 1
 EXIT_USAGE = 2  # Click's status for a bad option value; a grammar or schema that cannot be used is one
 EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 128 + signal.SIGTERM  # a shell's status for a process SIGTERM ended
 # Request fields by the flags that set them, for messages.
 FLAGS = {"draft_max": "--draft-max", "draft_mode": "--draft-mode", "draft_p_min": "--draft-p-min",
          "verify": "--verify", "max_tokens": "--max-tokens", "seed": "--seed", "grammar": "--grammar",
@@ -34,13 +35,14 @@ ThreadsOpt = Annotated[Optional[int], typer.Option("--threads", min=1, help="CPU
 
 
 @contextmanager
-def terminated_as_interrupt() -> Iterator[None]:
-    """SIGTERM (`kill`, `docker stop`, a service manager) stops a command as Ctrl-C does, so that what it keeps is
-    kept: a batch's lines written stay whole and the memory is saved; a server's answers in progress get their grace
-    and the cost book and the memory are written. At Python's default a SIGTERM ended the process where it stood:
-    `spec serve` (whose uvicorn re-raises the signal it shut down on) wrote neither."""
+def sigterm_raises(raised: Callable[[], BaseException] = KeyboardInterrupt) -> Iterator[None]:
+    """SIGTERM (`kill`, `timeout`, `docker stop`, a service manager) stops a command as Ctrl-C does (`raised`: what it
+    raises instead, where Ctrl-C means something else: in a chat it cancels a line), so that what it keeps is kept: a
+    batch's lines written stay whole, a server's answers in progress get their grace, and the memory and the cost
+    book are written as the pair closes. At Python's default a SIGTERM ended the process where it stood: `spec
+    serve` (whose uvicorn re-raises the signal it shut down on) and `spec run` wrote neither."""
     def interrupt(_signal: int, _frame: FrameType | None) -> None:
-        raise KeyboardInterrupt
+        raise raised()
 
     previous = signal.signal(signal.SIGTERM, interrupt)
     try:
