@@ -54,6 +54,12 @@ class RegimeEntry:
 
     def new_text(self) -> None:
         self._weighed, self._trying, self._rounds, self._tried = False, None, 0, 0
+        self.terms = None  # a new text's first offer says whether others share its passes
+
+    @property
+    def shared(self) -> bool:
+        """Whether this text's last offer was made for a pass other sequences shared."""
+        return self.terms is not None and self.terms.shared
 
     def trial(self, options: dict[str, Option], pending: dict[str, int], ks: dict[str, int],
               out_rate: float, rounds: int = 1) -> str | None:
@@ -112,7 +118,7 @@ class RegimeEntry:
         if best == state.in_use or rates[best] <= rates[state.in_use]:
             state.regret_s = 0.0
             return
-        if best != OUT and self.terms is not None and self.terms.shared and pending[best] > STEADY_BACKLOG:
+        if best != OUT and self.shared and pending[best] > STEADY_BACKLOG:
             self.entering, state.regret_s = best, 0.0
             return
         if state.regret_s == 0.0:

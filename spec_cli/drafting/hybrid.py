@@ -166,7 +166,6 @@ class HybridDrafter(Drafter):
         self._lacking: dict[str, int] = {}  # what each own drafter lacked when the last choice was made (`pending`)
         self._looked: tuple[int, int, Draft] | None = None  # (where, within what K, what) the lookup last proposed
         self._stood = 0  # the rounds of no draft the planner's last choice has stood for since (`stood`)
-        self._shared = False  # whether this text's last offer was made for a pass other sequences shared
 
     def start(self, tokens: Sequence[int]) -> None:
         """A new prompt, which each own drafter takes in once its regime is entered (its backlog, which is
@@ -203,7 +202,7 @@ class HybridDrafter(Drafter):
     def _new_prompt(self, tokens: Sequence[int]) -> None:
         self.state.new_text()
         self._unused = self._decided = self._looked = None
-        self._stood, self._shared = 0, False
+        self._stood = 0
         self.entry.new_text()
         self._new = True
         self.lookup.prefill(tokens)
@@ -257,11 +256,10 @@ class HybridDrafter(Drafter):
         chunk a step first. Alone, entering a regime has been priced against the rounds after it (the ski-rental rule),
         so the drafter is offered at its steady round's price (a catch-up of at most [d_K, bonus]), and one that lacks
         more than a chunk catches up a chunk a step (`_ready`), which nobody waits on."""
-        self._chunk, self.entry.terms = terms.chunk, terms
         in_use = self.state.in_use
-        if self._shared and not terms.shared and in_use in self.own:  # the others ended
+        if self.entry.shared and not terms.shared and in_use in self.own:  # the others ended
             self.entry.leave_unpaid(in_use, self.own[in_use].pending(tokens))
-        self._shared = terms.shared
+        self._chunk, self.entry.terms = terms.chunk, terms
         name, looked_up, k_own = self._choice(tokens, terms.k, sampling, rng, offering=True, shared=terms.shared)
         self._offered = (len(tokens), name, looked_up)
         acceptance = self.state.lookup_acceptance(looked_up.match)
@@ -507,7 +505,7 @@ class HybridDrafter(Drafter):
             self.plan_s += time.perf_counter() - started
         if name in self.own:
             self.books[name].record_draft(self._draft.steps, self._context)
-            if not drafted and self._shared:  # the batch passed the round's choice over
+            if not drafted and self.entry.shared:  # the batch passed the round's choice over
                 self.entry.leave_unpaid(name, self._lacking.get(name, 0))
 
     def done(self, tokens: Sequence[int], n_prompt: int, ended: bool = False) -> None:
