@@ -10,7 +10,8 @@ from spec_cli.decoding.draft_length import Pool
 from spec_cli.decoding.drafter import Terms
 from spec_cli.drafting.entry import OUT, SETTLE_ROUNDS, TRIAL_PRIOR, TRIAL_ROUNDS, TRIAL_TEXTS
 from spec_cli.drafting.hybrid import HybridDrafter
-from support.hybrids import GREEDY, MATCH, NO_MATCH, choice, hybrid
+from spec_cli.decoding.costs import LoopCosts
+from support.hybrids import GREEDY, MATCH, NO_MATCH, choice, hybrid, machine
 
 
 def rounds_out(drafter: HybridDrafter, terms: Terms) -> None:
@@ -203,3 +204,39 @@ def test_a_regime_whose_drafter_the_batch_passes_over_is_left() -> None:
         assert offer.way == "model" and offer.backlog == pending
         drafter.update(0, 0)  # the round drafted nothing
         assert drafter.state.in_use == kept
+
+
+def catch_up_by_the_batch() -> LoopCosts:
+    """`machine()`, but a catch-up costs less a token the more it takes in at once (12 + 4 (n − 1) ms to 10 tokens, 3 ms a
+    token after), as a batched decode does: a burst of lookups is charged dearer a token than its backlog costs."""
+    costs = machine()
+    for n in (20, 40, 200, 600):
+        costs.draft.record(n, 0.048 + 0.003 * (n - 10))
+    return costs
+
+
+def test_a_burst_of_lookups_does_not_leave_a_regime_that_costs_more_a_token_to_come_back_to() -> None:
+    """In the model's regime, the model keeping every draft: one round the n-gram proposes lifts the rate out of every
+    regime above the model's, but the seconds a token that saves are fewer than the model's catch-up costs a token on
+    the tokens left, so the regime is kept (it was left, and chat answers came back to it 10-60 tokens later at that
+    price); an n-gram that keeps proposing, as over a rewrite, leaves it."""
+    drafter, _model = hybrid(model_accepts=4, ngram_accepts=4, pending=2, in_use="model",
+                             own={"model": catch_up_by_the_batch()})
+    terms, rng = Terms(8, 64, False, 1000), np.random.default_rng(0)
+    emitted = [*NO_MATCH]
+    for _ in range(6):
+        drafter.offer(emitted, terms, GREEDY, rng)
+        drafter.update(4, 4)
+        emitted.extend([20 + len(emitted) + i for i in range(5)])
+    assert drafter.state.in_use == "model"
+    emitted.extend(MATCH)  # from here the text repeats what it wrote, and the n-gram proposes its next 8 tokens
+    rounds = 0
+    while drafter.state.in_use == "model" and rounds < 20:
+        ways = [offer.way for offer in drafter.offer(emitted, terms, GREEDY, rng)]
+        rates = {name: regime.rate for name, regime in drafter.state.regimes.items()}
+        if rounds == 0:
+            assert ways[0] == "ngram" and rates[OUT] > rates["model"] and drafter.state.in_use == "model"
+        drafter.update(4, 4)
+        emitted.extend(emitted[-8:-3])
+        rounds += 1
+    assert 1 < rounds < 20 and drafter.state.in_use == OUT

@@ -12,6 +12,10 @@ Three rules, each for what the others cannot see:
   mean does not, drafts a few rounds here (the value of the information), as acceptance differs most from text to
   text.
 
+Leaving a regime is free only where its drafter no longer pays a round of its own: where it still does, the loop comes
+back to it and pays its catch-up on every token emitted meanwhile, so the regime is left only where the way out saves
+more a token than that catch-up costs a token (`_leaving_pays`); a burst of lookups does not leave it.
+
 Beside other sequences a drafter's catch-up holds them all up, so the entry is the batch's (`entering`), and a regime
 whose drafter a batch left behind is left (`leave_unpaid`).
 """
@@ -104,10 +108,12 @@ class RegimeEntry:
         return self._rounds > SETTLE_ROUNDS and (self._trying is None or self._tried >= TRIAL_ROUNDS)
 
     def weigh(self, best: str, rates: dict[str, float], tokens: float, pending: dict[str, int],
-              rounds: int = 1) -> None:
+              rounds: int = 1, comes_back: bool = False) -> None:
         """Move to regime `best` where the ski-rental wait or the pay-back says so; `tokens`: what this round's choice
         in the regime in use emits, which staying prices at the difference of the two rates, for each of `rounds`
-        rounds since the last weighing. Where other sequences share the pass and `best`'s drafter lacks more than a
+        rounds since the last weighing; `comes_back`: whether the drafter of the regime in use still pays a round of its
+        own (its option yields more than a plain step), so that leaving its regime means coming back to it
+        (`_leaving_pays`). Where other sequences share the pass and `best`'s drafter lacks more than a
         steady round, its catch-up holds them all up: the move is the batch's, weighed each round with the whole
         catch-up, which enters by taking that drafter (`entering`, offered beside this round's choice), and no regret
         runs up meanwhile (the batch, not this text, chose to wait). Entered here, the regime stayed while the batch gave
@@ -115,7 +121,8 @@ class RegimeEntry:
         regime at once when the others ended, its catch-up (0.3 to 0.6 s on the demo pair) for an answer's last rounds."""
         state = self.state
         self.entering = None
-        if best == state.in_use or rates[best] <= rates[state.in_use]:
+        if best == state.in_use or rates[best] <= rates[state.in_use] or \
+                (best == OUT and comes_back and not self._leaving_pays(state.in_use, rates[state.in_use], rates[OUT])):
             state.regret_s = 0.0
             return
         if best != OUT and self.shared and pending[best] > STEADY_BACKLOG:
@@ -126,6 +133,20 @@ class RegimeEntry:
         state.regret_s += rounds * (tokens / rates[state.in_use] - tokens / rates[best])  # every regime has a round now
         if state.regret_s >= state.price_s or self._pays_back(rates[state.in_use], rates[best]):
             state.in_use, state.regret_s = best, 0.0
+
+    def _leaving_pays(self, name: str, rate: float, out_rate: float) -> bool:
+        """Whether leaving own drafter `name`'s regime (rate `rate`) for the way out of every regime (`out_rate`), to
+        come back to it, saves more a token than its catch-up then costs a token: the seconds a token the way out saves
+        against `backlog_price` of the tokens this answer still emits (`ahead`), a token. A regime's rate follows ~5
+        rounds, and the way out's rounds are short: on chat, one or two of the memory's proposals (a phrase the answer
+        repeats) lifted its rate above the draft model's for a round or two, the regime was left for free and came back
+        to 10 to 60 tokens later at their catch-up, 30 to 146 plain rounds of a 134-token answer where the model pinned
+        ran 1.1 to 1.2x the target alone (Intel Xeon, demo pair). Over a rewrite the memory copies at twice the model's
+        rate and saves more a token than the catch-up costs. Unknown `ahead`: free, as before any rule."""
+        ahead = self.ahead()
+        if ahead is None or ahead < 1.0 or rate <= 0.0:
+            return True
+        return 1.0 / rate - 1.0 / out_rate >= self.backlog_price(name, STEADY_BACKLOG + round(ahead)) / ahead
 
     def leave_unpaid(self, name: str, lacking: int) -> None:
         """Leave own drafter `name`'s regime, where it is in use, if it lacks more than a steady round's catch-up that a

@@ -430,8 +430,16 @@ class HybridDrafter(Drafter):
         trying = self.entry.trial(options, pending, ks, rates[OUT], rounds)
         if trying is not None:
             return trying
-        self.entry.weigh(best, rates, picks[state.in_use][1], pending, rounds)
+        comes_back = best == OUT != state.in_use and self._pays(state.in_use, options)  # only a leave reads it
+        self.entry.weigh(best, rates, picks[state.in_use][1], pending, rounds, comes_back)
         return picks[state.in_use][0]
+
+    def _pays(self, name: str, options: dict[str, Option]) -> bool:
+        """Whether option `name` is priced to yield more tokens a second than a plain step: an own drafter that does is
+        one its regime, left, would be come back to."""
+        option, plain = options.get(name), options[NONE]
+        return option is not None and option.seconds is not None and plain.seconds is not None and \
+            option.tokens * plain.seconds > plain.tokens * option.seconds
 
     def _ready(self, name: str, options: dict[str, Option], pending: dict[str, int]) -> str:
         """`name`, unless it is an own drafter that lacks more than a chunk: that one catches up between the next
