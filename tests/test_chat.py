@@ -260,18 +260,20 @@ def test_piped_chat_answers_each_line_plainly(chat_target_path: Path) -> None:
         assert [say(session, "hello"), say(session, "how are you")] == answers[:2]
 
 
-def test_chat_stopped_by_sigterm_keeps_what_it_measured(chat_target_path: Path) -> None:
-    """SIGTERM (`kill`, a supervising script) ends a chat as its end of input would, with SIGTERM's status: the pair
-    closes and the cost book is written (the process died where it stood). Ctrl-C cancels a line or an answer here, so
-    it is not Ctrl-C's path."""
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGHUP])
+def test_chat_stopped_by_sigterm_or_a_hang_up_keeps_what_it_measured(chat_target_path: Path,
+                                                                     stop: signal.Signals) -> None:
+    """SIGTERM (`kill`, a supervising script) or SIGHUP (its terminal closed) ends a chat as its end of input would,
+    with that signal's status: the pair closes and the cost book is written (the process died where it stood, its
+    memory lost with the window). Ctrl-C cancels a line or an answer here, so it is not Ctrl-C's path."""
     process = children.popen(chat_command(chat_target_path, "-n", "6", "--temp", "0"), stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     process.stdin.write("hello\n")
     process.stdin.flush()
     answer = process.stdout.readline()  # the first answer is out: the chat waits for the next line
-    process.send_signal(signal.SIGTERM)
+    process.send_signal(stop)
     _out, err = process.communicate(timeout=60)
-    assert answer.strip() and process.returncode == 128 + signal.SIGTERM and "Traceback" not in err
+    assert answer.strip() and process.returncode == 128 + stop and "Traceback" not in err
     assert cost_book.read_all()
 
 

@@ -278,10 +278,11 @@ def long_run(target_path: Path) -> list[str]:
             "--raw", "--ctx", "60000", "-n", "59000", "the cat"]
 
 
-@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
 def test_ctrl_c_or_sigterm_keeps_text_and_prints_statistics(target_path: Path, stop: signal.Signals) -> None:
-    """Stopped by Ctrl-C, or by SIGTERM (`timeout 60 spec run …`, `kill`): the text so far stays, the statistics are
-    printed, and the cost book is kept as the pair closes (at SIGTERM the process died where it stood)."""
+    """Stopped by Ctrl-C, by SIGTERM (`timeout 60 spec run …`, `kill`) or by a hang-up: the text so far stays, the
+    statistics are printed, and the cost book is kept as the pair closes (at SIGTERM or SIGHUP the process died where
+    it stood)."""
     process = children.popen(long_run(target_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     os.set_blocking(process.stdout.fileno(), False)
     deadline, first = time.monotonic() + 60, b""

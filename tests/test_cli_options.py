@@ -3,6 +3,8 @@ several commands declared once; library errors turned into one line and the righ
 
 from __future__ import annotations
 
+import os
+import signal
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -10,7 +12,8 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from spec_cli.cli.common import (EXIT_USAGE, EXIT_USER_ERROR, csv_list, reachable_from_outside, user_errors)
+from spec_cli.cli.common import (EXIT_USAGE, EXIT_USER_ERROR, csv_list, reachable_from_outside, stop_signals_raise,
+                                 user_errors)
 from spec_cli.cli.options import (LoadOptions, MemoryOptions, RequestFlags, Sampling, _pair_spec, largest_k,
                                   with_options)
 from spec_cli.errors import BadInput, SpecError
@@ -125,3 +128,23 @@ def test_shared_options_are_declared_once_and_gathered_into_one_parameter_in_pla
     assert result.exit_code == 0 and result.stdout.strip() == "hi (2, None) True"
     help_text = runner.invoke(app, ["--help"]).stdout
     assert help_text.index("--count") < help_text.index("--name") < help_text.index("--loud")
+
+
+def test_a_stop_signal_raises_and_one_the_process_was_started_ignoring_stays_ignored() -> None:
+    """SIGTERM and SIGHUP raise what the command ends on (Ctrl-C's path) while the block runs, and their handlers are
+    put back after it; under `nohup` (SIGHUP ignored) a hang-up stays ignored: the server outlives its terminal."""
+    before = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        with stop_signals_raise(lambda signum: SystemExit(128 + signum)):
+            assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+            os.kill(os.getpid(), signal.SIGHUP)  # ignored
+            with pytest.raises(SystemExit) as stopped:
+                os.kill(os.getpid(), signal.SIGTERM)
+        assert stopped.value.code == 128 + signal.SIGTERM
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL and signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
+        with pytest.raises(KeyboardInterrupt), stop_signals_raise():
+            os.kill(os.getpid(), signal.SIGHUP)
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_DFL
+    finally:
+        signal.signal(signal.SIGHUP, before)

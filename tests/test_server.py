@@ -150,12 +150,13 @@ def test_models_and_health_describe_the_server(live: Running, chat_target_path: 
                                                       "tokens_per_second": 0.0, "acceptance": None}
 
 
-@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
 def test_spec_serve_answers_logs_each_answer_and_stops_on_ctrl_c_or_sigterm(chat_target_path: Path,
                                                                             other_draft_path: Path,
                                                                             stop: signal.Signals) -> None:
     """Stopped by Ctrl-C or SIGTERM (`kill`, `docker stop`), the server ends its answers and keeps what it measured in
-    the cost book: at SIGTERM it used to die where it stood (uvicorn re-raises the signal it shut down on)."""
+    the cost book; so it does when its terminal closes (SIGHUP). At SIGTERM it used to die where it stood (uvicorn
+    re-raises the signal it shut down on), and at SIGHUP."""
     process = children.popen([sys.executable, "-m", "spec_cli", "serve", "--target", str(chat_target_path),
                               "--draft", str(other_draft_path), "--port", "0", "-k", "2"],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -14,7 +14,7 @@ import typer
 from spec_cli.batch.lines import OPENAI, Task, read_tasks
 from spec_cli.batch.output import InOrder, Output, Result, check_resumable, done_ids, line_of
 from spec_cli.batch.runner import BatchRunner, held_tokens
-from spec_cli.cli.common import EXIT_INTERRUPTED, EXIT_USAGE, sigterm_raises, user_errors
+from spec_cli.cli.common import EXIT_INTERRUPTED, EXIT_USAGE, stop_signals_raise, user_errors
 from spec_cli.cli.options import (DraftMaxOpt, DraftModeOpt, DraftPMinOpt, LoadOptions, MemoryOptions, NoDraftOpt,
                                   RequestFlags, Sampling, SeedOpt, VerifyOpt, constrains, loads_pair, open_pair,
                                   remembers, samples)
@@ -163,7 +163,7 @@ def _run(runner: BatchRunner, todo: list[Task], out: Output, ordered: bool, form
     finished = failed = emitted = 0
     started = time.perf_counter()
     try:
-        with BatchBar(len(todo), shown=not quiet) as bar, sigterm_raises():
+        with BatchBar(len(todo), shown=not quiet) as bar, stop_signals_raise():
 
             def write(result: Result) -> None:
                 nonlocal finished, failed

@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from spec_cli.conversation import session as conversation
-from spec_cli.cli.common import EXIT_TERMINATED, sigterm_raises, user_errors
+from spec_cli.cli.common import exit_status, stop_signals_raise, user_errors
 from spec_cli.cli.options import (ChatFormatOpt, DraftMaxOpt, DraftModeOpt, DraftPMinOpt, LoadOptions, MemoryOptions,
                                   NoDraftOpt, QuietOpt, RequestFlags, Sampling, SeedOpt, VerifyOpt, constrains,
                                   loads_pair, open_pair, remembers, samples)
@@ -76,5 +76,5 @@ def chat(
             request = replace(request, draft_mode=loaded.pair.mode_for(request))  # named in the banner and /set
             settings = conversation.Settings.of(request, use_draft=not no_draft)
             session = conversation.ChatSession(loaded.pair, settings, system=system, template=template)
-            with sigterm_raises(lambda: SystemExit(EXIT_TERMINATED)):  # Ctrl-C cancels a line or an answer here
+            with stop_signals_raise(exit_status):  # Ctrl-C cancels a line or an answer here
                 chat_loop(session, interactive=sys.stdin.isatty(), quiet=quiet)

@@ -25,7 +25,6 @@ T = TypeVar("T")
 EXIT_USER_ERROR = 1
 EXIT_USAGE = 2  # Click's status for a bad option value; a grammar or schema that cannot be used is one
 EXIT_INTERRUPTED = 130
-EXIT_TERMINATED = 128 + signal.SIGTERM  # a shell's status for a process SIGTERM ended
 # Request fields by the flags that set them, for messages.
 FLAGS = {"draft_max": "--draft-max", "draft_mode": "--draft-mode", "draft_p_min": "--draft-p-min",
          "verify": "--verify", "max_tokens": "--max-tokens", "seed": "--seed", "grammar": "--grammar",
@@ -34,21 +33,33 @@ FLAGS = {"draft_max": "--draft-max", "draft_mode": "--draft-mode", "draft_p_min"
 ThreadsOpt = Annotated[Optional[int], typer.Option("--threads", min=1, help="CPU threads per model (default: every CPU this process may run on: all cores, or those taskset or a container allows).", show_default=False)]
 
 
-@contextmanager
-def sigterm_raises(raised: Callable[[], BaseException] = KeyboardInterrupt) -> Iterator[None]:
-    """SIGTERM (`kill`, `timeout`, `docker stop`, a service manager) stops a command as Ctrl-C does (`raised`: what it
-    raises instead, where Ctrl-C means something else: in a chat it cancels a line), so that what it keeps is kept: a
-    batch's lines written stay whole, a server's answers in progress get their grace, and the memory and the cost
-    book are written as the pair closes. At Python's default a SIGTERM ended the process where it stood: `spec
-    serve` (whose uvicorn re-raises the signal it shut down on) and `spec run` wrote neither."""
-    def interrupt(_signal: int, _frame: FrameType | None) -> None:
-        raise raised()
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)  # asked to stop (`kill`, a service manager), and the terminal gone
 
-    previous = signal.signal(signal.SIGTERM, interrupt)
+
+def exit_status(signum: int) -> SystemExit:
+    """What a shell reports for a process signal `signum` ended (128 + its number), raised to end as if it had."""
+    return SystemExit(128 + signum)
+
+
+@contextmanager
+def stop_signals_raise(raised: Callable[[int], BaseException] = lambda _signum: KeyboardInterrupt()) -> Iterator[None]:
+    """SIGTERM (`kill`, `timeout`, `docker stop`, a service manager) and SIGHUP (the terminal closed) stop a command as
+    Ctrl-C does (`raised`, given the signal: what it raises instead, where Ctrl-C means something else: in a chat it
+    cancels a line), so that what it keeps is kept: a batch's lines written stay whole, a server's answers in progress
+    get their grace (SIGTERM; a hang-up ends them), and the memory and the cost book are written as the pair closes. At
+    Python's default either ended the process where it stood: `spec serve` (whose uvicorn re-raises the SIGTERM it
+    shut down on), `spec run` and `spec chat` wrote neither (a chat's memory was lost with the window it ran in). A signal
+    the process was started ignoring stays ignored: `nohup spec serve` outlives its terminal."""
+    def interrupt(signum: int, _frame: FrameType | None) -> None:
+        raise raised(signum)
+
+    previous = {signum: signal.signal(signum, interrupt) for signum in STOP_SIGNALS
+                if signal.getsignal(signum) is not signal.SIG_IGN}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 @contextmanager

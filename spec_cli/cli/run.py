@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from spec_cli.cli.common import EXIT_INTERRUPTED, silence_stdout, sigterm_raises, user_errors
+from spec_cli.cli.common import EXIT_INTERRUPTED, silence_stdout, stop_signals_raise, user_errors
 from spec_cli.cli.options import (DraftMaxOpt, DraftModeOpt, DraftPMinOpt, LoadOptions, MemoryOptions, NoDraftOpt,
                                   QuietOpt, RequestFlags, Sampling, SeedOpt, VerifyOpt, constrains, loads_pair,
                                   open_pair, prompts_holding, remembers, samples)
@@ -132,7 +132,7 @@ def stream(generation: Generation, view: View) -> None:
         error(line)
 
     try:
-        with rpc.on_worker_lost(worker_lost), sigterm_raises():
+        with rpc.on_worker_lost(worker_lost), stop_signals_raise():
             for event in events:
                 view.token(event)
     except KeyboardInterrupt:

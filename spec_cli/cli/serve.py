@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 import typer
 
 from spec_cli.conversation import session as conversation
-from spec_cli.cli.common import EXIT_USAGE, csv_list, reachable_from_outside, sigterm_raises, user_errors
+from spec_cli.cli.common import EXIT_USAGE, csv_list, reachable_from_outside, stop_signals_raise, user_errors
 from spec_cli.cli.options import (ChatFormatOpt, DraftMaxOpt, DraftModeOpt, LoadOptions, MemoryOptions, NoDraftOpt,
                                   RequestFlags, VerifyOpt, loads_pair, open_pair, remembers)
 from spec_cli.decoding.scheduler import MAX_SEQUENCES
@@ -131,7 +131,7 @@ def serve(
                 note("warning: --cors * lets any web page open in a browser here use this server "
                      "(--api-key requires a key)")
             try:
-                with rpc.on_worker_lost(error), sigterm_raises():
+                with rpc.on_worker_lost(error), stop_signals_raise():
                     app = server.create_app(service, api_key, origins, limits, metrics_route=metrics)
                     server.http_server(app, limits, log).run(sockets=[sock])
             except KeyboardInterrupt:

@@ -1,10 +1,10 @@
-"""Every process a test starts, started here: with the default SIGINT and SIGTERM whatever the suite inherited, and
-ended when the test ends, pass or fail (`end_all`, run by conftest's autouse fixtures: after each test what it
-started, at the end of the session whatever a module's or the session's fixtures left).
+"""Every process a test starts, started here: with the default SIGINT, SIGTERM and SIGHUP whatever the suite
+inherited, and ended when the test ends, pass or fail (`end_all`, run by conftest's autouse fixtures: after each test
+what it started, at the end of the session whatever a module's or the session's fixtures left).
 
-A background job's shell, or `nohup`, hands its children an ignored SIGINT, and an ignored signal stays ignored
-across exec: a test that sends Ctrl-C to a child started from such a suite would wait on a child that never
-hears it, and a child left running after a failed test took a core for the rest of the suite.
+A background job's shell, or `nohup`, hands its children an ignored SIGINT (`nohup` an ignored SIGHUP too), and an
+ignored signal stays ignored across exec: a test that sends Ctrl-C to a child started from such a suite would wait on
+a child that never hears it, and a child left running after a failed test took a core for the rest of the suite.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ _started: list[subprocess.Popen | pexpect.spawn] = []
 
 
 def default_signals() -> None:
-    """In the child before exec: SIGINT and SIGTERM as a terminal's process would have them."""
-    for number in (signal.SIGINT, signal.SIGTERM):
+    """In the child before exec: SIGINT, SIGTERM and SIGHUP as a terminal's process would have them."""
+    for number in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(number, signal.SIG_DFL)
 
 
