@@ -167,8 +167,8 @@ def test_an_mtp_head_drafts_after_images_exactly_with_rejections(files: dict[str
     target = write_qwen35_mtp(files["target"].parent / "mtp.gguf")
     with load_pair(target, mmproj=files["mmproj"], n_ctx=512) as pair:
         totals = Stats(draft_max=0)
-        for images in ((WIDE,), (SQUARE, WIDE), (WIDE,)):  # the third: the same text after another image
-            prompt = prompt_with_images(pair, *images)
+        for pictures in ((WIDE,), (SQUARE, WIDE), (WIDE,)):  # the third: the same text after another image
+            prompt = prompt_with_images(pair, *pictures)
             assert_greedy_identity(pair.target, prompt, against_alone(pair, totals, draft_max=3, draft_mode="mtp"),
                                    24, projector=pair.vision)
         assert 0 < totals.accepted < totals.drafted
@@ -184,8 +184,8 @@ def test_heads_fed_the_targets_features_draft_after_images_exactly_with_rejectio
                else write_dflash(folder / "dflash.gguf", target, block_size=8))
     with load_pair(target, drafter, mmproj=files["mlp"], n_ctx=512) as pair:
         totals = Stats(draft_max=0)
-        for images in ((WIDE,), (SQUARE, WIDE), (WIDE,)):  # the third: the same text after another image
-            prompt = prompt_with_images(pair, *images)
+        for pictures in ((WIDE,), (SQUARE, WIDE), (WIDE,)):  # the third: the same text after another image
+            prompt = prompt_with_images(pair, *pictures)
             assert_greedy_identity(pair.target, prompt, against_alone(pair, totals, draft_max=3, draft_mode=kind),
                                    24, projector=pair.vision)
         assert 0 < totals.accepted < totals.drafted
