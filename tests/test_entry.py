@@ -207,8 +207,8 @@ def test_a_regime_whose_drafter_the_batch_passes_over_is_left() -> None:
 
 
 def catch_up_by_the_batch() -> LoopCosts:
-    """`machine()`, but a catch-up costs less a token the more it takes in at once (12 + 4 (n − 1) ms to 10 tokens, 3 ms a
-    token after), as a batched decode does: a burst of lookups is charged dearer a token than its backlog costs."""
+    """`machine()`, but a catch-up costs less a token the more it takes in at once (12 + 4 (n − 1) ms to 10 tokens, 3 ms
+    a token after), as a batched decode does: a burst of lookups is charged dearer a token than its backlog costs."""
     costs = machine()
     for n in (20, 40, 200, 600):
         costs.draft.record(n, 0.048 + 0.003 * (n - 10))

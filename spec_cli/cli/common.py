@@ -48,8 +48,8 @@ def stop_signals_raise(raised: Callable[[int], BaseException] = lambda _signum: 
     cancels a line), so that what it keeps is kept: a batch's lines written stay whole, a server's answers in progress
     get their grace (SIGTERM; a hang-up ends them), and the memory and the cost book are written as the pair closes. At
     Python's default either ended the process where it stood: `spec serve` (whose uvicorn re-raises the SIGTERM it
-    shut down on), `spec run` and `spec chat` wrote neither (a chat's memory was lost with the window it ran in). A signal
-    the process was started ignoring stays ignored: `nohup spec serve` outlives its terminal."""
+    shut down on), `spec run` and `spec chat` wrote neither (a chat's memory was lost with the window it ran in). A
+    signal the process was started ignoring stays ignored: `nohup spec serve` outlives its terminal."""
     def interrupt(signum: int, _frame: FrameType | None) -> None:
         raise raised(signum)
 
