@@ -42,11 +42,13 @@ def test_a_closed_pair_keeps_what_it_measured(target_path: Path, other_draft_pat
 
 
 def test_the_next_pair_starts_from_the_book(target_path: Path, other_draft_path: Path) -> None:
+    """The book's means seed the next pair's costs (read as means: a price reads them through the monotone fit, which
+    pools a noisy c(1) above c(2), as a tiny model's sub-millisecond steps under CI's load once had)."""
     [entry] = measure(target_path, other_draft_path).values()
     with load_pair(target_path, other_draft_path, n_threads=2) as pair:
         costs = pair.drafting.costs("model")
-        assert costs.draft.seconds(1) == entry["books"]["model"]["draft"]["1"]
-        assert costs.verify.seconds(1) == entry["passes"]["1"]
+        assert costs.draft.mean(1) == pytest.approx(entry["books"]["model"]["draft"]["1"], rel=1e-9)
+        assert costs.verify.mean(1) == pytest.approx(entry["passes"]["1"], rel=1e-9)
         assert costs.per_row == pytest.approx(entry["books"]["model"]["per_row"])
         length = pair.drafting.build("model", 0.0, "auto")[1]
         assert isinstance(length, AdaptiveK) and length.priced  # no warm-up: the planner prices it at once
@@ -54,7 +56,8 @@ def test_the_next_pair_starts_from_the_book(target_path: Path, other_draft_path:
             entry["acceptance"]["model"]["accepted"] + entry["acceptance"]["model"]["rejections"]))
         assert length.acceptance.measured <= 8.0  # a prior that the rounds measured now soon outweigh
         for slot in pair.slots(2):  # each slot of `--parallel` starts from the book too, not cold
-            assert slot.drafting.costs("model").draft.seconds(1) == entry["books"]["model"]["draft"]["1"]
+            assert slot.drafting.costs("model").draft.mean(1) == pytest.approx(entry["books"]["model"]["draft"]["1"],
+                                                                               rel=1e-9)
 
 
 def test_what_the_slots_of_parallel_learnt_of_acceptance_is_kept(target_path: Path, other_draft_path: Path) -> None:
