@@ -68,7 +68,8 @@ def test_a_capped_acceptance_weighs_at_most_so_many_rounds_at_the_same_rates() -
 
 
 def test_counts_aged_lazily_are_the_decayed_counts_however_long_it_runs() -> None:
-    # decay 0.5 brings the lazy scale past `costs.RESCALE` after ~500 rounds: the counts come back to real rounds there
+    # decay 0.5 brings the lazy scale past `batch_costs.RESCALE` after ~500 rounds: the counts come back to real rounds
+    # there
     acceptance = PositionAcceptance(0.5)
     for _ in range(1200):
         acceptance.update(3, 1)  # reaches positions 1 and 2, keeps position 1

@@ -9,7 +9,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from spec_cli.decoding.costs import BatchCosts
+from spec_cli.decoding.batch_costs import BatchCosts
 from spec_cli.decoding.goodput import Candidate, choose
 
 

@@ -20,7 +20,8 @@ from itertools import accumulate
 from operator import add, mul
 from typing import Protocol, Sequence
 
-from spec_cli.decoding.costs import RESCALE, LoopCosts
+from spec_cli.decoding.batch_costs import RESCALE
+from spec_cli.decoding.costs import LoopCosts
 
 PRIOR_WEIGHT = 3.0  # pseudo-rounds at α̂ behind each position's rate
 AUTO_K_MAX = 16  # the largest K `-k auto` chooses
@@ -44,7 +45,7 @@ class PositionAcceptance:
     hybrid drafter weighs it against the others; one round corrects it. Counts decay by `decay` a round, so
     the estimates follow the text (code and prose differ); 1 keeps plain counts. The counts are plain lists:
     `update` runs every round right after a decode, when each NumPy call costs microseconds. They age lazily, as
-    `costs.BatchCosts`' calls do: the positions' counts are kept × `_scale`, which grows by 1/decay a round, so a
+    `batch_costs.BatchCosts`' calls do: the positions' counts are kept × `_scale`, which grows by 1/decay a round, so a
     round adds to the positions it reached only (aging every position cost ~3 µs a round for each of the four
     acceptances a default round updates). So are the rates and what they imply for K up to `AUTO_K_MAX`, computed once
     after the counts change (`_table`): the planner reads them many times a round.

@@ -28,7 +28,8 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from spec_cli.decoding.constrained import constrained_greedy, constrained_probabilities
-from spec_cli.decoding.costs import BatchCosts, LoopCosts
+from spec_cli.decoding.batch_costs import BatchCosts
+from spec_cli.decoding.costs import LoopCosts
 from spec_cli.decoding.draft_length import DraftLength, FixedK
 from spec_cli.decoding.drafter import Draft, Drafter, DraftSteps, Offer, Terms
 from spec_cli.decoding.sampling import (Law, SamplingParams, greedy_token, probabilities, row_laws, sample,

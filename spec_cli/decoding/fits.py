@@ -1,6 +1,6 @@
-"""Least-squares fits the cost model reads prices through (`costs.BatchCosts`): a weighted line, for sizes not seen,
-and a weighted monotone fit, so that more rows never read cheaper than fewer. Plain Python: a few points each, fitted
-often."""
+"""Least-squares fits the cost model reads prices through (`batch_costs.BatchCosts`): a weighted line, for sizes not
+seen, and a weighted monotone fit, so that more rows never read cheaper than fewer. Plain Python: a few points each,
+fitted often."""
 
 from __future__ import annotations
 

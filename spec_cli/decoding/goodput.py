@@ -1,6 +1,6 @@
 """K for each sequence of one verify pass, chosen for the whole batch's goodput.
 
-A pass over R rows costs c(R) (measured as the scheduler runs: `costs.BatchCosts` by rows), each drafted token
+A pass over R rows costs c(R) (measured as the scheduler runs: `batch_costs.BatchCosts` by rows), each drafted token
 d_i more, its drafter's step, and a round that drafts at all r_s once (its drafter's catch-up, or a block
 drafter's pass: the cost shape its drafter declares). Sequence s, drafting K_s, emits
 E_s(K_s) = 1 + Σ_{i≤K_s} a_{s,1}·…·a_{s,i} tokens on average (`draft_length.PositionAcceptance`). The step's host
@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from spec_cli.decoding.costs import BatchCosts
+from spec_cli.decoding.batch_costs import BatchCosts
 
 
 @dataclass(frozen=True)

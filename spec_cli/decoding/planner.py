@@ -17,7 +17,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from spec_cli.decoding.costs import DECAY, PROBE_ROUNDS, STEADY_BACKLOG, BatchCosts, probe_rounds
+from spec_cli.decoding.batch_costs import BatchCosts
+from spec_cli.decoding.costs import DECAY, PROBE_ROUNDS, STEADY_BACKLOG, probe_rounds
 from spec_cli.decoding.draft_length import AdaptiveK, PositionAcceptance
 from spec_cli.decoding.drafter import Offer
 from spec_cli.decoding.goodput import Candidate, choose

@@ -15,7 +15,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from spec_cli.decoding.costs import DECAY, HOST, BatchCosts, LoopCosts, Position
+from spec_cli.decoding.batch_costs import BatchCosts
+from spec_cli.decoding.costs import DECAY, HOST, LoopCosts, Position
 from spec_cli.decoding.draft_length import AUTO_K_MAX, AdaptiveK, DraftLength, FixedK, Pool, PositionAcceptance
 from spec_cli.decoding.drafter import Drafter
 from spec_cli.drafting.base import CatchUpDrafter
