@@ -13,7 +13,8 @@ from spec_cli.decoding.draft_length import TEXT_ROUNDS, FixedK, Pool
 from spec_cli.decoding.drafter import Draft, Terms
 from spec_cli.decoding.sampling import SamplingParams
 from spec_cli.drafting.entry import OUT
-from spec_cli.drafting.hybrid import K_START, DecayedRate, HybridDrafter, HybridState
+from spec_cli.drafting.hybrid import K_START, HybridDrafter
+from spec_cli.drafting.hybrid_state import HybridState
 from spec_cli.drafting.ngram import NgramDrafter
 from spec_cli.llama.grammar import Grammar
 from support.hybrids import GREEDY, MATCH, NO_MATCH, FakeModel, choice, hybrid, machine
@@ -362,19 +363,6 @@ def test_an_own_drafter_whose_acceptance_is_barely_measured_is_tried_until_a_tex
     assert choice(drafter, NO_MATCH) == "none"
 
 
-def test_the_lookup_starts_from_one_proposal_of_two_kept_not_from_all() -> None:
-    """Before any proposal the lookup's acceptance is the prior `LOOKUP_PRIOR` (a_1 = α̂ = 0.5, two rounds' worth), not
-    the 1 of an acceptance never measured: a first 3-token proposal is priced at 1 + 0.5 + 0.25 + 0.125 tokens, not 4,
-    in every band of match; rounds that keep all soon outweigh it."""
-    state = HybridState({"ngram": FixedK(8)})
-    assert state.lengths["ngram"].acceptance.measured == 2.0
-    for match in (2, 4, 8):
-        assert state.lookup_acceptance(match).expected_tokens(3) == pytest.approx(1.875)
-    for _ in range(2):
-        state.lengths["ngram"].acceptance.update(3, 3)
-    assert state.lengths["ngram"].acceptance.rates(1)[0] > 0.75
-
-
 def settled(drafter: HybridDrafter, tokens: list[int]) -> None:
     """Past a new text's first rounds, which each choose afresh (`RegimeEntry.settled`), as the loop runs them: a
     round's catch-up, the offer, its K taken, its draft, what was kept of it."""
@@ -429,11 +417,3 @@ def test_the_rounds_a_choice_stood_for_count_at_the_next() -> None:
         assert three.tokens == pytest.approx(tokens * decay ** 3 + added[0] * (1 + decay + decay ** 2))
         assert three.seconds == pytest.approx(seconds * decay ** 3 + added[1] * (1 + decay + decay ** 2))
         assert added[1] > 0
-
-
-def test_rounds_added_at_once_are_the_same_rounds_added_one_by_one() -> None:
-    one_by_one, at_once = DecayedRate(3.0, 0.1), DecayedRate(3.0, 0.1)
-    for _ in range(5):
-        one_by_one.add(2.0, 0.05, 0.8)
-    at_once.add(2.0, 0.05, 0.8, rounds=5)
-    assert (at_once.tokens, at_once.seconds) == pytest.approx((one_by_one.tokens, one_by_one.seconds))

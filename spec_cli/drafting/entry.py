@@ -28,7 +28,8 @@ from spec_cli.decoding.costs import STEADY_BACKLOG, LoopCosts
 from spec_cli.decoding.drafter import Terms
 
 if TYPE_CHECKING:
-    from spec_cli.drafting.hybrid import HybridState, Option
+    from spec_cli.drafting.hybrid import Option
+    from spec_cli.drafting.hybrid_state import HybridState
 
 OUT = "out"  # the regime in which none of the pair's own drafters is in use
 LEFT_SHARE = 0.5  # of the tokens a generation may still emit, those a regime's entry is expected to pay back over,

@@ -22,7 +22,8 @@ from spec_cli.decoding.drafter import Drafter
 from spec_cli.drafting.base import CatchUpDrafter
 from spec_cli.drafting.dflash import DFlashDrafter
 from spec_cli.drafting.eagle3 import Eagle3Drafter
-from spec_cli.drafting.hybrid import ANSWERS_KEPT, K_START, HybridDrafter, HybridState
+from spec_cli.drafting.hybrid import K_START, HybridDrafter
+from spec_cli.drafting.hybrid_state import ANSWERS_KEPT, HybridState
 from spec_cli.drafting.model import ModelDrafter
 from spec_cli.drafting.mtp import MtpDrafter
 from spec_cli.drafting.ngram import NgramDrafter

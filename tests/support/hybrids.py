@@ -11,7 +11,8 @@ from spec_cli.decoding.draft_length import FixedK
 from spec_cli.decoding.drafter import CatchUp, Draft
 from spec_cli.decoding.sampling import SamplingParams
 from spec_cli.drafting.entry import OUT
-from spec_cli.drafting.hybrid import HybridDrafter, HybridState
+from spec_cli.drafting.hybrid import HybridDrafter
+from spec_cli.drafting.hybrid_state import HybridState
 from spec_cli.drafting.ngram import NgramDrafter
 from spec_cli.llama.grammar import Grammar
 
