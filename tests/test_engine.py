@@ -16,7 +16,9 @@ from support.exactness import (N_SAMPLES, REPETITIVE, REST, SAMPLED, SIGNIFICANC
 from support.tiny_models import write_model
 
 from spec_cli import Generation, Pair, SamplingParams, SpecError, load_pair
+from spec_cli.decoding.drafter import Terms
 from spec_cli.decoding.stats import Stats
+from spec_cli.drafting.hybrid import HybridDrafter
 from spec_cli.llama.context import Context
 
 PROMPT = "the cat and the dog"
@@ -98,6 +100,28 @@ def test_auto_k_reports_its_current_k(same: Pair) -> None:
     generation = finish(same.generate(PROMPT, raw=True, max_tokens=60, draft_max="auto", draft_mode="model"))
     assert generation.stats.adaptive and generation.stats.draft_max == 16
     assert 1 <= generation.stats.current_k <= 16
+
+
+def test_a_drafter_of_several_ways_under_a_fixed_k_is_told_what_the_answer_may_still_emit(
+        same: Pair, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under `-k auto` the planner's offer brings the default drafting the tokens a generation may still emit, which its
+    regimes' entry and leave weigh; under a fixed K no offer is asked for, so each round tells it the same terms
+    (`Drafter.expect`): what the request leaves, what was emitted, no pass shared."""
+    told: list[Terms] = []
+    expect = HybridDrafter.expect
+
+    def telling(drafter: HybridDrafter, terms: Terms) -> None:
+        told.append(terms)
+        expect(drafter, terms)
+
+    monkeypatch.setattr(HybridDrafter, "expect", telling)
+    generation = finish(same.generate(PROMPT, raw=True, max_tokens=24, draft_mode="hybrid", draft_max=3))
+    assert len(told) >= generation.stats.rounds > 0
+    assert [terms.emitted for terms in told] == sorted(terms.emitted for terms in told) and told[0].emitted == 0
+    assert all(terms.left + terms.emitted == 24 and not terms.shared for terms in told)
+    told.clear()
+    finish(same.generate(PROMPT, raw=True, max_tokens=24, draft_mode="hybrid", draft_max="auto"))
+    assert not told
 
 
 def test_reference_is_long_enough_to_mean_something(reference: Generation) -> None:

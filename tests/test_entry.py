@@ -71,6 +71,21 @@ def test_a_clearly_better_regime_is_entered_at_once_where_the_answer_has_room_to
     assert entered == ["model", OUT, OUT]
 
 
+def test_under_a_fixed_k_the_terms_the_loop_tells_weigh_the_pay_back_as_an_offers_do() -> None:
+    """Under a fixed K no offer is asked for and the round's terms come with `expect`: told that the generation may emit
+    1000 more tokens, the round `propose` chooses enters the model's regime at once, as an offer's would; told 10, it
+    stays out."""
+    entered = []
+    for left in (1000, 10):
+        drafter, _model = hybrid(model_accepts=4, ngram_accepts=0, pending=40)
+        rounds_out(drafter, Terms(8, 64, False, 10))
+        drafter.rewind(1)
+        drafter.expect(Terms(8, 64, False, left))
+        drafter.propose(NO_MATCH, 8, GREEDY, np.random.default_rng(0))
+        entered.append(drafter.state.in_use)
+    assert entered == ["model", OUT]
+
+
 def test_a_regime_is_not_entered_for_its_pay_back_in_a_round_the_lookup_proposes() -> None:
     """The rate out moves on the prices of the lookup's first proposals on a text, whose acceptance there is not known
     yet: in a round the lookup proposes, the model's regime is not entered for its pay-back; in the next, which it

@@ -158,6 +158,11 @@ class Drafter:
         """Draft next round the way `way`, one of those just offered, at K = `k` (a scheduler weighed them in the
         batch)."""
 
+    def expect(self, terms: Terms) -> None:
+        """For a drafter that `chooses_ways`, under a K the planner does not choose (a fixed `-k N`, where no offer is
+        asked for): this round's `terms`, what `offer` brings under `-k auto` (the tokens the generation may still
+        emit, which entering a dearer way is weighed against)."""
+
     def still_idle(self, tokens: Sequence[int], k: int, sampling: SamplingParams, rng: np.random.Generator) -> bool:
         """For a drafter that `chooses_ways` whose last offer held no way that drafts: whether it would offer none for
         at most `k` tokens now either, so that the planner's choice of no drafts may stand for this round (`stood`).

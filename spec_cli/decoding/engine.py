@@ -158,6 +158,8 @@ class Generation:
         if self.check_limits() is not None:
             return False
         self._timer.start_round()
+        if k is None and self.drafter is not None and self.drafter.chooses_ways:
+            self.drafter.expect(Terms(self.draft_length.next_k(), chunk, False, self.room(), len(self.token_ids)))
         self._k = 0 if self._catch_up(chunk) else self._next_k() if k is None else min(k, self.room() - 1)
         return True
 

@@ -229,6 +229,13 @@ class HybridDrafter(Drafter):
         self.chosen = (way, 0.0)
         self._unused = None if way == self.lookup_name else self._unused
 
+    def expect(self, terms: Terms) -> None:
+        """Under a fixed K: the round's `terms`, which the regimes' entry and leave weigh as an offer's
+        (`RegimeEntry.ahead`). Without them the tokens an answer still emits were unknown under `-k 5`: a clearly better
+        regime was entered only after the ski-rental wait (a 134-token chat answer on the demo pair: 23 plain rounds
+        while the model's regime read 1.3x the rate out), and a burst of lookups left it for free."""
+        self._chunk, self.entry.terms = terms.chunk, terms
+
     def still_idle(self, tokens: Sequence[int], k: int, sampling: SamplingParams, rng: np.random.Generator) -> bool:
         """Whether the planner's choice of no draft may stand for this round (its last offer held no way that drafts):
         out of every own drafter's regime, the lookup still proposes nothing (its proposal, made here, is the next
