@@ -5,8 +5,9 @@ sequence per round.
 
 Beside the default alone, the least choice there is: one way pinned (`--one-way`, the memory by default) under `-k
 auto`, whose planner weighs only that way's K. On a CPU the choice runs right after a decode that streamed the
-model's weights through every cache, so its Python runs from memory: the one-way row is the floor that cost puts
-under any choice on the machine measured.
+model's weights through every cache, so its Python runs with the caches cold (on an Intel Xeon the one-way choice,
+made again at once, took ~40% of its first run: 30 µs against 70): the one-way row is the floor those cold caches
+put under any choice on the machine measured.
 
 Every run starts from an empty memory of earlier outputs (each prompt is a first encounter); the cost book is
 this machine's, as a user's would be.
