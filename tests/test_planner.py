@@ -10,7 +10,7 @@ import pytest
 from spec_cli.decoding import planner as planning
 from spec_cli.decoding.costs import HOST, PER_TOKEN, PROBE_ROUNDS, LoopCosts
 from spec_cli.decoding.draft_length import AdaptiveK, FixedK, PositionAcceptance
-from spec_cli.decoding.drafter import Drafter, Offer
+from spec_cli.decoding.drafter import Draft, Drafter, Offer
 from spec_cli.decoding.planner import Planned, Planner
 
 CHUNK = 512  # the most a lone sequence's drafter catches up on in a step
@@ -26,12 +26,13 @@ def planned(costs: LoopCosts, backlog: int = 0) -> tuple[Planner, Planned]:
         length.update(4, 0)
     generation = SimpleNamespace(drafter=Drafter(), draft_length=length, room=lambda: 1000,
                                  stats=SimpleNamespace(draft_mode="model", adaptive=True, draft_s=0.0, plan_s=0.0),
-                                 drafter_backlog=lambda: backlog)
+                                 drafter_backlog=lambda: backlog, last_draft=Draft(tokens=[9]))
     return planner, Planned(generation)  # type: ignore[arg-type]
 
 
 def idle_ks(planner: Planner, running: Planned, steps: int) -> list[int]:
-    """The K the planner gives the sequence each of `steps` steps (a probe drafts, and keeps nothing)."""
+    """The K the planner gives the sequence each of `steps` steps (a probe drafts what its drafter proposes, and keeps
+    nothing)."""
     ks = []
     for _ in range(steps):
         [k] = planner._ks([running], CHUNK, False)
@@ -50,6 +51,22 @@ def test_an_idle_drafter_is_probed_less_and_less_while_probes_do_not_pay() -> No
     assert probes[0] == PROBE_ROUNDS and set(ks[:PROBE_ROUNDS]) == {0}  # K = 1 once, after the idle rounds
     assert [b - a for a, b in zip(probes, probes[1:])] == [2 * PROBE_ROUNDS + 1, 4 * PROBE_ROUNDS + 1]
     assert all(k <= 1 for k in ks)
+
+
+def test_a_probe_that_proposed_nothing_does_not_lengthen_the_wait_for_the_next() -> None:
+    """A lookup probed where the text has no match drafts nothing and measures nothing: the next probe waits as long
+    as that one did, where a probe that drafted and kept nothing waits twice as long."""
+    planner, running = planned(LoopCosts(shape=HOST))
+    running.generation.last_draft = Draft()
+    ks = idle_ks(planner, running, 6 * PROBE_ROUNDS)
+    probes = [i for i, k in enumerate(ks) if k]
+    assert len(probes) == 5 and probes[0] == PROBE_ROUNDS
+    assert {b - a for a, b in zip(probes, probes[1:])} == {PROBE_ROUNDS + 1} and running.probe_after == PROBE_ROUNDS
+    running.generation.last_draft = Draft(tokens=[9])  # a match: each probe drafts, keeps nothing, and backs off
+    ks = idle_ks(planner, running, 4 * PROBE_ROUNDS)
+    probes = [i for i, k in enumerate(ks) if k]
+    assert [b - a for a, b in zip(probes, probes[1:])] == [2 * PROBE_ROUNDS + 1]
+    assert running.probe_after == 4 * PROBE_ROUNDS
 
 
 def test_a_probe_dearer_than_its_share_of_the_idle_time_is_not_made() -> None:

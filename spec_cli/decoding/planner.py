@@ -416,9 +416,13 @@ class Planner:
     @staticmethod
     def drafted(running: Planned) -> None:
         """A sequence drafted (its decodes were booked, as their share of the passes, by its round): a probe that the
-        batch would not have chosen waits twice as long for the next."""
+        batch would not have chosen waits twice as long for the next. One that proposed nothing (a lookup where the
+        text had no match) measured nothing and cost nothing: the next waits as long as this one did (doubled, a
+        lookup pinned under `-k auto` whose first proposals were unlucky was probed every 1024 rounds after five
+        probes at places without a match, and so learnt nothing more in a whole process)."""
         if running.probing:
-            running.probe_after = min(PROBE_MAX, running.probe_after * 2)
+            if running.generation.last_draft.tokens:
+                running.probe_after = min(PROBE_MAX, running.probe_after * 2)
             running.probing = False
 
 
