@@ -159,7 +159,7 @@ class Generation:
             return False
         self._timer.start_round()
         if k is None and self.drafter is not None and self.drafter.chooses_ways:
-            self.drafter.expect(Terms(self.draft_length.next_k(), chunk, False, self.room(), len(self.token_ids)))
+            self.drafter.expect(self._terms(self.draft_length.next_k(), chunk, False))
         self._k = 0 if self._catch_up(chunk) else self._next_k() if k is None else min(k, self.room() - 1)
         return True
 
@@ -252,11 +252,15 @@ class Generation:
         if self.drafter is None:
             return []
         started, planned = time.perf_counter(), self.drafter.plan_s
-        terms = Terms(k, chunk, shared, self.room(), len(self.token_ids))
+        terms = self._terms(k, chunk, shared)
         offers = self.drafter.offer(self._seq, terms, self.sampling, self._draws())
         # Its proposals (a lookup's) are drafting; what it spent choosing is in its planning figure (`_learn`).
         self.stats.draft_s += time.perf_counter() - started - (self.drafter.plan_s - planned)
         return offers
+
+    def _terms(self, k: int, chunk: int, shared: bool) -> Terms:
+        """What a drafter of several ways is asked for next round, with what this generation may still emit and has."""
+        return Terms(k, chunk, shared, self.room(), len(self.token_ids))
 
     def take(self, way: str, k: int) -> None:
         """Draft next round the way `way`, one of those offered, at K = `k` (`Drafter.take`)."""
