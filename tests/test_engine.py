@@ -15,8 +15,10 @@ from support.exactness import (N_SAMPLES, REPETITIVE, REST, SAMPLED, SIGNIFICANC
                        exact_pair_distribution, priced_to_draft, sampled_pairs)
 from support.tiny_models import write_model
 
-from spec_cli import Generation, Pair, SamplingParams, SpecError, load_pair
+from spec_cli import Generation, GenerationRequest, Pair, SamplingParams, SpecError, load_pair
 from spec_cli.decoding.drafter import Terms
+from spec_cli.decoding.planner import Planner
+from spec_cli.decoding.scheduler import PREFILL_CHUNK, Scheduler
 from spec_cli.decoding.stats import Stats
 from spec_cli.drafting.hybrid import HybridDrafter
 from spec_cli.llama.context import Context
@@ -122,6 +124,26 @@ def test_a_drafter_of_several_ways_under_a_fixed_k_is_told_what_the_answer_may_s
     told.clear()
     finish(same.generate(PROMPT, raw=True, max_tokens=24, draft_mode="hybrid", draft_max="auto"))
     assert not told
+
+
+@pytest.mark.parametrize("k", [0, 1])
+def test_a_round_given_no_draft_feeds_a_drafter_of_one_way_none_of_its_backlog(other: Pair, k: int,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under a scheduler a drafter that lacks more than a chunk of its sequence takes it in a chunk a round, as a price
+    of drafting: where the planner gives every round K = 0 it takes in nothing (the draft model pinned under `-k auto`
+    took in each new request's prompt while the planner drafted nothing); where it gives K = 1 the backlog is fed."""
+    monkeypatch.setattr(Planner, "ks", lambda _planner, generating, _chunk, _shared: [k] * len(generating))
+    prompt = other.prompt_tokens("the cat sat on the mat " * 30, raw=True)
+    assert len(prompt) > PREFILL_CHUNK
+    request = GenerationRequest(sampling=SamplingParams(), max_tokens=8, draft_max="auto", draft_mode="model")
+    scheduler, generations = Scheduler(), [slot.generate(prompt, request) for slot in other.slots(2)]
+    for generation in generations:
+        scheduler.join(generation)
+    while len(scheduler):
+        scheduler.step()
+    assert all(len(generation.token_ids) == 8 for generation in generations)
+    caught_up = [generation.stats.caught_up for generation in generations]
+    assert caught_up == [0, 0] if k == 0 else sum(caught_up) >= PREFILL_CHUNK
 
 
 def test_reference_is_long_enough_to_mean_something(reference: Generation) -> None:
