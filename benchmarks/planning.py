@@ -80,10 +80,7 @@ def main() -> None:
         for level in levels:
             batch = Batch(level, True)
             slots, scheduler = pair.slots(level), Scheduler()
-            for start in range(0, len(prompts), level):
-                pair.output_memory.forget()
-                chosen = [prompts[(start + i) % len(prompts)] for i in range(level)]
-                run_batch(scheduler, slots, chosen, [request] * level, batch)
+            run_batch(scheduler, slots, prompts, [request] * len(prompts), batch)  # `level` clients, back to back
             report[f"scheduler at {level}"] = figures(batch.totals)
     print(json.dumps(report, indent=2))
 

@@ -174,7 +174,9 @@ def test_bench_concurrency_puts_the_default_beside_every_pinned_mode_at_each_lev
         assert list(sides) == ["hybrid", "model", "ngram", "memory", "none"]
         assert sides["none"]["mean_k"] == 0 and sides["none"]["speedup"] == pytest.approx(1.0)
         assert max(side["of_best"] for side in sides.values()) == 1.0
-        assert all(side["requests"] == 2 * level["concurrency"] for side in sides.values())
+        # every prompt once a batch (more clients than prompts: taken in turn), two batches a side
+        requests = 2 * max(level["concurrency"], json.loads(out.read_text())["settings"]["prompts"])
+        assert all(side["requests"] == requests for side in sides.values())
         held_out = sides["hybrid"]["of_best_other_held_out"]
         assert held_out > 0 and f"hybrid at {level['concurrency']}: {held_out:.2f}× the fastest of the others" in \
             result.stdout

@@ -41,7 +41,7 @@ Examples:
 
   spec bench --rpc 192.168.1.7:50052,192.168.1.8:50052 -k 4,8   # local and over RPC, side by side
 
-  spec bench --concurrency 1,2,4 -n 64        # several requests at once: the default beside every pinned mode
+  spec bench --concurrency 1,2,4 -n 64        # 1, 2, 4 clients at once: the default beside every pinned mode
 """
 
 
@@ -58,7 +58,7 @@ def bench(
     verify: Annotated[str, typer.Option("--verify", help="Verification rules to compare at temperatures above 0, comma-separated: block, token, gumbel.")] = DEFAULT_VERIFY,
     json_file: Annotated[Optional[Path], typer.Option("--json", help="Also write every figure (and each run's statistics) to this JSON file.", show_default=False)] = None,
     plot_file: Annotated[Optional[Path], typer.Option("--plot", help="Write a PNG of tokens/s and acceptance against K (needs matplotlib: pip install 'spec-cli[plot]').", show_default=False)] = None,
-    concurrency: Annotated[Optional[str], typer.Option("--concurrency", "-c", metavar="N[,N]", help="Instead, requests at once, comma-separated (e.g. 1,2,4,8): each level runs that many requests through one verify pass a step, for the --modes given (default: the default drafting and every mode it chooses among) and the target alone side by side, at the first -k (default auto: K by the batch's goodput); aggregate tok/s, its ratio to the target alone and to the best side, time to first token and per token (p50/p95), mean K, acceptance.", show_default=False)] = None,
+    concurrency: Annotated[Optional[str], typer.Option("--concurrency", "-c", metavar="N[,N]", help="Instead, clients at once, comma-separated (e.g. 1,2,4,8): at each level that many clients send every prompt, each its next as soon as its answer is in, through one verify pass a step, for the --modes given (default: the default drafting and every mode it chooses among) and the target alone side by side, at the first -k (default auto: K by the batch's goodput); aggregate tok/s, its ratio to the target alone and to the best side, time to first token and per token (p50/p95), mean K, acceptance.", show_default=False)] = None,
 ) -> None:
     """Measure speculative configurations against the target alone on the same pair, interleaved.
 
@@ -66,7 +66,7 @@ def bench(
 
     With --rpc every configuration runs twice, the target on this machine and split over the workers (the draft stays here), each against the target alone in the same place, with the time of one target pass.
 
-    With --concurrency, N requests run at once as `spec serve --parallel N` runs them, for each drafting mode and the target alone.
+    With --concurrency, N clients send the prompts back to back, run as `spec serve --parallel N` runs them, for each drafting mode and the target alone.
     """
     with user_errors():
         if concurrency is not None:

@@ -209,10 +209,11 @@ def show_concurrency(result: dict) -> None:
             if side["draft_mode"] == "hybrid" and side.get("of_best_other_held_out") is not None:
                 console.print(f"{side['draft_mode']} at {level['concurrency']}: {side['of_best_other_held_out']:.2f}× "
                               "the fastest of the others, held out (chosen on half the runs, read on the rest)")
-    console.print("tokens/s = every request's tokens over the batch's wall time (median of the runs); × alone = over "
+    console.print("tokens/s = every request's tokens over the batch's wall time, each client sending its next prompt "
+                  "as soon as its answer is in (median of the runs); × alone = over "
                   "the target alone at the same concurrency; of best = over the fastest side there; mean K = drafted "
                   "tokens per round (0 where the batch's goodput chose not to draft), acc. the share kept; latency "
-                  "p50/p95, the first token from the batch's start, per token after the first", style="dim",
+                  "p50/p95, the first token from the request's sending, per token after the first", style="dim",
                   markup=False)
 
 
