@@ -109,6 +109,16 @@ def test_a_round_cost_paid_once_is_weighed_against_all_its_positions() -> None:
     assert choose_ks([stepped], pass_costs(cheap_rows))[0] < 8
 
 
+def test_an_entry_spread_over_the_tokens_ahead_is_paid_by_each_token_a_round_that_drafts_emits() -> None:
+    """`token_s` is paid by every token of a round that drafts, its own included: a draft at 0.9 that pays with
+    1 ms of it a token does not with 40 ms (a plain token costs 16 ms), and a round's cost grows by it × E."""
+    drafting = Candidate(kept(np.full(8, 0.9)), step_s=0.001)
+    [cheap] = choose_ks([replace(drafting, token_s=0.001)], pass_costs(cheap_rows))
+    assert cheap > 0 and choose_ks([replace(drafting, token_s=0.040)], pass_costs(cheap_rows)) == [0]
+    [free] = choose_ks([drafting], pass_costs(cheap_rows))
+    assert free >= cheap
+
+
 def test_a_sequence_takes_the_way_that_pays_best_in_the_pass() -> None:
     """A sequence offered two ways (a draft model whose catch-up is due, and a lookup that costs host time only)
     drafts the one whose positions pay best in this pass; one with a single way keeps it."""

@@ -78,6 +78,25 @@ def test_a_probe_dearer_than_its_share_of_the_idle_time_is_not_made() -> None:
     assert set(idle_ks(planner, running, 400)) == {0}
 
 
+@pytest.mark.parametrize("backlog, left, drafts", [(2, 40, True), (100, 1000, True), (100, 40, False)])
+def test_a_drafters_entry_is_paid_back_over_the_tokens_the_answer_may_still_emit(backlog: int, left: int,
+                                                                                  drafts: bool) -> None:
+    """A draft model that keeps its drafts pays in passes of 40 ms and 4 ms a row at its steady round (a backlog of 2:
+    drafts the round fed). Lacking a prompt of 100 tokens (a second's catch-up), it enters where that second spread
+    over half of the 1000 tokens the answer may still emit is little a token, not where it is spread over 20."""
+    costs = LoopCosts(shape=PER_TOKEN)
+    costs.draft.record(1, 0.002)
+    costs.draft.record(100, 1.0)
+    planner, running = planned(costs, backlog=backlog)
+    for rows in range(1, 18):  # each pass measured twice: the first call of a size is cold
+        planner.pass_costs.record(rows, 0.040 + 0.004 * rows)
+    for _ in range(40):
+        running.generation.draft_length.update(4, 4)
+    running.generation.room = lambda: left
+    [k] = planner._ks([running], CHUNK, False)
+    assert bool(k) == drafts
+
+
 def test_a_choice_of_no_drafts_stands_until_a_probe_falls_due() -> None:
     """Where choosing looks dear against a step, K = 0 stands for quiet steps that ask no drafter; the streak ends when
     the idle drafter's probe falls due, at the very step it would without quiet steps."""

@@ -34,6 +34,9 @@ DECAY = 0.95  # every call weighs 5% less at each call recorded after it: the co
 PROBE_SHARE = 0.015  # the most a probe of an idle drafter may cost, as a share of the idle rounds' time
 PROBE_ROUNDS = 32  # the fewest idle rounds before a probe; doubled after each probe that did not pay
 STEADY_BACKLOG = 2  # the most a drafter lacks after a round it drafted: [d_K, bonus] after a full acceptance
+LEFT_SHARE = 0.5  # of the tokens a generation may still emit, those a drafter's entry (its catch-up beyond a steady
+# round's) is expected to pay back over, where no answer has said how long answers run (`RegimeEntry.ahead`,
+# `Planner._candidate`)
 SLOPE_DECAY = 0.998  # the context slope's one-token steps weigh 0.2% less at each one after: ~500 steps, texts apart
 SPREAD = 64  # the least spread (weighted s.d., tokens) of the contexts steps were measured at that shows a slope
 SLOPE_STEPS = 64  # the fewest one-token steps (aged) a slope stands on

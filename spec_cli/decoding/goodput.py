@@ -35,13 +35,16 @@ class Candidate:
     a_1·…·a_i (`gains`, `PositionAcceptance.gains`; cap = the most it may draft), `fixed` K when its request set one
     (None: the batch chooses), `step_s`, a draft token's seconds, and `round_s`, what a round that drafts at all
     costs once (`LoopCosts.step_costs`: the catch-up on the tokens its drafter did not see while idle, or a block
-    drafter's pass). `others`: the other ways it may draft instead (a drafter of several ways offers its preferred
-    one and the others), each priced alike; the batch takes one."""
+    drafter's pass), and `token_s`, what each token a round that drafts emits pays besides: an entry (a drafter's
+    catch-up beyond a steady round's) spread over the tokens the answer may still emit, so that a round that drafts
+    pays its share of it. `others`: the other ways it may draft instead (a drafter of several ways offers its
+    preferred one and the others), each priced alike; the batch takes one."""
 
     gains: Sequence[float]
     fixed: int | None = None
     step_s: float = 0.0
     round_s: float = 0.0
+    token_s: float = 0.0
     others: tuple[Candidate, ...] = ()
 
     def drafting_s(self, k: int) -> float:
@@ -109,12 +112,12 @@ def _best_move(candidates: Sequence[Candidate], gains: list[list[list[float]]], 
         for w in range(len(c.ways)) if k == 0 else (chosen[i],):
             way, g = c.ways[w], gains[i][w]
             reach = min(len(g) - k, most_rows - rows)
-            once = way.round_s + once_s if k == 0 else 0.0  # what its first positions pay once
-            step_s, gain = way.step_s, 0.0
+            step_s, token_s, gain = way.step_s, way.token_s, 0.0
+            once = way.round_s + token_s + once_s if k == 0 else 0.0  # what its first positions pay once
             # The planner's innermost loop: locals and one division a turn (a choice at four sequences: 98 -> 90 us).
             for j, (g_j, pass_s) in enumerate(zip(g[k:k + reach], further[:reach]), 1):
                 gain += g_j
-                cost = pass_s - base + j * step_s + once
+                cost = pass_s - base + j * step_s + once + gain * token_s
                 value = gain / (cost if cost > 1e-9 else 1e-9)
                 if value > best_value:
                     best, best_value = (i, w, j, gain, cost), value

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from spec_cli.decoding.batch_costs import BatchCosts
-from spec_cli.decoding.costs import DECAY, PROBE_ROUNDS, STEADY_BACKLOG, probe_rounds
+from spec_cli.decoding.costs import DECAY, LEFT_SHARE, PROBE_ROUNDS, STEADY_BACKLOG, LoopCosts, probe_rounds
 from spec_cli.decoding.draft_length import AdaptiveK, PositionAcceptance
 from spec_cli.decoding.drafter import Offer
 from spec_cli.decoding.goodput import Candidate, choose
@@ -385,11 +385,22 @@ class Planner:
         pooled = self.acceptance.get(mode)
         if not length.priced and (pooled is None or pooled.measured < length.warmup_rounds):
             return Candidate((), fixed=min(length.next_k(), cap))  # not priced yet: tried at its warm-up K
-        # Its steady round: what it lacks beyond a round's catch-up (a prompt, rounds it sat out) is the way's entry,
+        # Its steady round, and what it lacks beyond a round's catch-up (a prompt, rounds it sat out): the way's entry,
         # which no one pass can weigh (a pass priced with it never drafts, and the backlog only grows).
-        step_s, round_s = length.costs.step_costs(min(generation.drafter_backlog(), STEADY_BACKLOG)) or (0.0, 0.0)
+        backlog = generation.drafter_backlog()
+        step_s, round_s = length.costs.step_costs(min(backlog, STEADY_BACKLOG)) or (0.0, 0.0)
         acceptance = length.acceptance if length.rounds else pooled or length.acceptance
-        return Candidate(acceptance.gains(cap), step_s=step_s, round_s=round_s)
+        return Candidate(acceptance.gains(cap), step_s=step_s, round_s=round_s,
+                         token_s=self._entry_s(length.costs, backlog, round_s, generation.room()))
+
+    @staticmethod
+    def _entry_s(costs: LoopCosts, backlog: int, round_s: float, left: int) -> float:
+        """A drafter's entry, its catch-up beyond a steady round's (`round_s`), a token of the `LEFT_SHARE` of the
+        `left` tokens the answer may still emit that it is to pay back over (`Candidate.token_s`). Priced at its
+        steady round alone, the draft model pinned under `-k auto` beside another request drafted a few rounds of
+        64-token answers, each after taking in ~100 tokens of prompt at ~3 ms a token: 0.77x the target alone."""
+        whole = costs.step_costs(backlog) if backlog > STEADY_BACKLOG else None
+        return max(0.0, whole[1] - round_s) / max(1.0, LEFT_SHARE * left) if whole is not None else 0.0
 
     @staticmethod
     def _way(offer: Offer, cap: int) -> Candidate:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from spec_cli.decoding.costs import STEADY_BACKLOG, LoopCosts
+from spec_cli.decoding.costs import LEFT_SHARE, STEADY_BACKLOG, LoopCosts
 from spec_cli.decoding.drafter import Terms
 
 if TYPE_CHECKING:
@@ -32,8 +32,6 @@ if TYPE_CHECKING:
     from spec_cli.drafting.hybrid_state import HybridState
 
 OUT = "out"  # the regime in which none of the pair's own drafters is in use
-LEFT_SHARE = 0.5  # of the tokens a generation may still emit, those a regime's entry is expected to pay back over,
-# before any answer has said how long answers run (`RegimeEntry.ahead`)
 TRIAL_TEXTS = 2  # the texts an own drafter must have drafted in before a new one weighs a trial of it
 TRIAL_ROUNDS = 2  # the rounds a trial chooses its drafter before its regime may be left
 SETTLE_ROUNDS = 2  # the rounds a new text runs before the regimes' rates are read as its own: a trial is weighed, and
