@@ -1,4 +1,4 @@
-"""Never behind the target alone: the default drafting beside `--no-draft` at 1, 2 and 4 requests at once, on
+"""Never behind the target alone: the default drafting beside `--no-draft` with 1, 2 and 4 clients at once, on
 generated pairs where drafting seldom or never pays.
 
 - `tiny`: a 2-layer model of width 64 alone (a step of ~0.1–0.3 ms: choosing costs about what a step does);
@@ -8,8 +8,9 @@ generated pairs where drafting seldom or never pays.
   seldom kept).
 
 Each runs `spec bench --concurrency 1,2,4 --modes hybrid` (the default and the target alone side by side, each
-batch from an empty memory of earlier outputs) and the ratios are gathered in one table; `--json` keeps them.
-The models have no end-of-generation token they emit, so every request runs its full length.
+batch every built-in prompt once, sent by the clients back to back, from an empty memory of earlier outputs) and
+the ratios are gathered in one table; `--json` keeps them. The models have no end-of-generation token they emit,
+so every request runs its full length.
 
     python benchmarks/never_behind.py [--only tiny,twin,wide,mtp] [-n 256] [-r 10] [--json FILE]
 """
@@ -50,7 +51,7 @@ def models(folder: Path) -> dict[str, tuple[Path, Path | None]]:
 
 
 def ratios(report: Path) -> dict[int, float]:
-    """The default's tokens per second over the target alone's, by requests at once, from a `--json` report."""
+    """The default's tokens per second over the target alone's, by clients at once, from a `--json` report."""
     levels = json.loads(report.read_text())["concurrency"]
     return {level["concurrency"]: next(side["speedup"] for side in level["sides"] if side["draft_mode"] == "hybrid")
             for level in levels}
@@ -79,7 +80,7 @@ def main() -> None:
             if done.code:
                 raise
         table[name] = ratios(report)
-    print(f"\nthe default over the target alone ({kernels.cpu_name()}), requests at once {LEVELS}:")
+    print(f"\nthe default over the target alone ({kernels.cpu_name()}), clients at once {LEVELS}:")
     for name, by_level in table.items():
         print(f"  {name:5} " + "  ".join(f"{level}: {ratio:.2f}x" for level, ratio in sorted(by_level.items())))
     if args.json:
