@@ -60,13 +60,10 @@ def test_the_next_pair_starts_from_the_book(target_path: Path, other_draft_path:
                                                                                rel=1e-9)
 
 
-def test_what_the_slots_of_parallel_learnt_of_acceptance_is_kept(target_path: Path, other_draft_path: Path) -> None:
-    """Under `--parallel` the pair's own drafting never runs: the draft's acceptance its slots measured, over every text
-    and on each, is what the book keeps (each slot kept its own before, and a batch's process left the book's as it
-    found it); not the draft's steps, which a scheduler books as each sequence's share of a pass run with others, and
-    which would price a lone sequence's steps too cheap."""
+def on_slots(target: Path, draft: Path) -> list:
+    """Two generations on two slots under one scheduler, the draft model at K = 4; the pair closed after."""
     request = GenerationRequest(sampling=SamplingParams(), draft_max=4, draft_mode="model", max_tokens=40)
-    with load_pair(target_path, other_draft_path, n_threads=2) as pair:
+    with load_pair(target, draft, n_threads=2) as pair:
         scheduler = Scheduler()
         generations = [slot.generate(pair.prompt_tokens(prompt, raw=True), request)
                        for slot, prompt in zip(pair.slots(2), (PROMPT, "a dog and a cat and a dog"))]
@@ -74,11 +71,26 @@ def test_what_the_slots_of_parallel_learnt_of_acceptance_is_kept(target_path: Pa
             scheduler.join(generation)
         while len(scheduler):
             scheduler.step()
+    return generations
+
+
+def test_what_the_slots_of_parallel_learnt_is_kept(target_path: Path, other_draft_path: Path) -> None:
+    """Under `--parallel` the pair's own drafting never runs: the draft's acceptance its slots measured, over every text
+    and on each, is what the book keeps (each slot kept its own before, and a batch's process left the book's as it
+    found it), and so are the draft's steps where the pair measured none (a slot books a step it shared as its share
+    of the pass: cheaper than a lone step, dearer than the free price of one never measured, with which the next
+    process tried the draft model again); where the book held a lone generation's steps, they stand."""
+    generations = on_slots(target_path, other_draft_path)
     assert all(generation.stats.reached_at[:1] >= [3] for generation in generations)  # rounds that drafted
     [entry] = cost_book.read_all().values()
     assert entry["acceptance"]["model"]["reached"][0] > 0
     assert len(entry["texts"]["model"]) == 2  # each slot's text, as it stood when the pair closed
-    assert not entry["books"].get("model", {}).get("draft")
+    assert entry["books"]["model"]["draft"]["1"] > 0
+    cost_book.path().unlink()
+    [alone] = measure(target_path, other_draft_path).values()
+    on_slots(target_path, other_draft_path)
+    [entry] = cost_book.read_all().values()
+    assert entry["books"]["model"]["draft"]["1"] == pytest.approx(alone["books"]["model"]["draft"]["1"], rel=1e-9)
 
 
 def test_another_thread_count_is_another_entry(target_path: Path, other_draft_path: Path) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable
+from weakref import WeakSet
 
 from spec_cli.decoding.batch_costs import BatchCosts
 from spec_cli.decoding.costs import DECAY, HOST, LoopCosts, Position
@@ -260,6 +261,9 @@ class Drafting:
         self._pooled: dict[str, Pool] = {}  # by own drafter, over every text (`pooled`)
         # The last answers' (length, whether it ended on its own), every hybrid's: what an entry pays back over.
         self._answers: deque[tuple[int, bool]] = shared._answers if shared is not None else deque(maxlen=ANSWERS_KEPT)
+        self._sequences: WeakSet[Drafting] = WeakSet()  # the slots' draftings that share this one (`_kept_books`)
+        if shared is not None:
+            shared._sequences.add(self)
 
     @property
     def modes(self) -> tuple[str, ...]:
@@ -419,13 +423,32 @@ class Drafting:
                         "per_row": costs.per_row,
                         **({"draft_context": costs.draft_context.as_dict()}
                            if name in own and costs.draft_context.at is not None else {})}
-                 for name, costs in self._costs.items()}
+                 for name, costs in self._kept_books().items()}
         throughput = {name: context.throughput.per_token
                       for name, context in (("target", self.sources.target), ("draft", self.sources.draft))
                       if context is not None and context.throughput.per_token is not None}
         return {"passes": self._verify.as_dict(), "books": books, "acceptance": {**self._acceptance, **acceptance},
                 "texts": {**self._texts, **texts}, "throughput": throughput,
                 "answers": [[n, ended] for n, ended in self._answers]}
+
+    def _kept_books(self) -> dict[str, LoopCosts]:
+        """Each mode's running costs to keep: this drafting's own, and where it measured nothing for a mode, its slots'
+        together (a process whose generations all ran on slots: `spec serve --parallel N`, `spec batch`). Only the
+        pair's own were kept: such a process left the book without the draft model's steps, and the next one priced
+        them as unmeasured (free, to be tried): `spec batch --parallel 2` run twice from an empty book tried the draft
+        model again in the second process (13 rounds, 8.8 s against 8.1 with the first's steps kept). A slot books a
+        step it shared as its share of the pass, at most what a lone step costs: less optimistic than free, and a lone
+        generation's own steps soon replace it."""
+        merged: dict[str, LoopCosts] = {}
+        for sequence in self._sequences:
+            for name, costs in sequence._costs.items():
+                own = self._costs.get(name)
+                if own is not None and (own.draft.weight or own.other_tokens):
+                    continue  # measured here, or seeded from the book: it stands
+                if name not in merged:
+                    merged[name] = LoopCosts(DECAY, costs.shape)
+                merged[name].merge(costs)
+        return {**self._costs, **merged}
 
 
 def entry_passes(entry: dict[str, Any]) -> dict[str, float]:
