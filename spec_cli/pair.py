@@ -23,7 +23,8 @@ from spec_cli.decoding.reasoning import Budgeted
 from spec_cli.decoding.sampling import recommended
 from spec_cli.drafting import cost_book
 from spec_cli.drafting import memory_file
-from spec_cli.drafting.modes import MODES, Drafting, Sources
+from spec_cli.drafting.modes import MODES, Sources
+from spec_cli.drafting.pair_state import Drafting
 from spec_cli.drafting.recall import OutputMemory
 from spec_cli.drafting.translation import Translation
 from spec_cli.errors import BadInput, SpecError

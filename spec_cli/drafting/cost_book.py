@@ -20,7 +20,8 @@ from typing import Any, Sequence
 
 from spec_cli.decoding.costs import LoopCosts
 from spec_cli.decoding.draft_length import AUTO_K_MAX, PositionAcceptance
-from spec_cli.drafting.modes import MODES, entry_passes
+from spec_cli.drafting.modes import MODES
+from spec_cli.drafting.pair_state import entry_passes
 from spec_cli.llama import kernels
 from spec_cli.paths import cache_dir, locked
 
