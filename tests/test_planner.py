@@ -250,6 +250,27 @@ def test_a_plain_pass_priced_by_its_first_call_alone_is_measured_again() -> None
     assert not any(planner._plain_due([running]) for _ in range(PROBE_ROUNDS - 1))
 
 
+def test_host_work_resting_on_cold_plain_steps_that_outweighs_the_plain_pass_is_measured_again() -> None:
+    """A process's first steps are cold: while h reads fewer than half of `HOST_KEPT` plain steps, drafting ones are
+    measured and h outweighs the pass over the sequences alone (a tiny model), a step that would draft drafts nothing;
+    with as many plain steps measured, or where the pass outweighs h (a model of some size), drafting goes on."""
+    planner, running = planned(LoopCosts(shape=PER_TOKEN))
+    planner.pass_costs.record(1, 0.2e-3)
+    planner.pass_costs.record(1, 0.2e-3)
+    steps(planner, False, [1.2e-3])
+    steps(planner, True, [1.1e-3, 1.0e-3])
+    due = [planner._plain_due([running]) for _ in range(planning.HOST_KEPT)]
+    assert all(due)  # each a plain step, had it been booked
+    steps(planner, False, [0.1e-3] * (planning.HOST_KEPT // 2 - 1))
+    assert not planner._plain_due([running])  # half the plain steps known: h is theirs (0.1 ms)
+    dear, dear_running = planned(LoopCosts(shape=PER_TOKEN))
+    dear.pass_costs.record(1, 20e-3)
+    dear.pass_costs.record(1, 20e-3)
+    steps(dear, False, [1.2e-3])
+    steps(dear, True, [1.1e-3, 1.0e-3])
+    assert not dear._plain_due([dear_running])
+
+
 def test_a_planner_reads_and_books_the_passes_of_the_first_pair_it_meets() -> None:
     """c(R) is the pair's book of the target's passes by rows, which the default's regimes and `-k auto` read too: a
     pass the planner books moves what they read (booked once, by rows), what it booked before it met one joins, and

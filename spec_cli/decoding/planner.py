@@ -300,12 +300,19 @@ class Planner:
         not, or at once while it rests on its first call, which was cold (`BatchCosts.first_only`: a tiny model's
         first 4-row pass cost 4× the next, was the floor of every larger pass, and its twin drafted 16 tokens for each
         of four sequences through a batch at 0.6× the target alone's speed); only where the planner chooses every
-        sequence's K."""
+        sequence's K. Due as well while a plain step's host work rests on fewer than `HOST_KEPT` / 2 steps, a drafting
+        one's is measured, and h read so outweighs the plain pass: a process's first steps are cold, and where every
+        step after them drafts, h stands on them (the twin at two sequences: two plain steps of 1.2 ms outside their
+        passes where later ones take ~0.1 and the pass ~0.2, then 16 drafts for each sequence every step of its first
+        batch, at 0.54x the target alone). Where a pass outweighs h (a model of some size) h moves the choice little, and
+        a lone answer's first rounds draft."""
         self._drafting_steps += 1
         if not all(r.adaptive for r in generating):
             return False
         plain = len(generating)
-        if not self.pass_costs.first_only(plain) and \
+        host_cold = bool(self.host[True]) and len(self.host[False]) < HOST_KEPT // 2 and \
+            self.host_s > (self.pass_costs.seconds(plain) or float("inf"))
+        if not host_cold and not self.pass_costs.first_only(plain) and \
                 (self._drafting_steps < PROBE_ROUNDS or self.pass_costs.fresh(plain)):
             return False
         self._drafting_steps = 0
