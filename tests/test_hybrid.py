@@ -157,6 +157,26 @@ def test_an_ngram_sitting_out_is_scored_in_hindsight() -> None:
     assert chosen[0] == "none" and chosen[-1] == "ngram"
 
 
+@pytest.mark.parametrize("taken", [False, True])
+def test_a_lookup_proposal_the_batch_passed_over_is_scored_in_hindsight(taken: bool) -> None:
+    """The planner may give the lookup's proposal no K though the hybrid chose it (a full pass, a band read low): the
+    tokens that follow score it, as they do one the hybrid did not choose, else a band read low stayed so (a third of
+    the memory's proposals at `--parallel 4`, passed over, kept as many tokens as the ones taken). One the batch took
+    is scored by its own round only."""
+    drafter, _ = hybrid(model_accepts=0, ngram_accepts=4)
+    drafter.rewind(1)
+    [offer] = drafter.offer(MATCH, Terms(8, 64, True, 100), GREEDY, np.random.default_rng(0))
+    assert offer.way == "ngram"
+    band = drafter.state.lookup_acceptance(3)  # [1, 2, 3] matched
+    if taken:
+        drafter.take("ngram", 3)
+        drafter.propose(MATCH, 3, GREEDY, np.random.default_rng(0))
+    drafter.update(3 if taken else 0, 3 if taken else 0)
+    before = band.measured
+    drafter.offer([*MATCH, 4, 5, 6, 7], Terms(8, 64, True, 100), GREEDY, np.random.default_rng(0))
+    assert band.measured == pytest.approx(before if taken else before * band.decay + 1.0)
+
+
 def test_each_round_says_which_way_drafted_it() -> None:
     for tokens, way in ((MATCH, "ngram"), (NO_MATCH, "model")):
         drafter, _ = hybrid(model_accepts=4, ngram_accepts=4)

@@ -221,13 +221,14 @@ class HybridDrafter(Drafter):
             k_max = self.state.lengths[way].k_max
             cap = len(looked_up.tokens) if way == self.lookup_name else min(terms.k, k_max)
             self.state.ks[way] = k if k < cap else max(k, self.state.ks[way])
+        if way == self.lookup_name:
+            self._unused = None  # drafted: its round teaches it
         if name == way:
             return
         if way in self.own:  # a regime the batch entered (`RegimeEntry.entering`)
             self.state.in_use, self.state.regret_s = way, 0.0
         self._offered = (where, way, looked_up)
         self.chosen = (way, 0.0)
-        self._unused = None if way == self.lookup_name else self._unused
 
     def expect(self, terms: Terms) -> None:
         """Under a fixed K: the round's `terms`, which the regimes' entry and leave weigh as an offer's
@@ -299,7 +300,7 @@ class HybridDrafter(Drafter):
         if not shared or name not in self.books or not self.books[name].draft.weight:
             name = self._ready(name, options, pending)
         self.chosen = (name, options[name].seconds or 0.0)
-        self._unused = (len(tokens), looked_up) if looked_up.tokens and name != self.lookup_name else None
+        self._unused = (len(tokens), looked_up) if looked_up.tokens and (offering or name != self.lookup_name) else None
         self.plan_s += time.perf_counter() - planning - lookup_s
         if name not in self.own:
             return name, looked_up, 0
