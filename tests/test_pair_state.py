@@ -10,6 +10,7 @@ from spec_cli import Pair
 from spec_cli.decoding.costs import HOST, PER_ROUND, PER_TOKEN
 from spec_cli.drafting.dflash import DFlashDrafter
 from spec_cli.drafting.hybrid import HybridDrafter
+from spec_cli.drafting.matches import FIRST_ROUNDS
 from spec_cli.drafting.model import ModelDrafter
 from spec_cli.drafting.modes import MODES
 from spec_cli.drafting.ngram import NgramDrafter
@@ -65,6 +66,29 @@ def test_a_book_keeps_the_last_answers_lengths_for_the_next_process(other: Pair)
     assert list(later.hybrid_state("auto").answers) == [(64, True), (24, False)] == list(later.hybrid_state(5).answers)
     later.seed({**learnt, "answers": [["many", True]]})  # an entry that does not read as one is ignored whole
     assert list(later.hybrid_state("auto").answers) == [(64, True), (24, False)]
+
+
+def test_a_book_keeps_what_each_band_of_the_lookups_matches_kept_over_every_text(other: Pair) -> None:
+    """`spec run` answers one prompt a process: each band of the lookup's matches started every process from its prior
+    (one token of two kept). What a band kept over every text, every slot's rounds in it, is kept in the book and is
+    where the next process's bands start; a band the process did not draft in keeps the book's."""
+    drafting = Drafting(other.drafting.sources)
+    slot = Drafting(other.drafting.sources, shared=drafting)
+    hybrid = slot.build("hybrid", 0.0, "auto")[0]
+    assert isinstance(hybrid, HybridDrafter)
+    for _ in range(30):
+        hybrid.state.lookup_acceptance(9).update(4, 4)
+    drafting._verify.record(1, 0.01)
+    learnt = drafting.learnt()
+    lookup = hybrid.state.lookup
+    assert learnt is not None and set(learnt["matches"][lookup]) == {"8"}
+    later = Drafting(other.drafting.sources)
+    later.seed({**learnt, "matches": {**learnt["matches"], "n-gram": {"8": {}}}})  # another lookup's: left out
+    band = later.hybrid_state("auto").lookup_acceptance(12)
+    assert band.measured == pytest.approx(FIRST_ROUNDS) and band.alpha > 0.95
+    assert later.hybrid_state("auto").lookup_acceptance(2).alpha == pytest.approx(0.5)  # the prior: none kept
+    later._verify.record(1, 0.01)
+    assert later.learnt()["matches"][lookup]["8"] == learnt["matches"][lookup]["8"]  # not drafted: the book's stands
 
 
 def test_a_book_size_dearer_a_row_than_a_smaller_one_is_read_at_the_smaller_ones_rate(other: Pair) -> None:

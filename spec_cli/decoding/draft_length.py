@@ -27,6 +27,7 @@ PRIOR_WEIGHT = 3.0  # pseudo-rounds at α̂ behind each position's rate
 AUTO_K_MAX = 16  # the largest K `-k auto` chooses
 TEXTS_KEPT = 16  # the last texts whose own acceptance a pool keeps (`Pool.texts`)
 TEXT_ROUNDS = 3  # the rounds a text must have drafted for its acceptance to be kept as one of them
+POOLED_DECAY = 0.995  # of an acceptance pooled over every text (`Pool.every`): ~200 rounds, several answers
 
 
 def expected_tokens(alpha: float, k: int) -> float:

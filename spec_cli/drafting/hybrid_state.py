@@ -7,13 +7,14 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from spec_cli.decoding.draft_length import DraftLength, PositionAcceptance
+from spec_cli.decoding.draft_length import POOLED_DECAY, DraftLength, PositionAcceptance
 from spec_cli.drafting.entry import OUT
-from spec_cli.drafting.matches import MatchAcceptance
+from spec_cli.drafting.matches import MatchAcceptance, MatchPools
 
 CARRIED = 0.3  # of decayed yields worth ~5 rounds, what a new prompt keeps: about two rounds
 ANSWERS_KEPT = 16  # the lengths of the last answers (and whether each ended on its own): what an answer still emits
 NGRAM = "ngram"
+MEMORY = "memory"  # the lookup where the pair keeps a memory of earlier outputs (`Drafting.hybrid_state`)
 # What the lookup's acceptance starts from before any proposal: one of two kept (a_1 = α̂ = 0.5), worth two rounds. An
 # acceptance never measured reads as 1, the optimism that gets a drafter tried, which the lookup does not need (a
 # proposal not taken is scored in hindsight): a fresh process's first chat answer priced the memory's first proposals
@@ -68,23 +69,25 @@ class HybridState:
     in_use: str = OUT
     regret_s: float = 0.0
     price_s: float = 0.0  # what entering the better regime costs, fixed when staying out began
+    pools: MatchPools = field(default_factory=lambda: MatchPools(POOLED_DECAY))  # the lookup's bands over every text
     matches: MatchAcceptance = field(init=False)
 
     def __post_init__(self) -> None:
         acceptance = self.lengths[self.lookup].acceptance
         if not acceptance.measured:
             acceptance.seed(LOOKUP_PRIOR, float("inf"))
-        self.matches = MatchAcceptance(acceptance.decay)
+        self.matches = MatchAcceptance(acceptance.decay, self.pools)
 
     def new_text(self) -> None:
         """A new prompt: the regimes' rates, learnt on other text, count for about two rounds, and so does the
-        n-gram's acceptance (a lookup right on copied code is wrong on prose, and the reverse). The own
-        drafters' start again from their acceptance over every text (`Drafting.build`)."""
+        n-gram's acceptance (a lookup right on copied code is wrong on prose, and the reverse); each band of its
+        matches starts again from its acceptance over every text (`MatchAcceptance.new_text`). The own drafters' start
+        again from their acceptance over every text (`Drafting.build`)."""
         self.regret_s = 0.0
         for regime in self.regimes.values():
             regime.scale(CARRIED)
         self.lengths[self.lookup].acceptance.forget(CARRIED)
-        self.matches.forget(CARRIED)
+        self.matches.new_text()
 
     def lookup_acceptance(self, match: int) -> PositionAcceptance:
         """What the lookup's proposals after a match of `match` tokens keep (`MatchAcceptance`)."""

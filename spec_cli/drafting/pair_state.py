@@ -12,17 +12,18 @@ from weakref import WeakSet
 
 from spec_cli.decoding.batch_costs import BatchCosts
 from spec_cli.decoding.costs import DECAY, LoopCosts, Position
-from spec_cli.decoding.draft_length import AUTO_K_MAX, AdaptiveK, DraftLength, FixedK, Pool, PositionAcceptance
+from spec_cli.decoding.draft_length import (AUTO_K_MAX, POOLED_DECAY, AdaptiveK, DraftLength, FixedK, Pool,
+                                            PositionAcceptance)
 from spec_cli.decoding.drafter import Drafter
 from spec_cli.drafting.hybrid import K_START
-from spec_cli.drafting.hybrid_state import ANSWERS_KEPT, HybridState
+from spec_cli.drafting.hybrid_state import ANSWERS_KEPT, MEMORY, NGRAM, HybridState
+from spec_cli.drafting.matches import BANDS, MatchPools
 from spec_cli.drafting.modes import MODES, NONE, Mode, Sources, mode
 from spec_cli.drafting.window import DraftMemory
 from spec_cli.errors import SpecError
 
 BOOK_CALLS = 4.0  # calls each mean in the cost book counts as when a pair starts from it
 BOOK_ROUNDS = 8.0  # rounds' worth of an own drafter's acceptance that a text starts from
-POOLED_DECAY = 0.995  # of an own drafter's acceptance pooled over every text: ~200 rounds, several answers
 
 
 class Drafting:
@@ -48,6 +49,8 @@ class Drafting:
         self._acceptance: dict[str, dict[str, float | list[float]]] = {}  # the cost book's, by own drafter
         self._texts: dict[str, list[dict[str, float | list[float]]]] = {}  # the cost book's, by own drafter
         self._pooled: dict[str, Pool] = {}  # by own drafter, over every text (`pooled`)
+        self._matched: dict[str, dict[int, dict[str, float | list[float]]]] = {}  # the cost book's, by lookup and band
+        self._matches: dict[str, MatchPools] = {}  # by lookup, each band over every text (`match_pools`)
         # The last answers' (length, whether it ended on its own), every hybrid's: what an entry pays back over.
         self._answers: deque[tuple[int, bool]] = shared._answers if shared is not None else deque(maxlen=ANSWERS_KEPT)
         self._sequences: WeakSet[Drafting] = WeakSet()  # the slots' draftings that share this one (`_kept_books`)
@@ -139,17 +142,27 @@ class Drafting:
             pool.texts.append(text)
         return pool
 
+    def match_pools(self, lookup: str) -> MatchPools:
+        """The acceptance over every text of each band of match of lookup `lookup` (`drafting.matches`): the pair's,
+        which its slots share, the cost book's to begin with."""
+        if lookup not in self._matches:
+            shared = self._shared.match_pools(lookup) if self._shared is not None else None
+            pools = self._matches[lookup] = MatchPools(POOLED_DECAY, shared)
+            for key, counts in self._matched.get(lookup, {}).items():
+                pools.of(key).every.seed(counts, 1.0 / (1.0 - POOLED_DECAY))
+        return self._matches[lookup]
+
     def hybrid_state(self, k: int | str) -> HybridState:
         """What the hybrid drafting with K = `k` has learnt: a K controller for each of its drafters."""
         if k not in self._hybrids:
-            lookup = "memory" if self.sources.memory is not None else "ngram"
+            lookup = MEMORY if self.sources.memory is not None else NGRAM
             planned = k == "auto"
             lengths = {lookup: self.length(("hybrid", lookup, "auto"), lookup, planned=planned)}
             for name in self.own_models():
                 own = MODES[name]
                 lengths[name] = self.length(("hybrid", name, k), name, own.k_limit(self.sources), planned)
             ks = {name: self._first_k(name, length, lookup) for name, length in lengths.items()} if planned else {}
-            self._hybrids[k] = HybridState(lengths, lookup, ks=ks, answers=self._answers)
+            self._hybrids[k] = HybridState(lengths, lookup, ks=ks, answers=self._answers, pools=self.match_pools(lookup))
         return self._hybrids[k]
 
     def _first_k(self, name: str, length: DraftLength, lookup: str) -> int:
@@ -178,6 +191,8 @@ class Drafting:
             throughput = {name: float(rate) for name, rate in entry.get("throughput", {}).items()
                           if name in ("target", "draft") and 0.0 < float(rate) < 1e3}
             answers = [(int(n), bool(ended)) for n, ended in entry.get("answers", []) if int(n) >= 0]
+            matched = {lookup: {int(key): _counts(counts) for key, counts in bands.items() if int(key) in BANDS}
+                       for lookup, bands in entry.get("matches", {}).items() if lookup in (MEMORY, NGRAM)}
         except (AttributeError, KeyError, TypeError, ValueError):
             return
         for name, (draft, per_token, per_row, context) in books.items():
@@ -195,18 +210,24 @@ class Drafting:
                 context.throughput.seed(rate)
         self._verify.seed(passes, BOOK_CALLS)
         self._acceptance, self._texts, self._pooled = acceptance, texts, {}
+        self._matched, self._matches = matched, {}
         self._answers.clear()
         self._answers.extend(answers)
 
     def learnt(self) -> dict[str, Any] | None:
         """What to keep in the cost book: the costs measured so far, each own drafter's acceptance over every text and
-        on each of the last texts, and the last answers' lengths (a process that answers one prompt, as `spec run` does,
-        otherwise prices an entry before any); None when nothing was measured."""
+        on each of the last texts, each lookup's by band of match over every text, and the last answers' lengths (a
+        process that answers one prompt, as `spec run` does, otherwise prices an entry before any); None when nothing
+        was measured."""
         if not self._verify.weight:
             return None
         own = self.own_models()
         acceptance = {name: pool.every.as_counts() for name, pool in self._pooled.items() if pool.every.measured}
         texts = {name: [text.as_counts() for text in pool.kept()] for name, pool in self._pooled.items()}
+        matches = {lookup: {**{str(key): counts for key, counts in self._matched.get(lookup, {}).items()},
+                            **{str(key): pool.every.as_counts() for key, pool in pools.pools.items()
+                               if pool.every.measured}}
+                   for lookup, pools in self._matches.items()}
         # Only own drafters decode to draft: the other books' steps are not theirs (the hybrid's mixes them).
         books = {name: {"draft": costs.draft.as_dict() if name in own else {}, "per_token": costs.per_token,
                         "per_row": costs.per_row,
@@ -218,6 +239,8 @@ class Drafting:
                       if context is not None and context.throughput.per_token is not None}
         return {"passes": self._verify.as_dict(), "books": books, "acceptance": {**self._acceptance, **acceptance},
                 "texts": {**self._texts, **texts}, "throughput": throughput,
+                "matches": {**{lookup: {str(key): counts for key, counts in bands.items()}
+                               for lookup, bands in self._matched.items()}, **matches},
                 "answers": [[n, ended] for n, ended in self._answers]}
 
     def _kept_books(self) -> dict[str, LoopCosts]:
