@@ -224,10 +224,10 @@ class Drafting:
         own = self.own_models()
         acceptance = {name: pool.every.as_counts() for name, pool in self._pooled.items() if pool.every.measured}
         texts = {name: [text.as_counts() for text in pool.kept()] for name, pool in self._pooled.items()}
-        matches = {lookup: {**{str(key): counts for key, counts in self._matched.get(lookup, {}).items()},
-                            **{str(key): pool.every.as_counts() for key, pool in pools.pools.items()
-                               if pool.every.measured}}
-                   for lookup, pools in self._matches.items()}
+        matches = {lookup: {str(key): counts for key, counts in bands.items()} for lookup, bands in self._matched.items()}
+        for lookup, pools in self._matches.items():  # the book's bands stand where this process measured none
+            matches.setdefault(lookup, {}).update({str(key): pool.every.as_counts() for key, pool in pools.pools.items()
+                                                   if pool.every.measured})
         # Only own drafters decode to draft: the other books' steps are not theirs (the hybrid's mixes them).
         books = {name: {"draft": costs.draft.as_dict() if name in own else {}, "per_token": costs.per_token,
                         "per_row": costs.per_row,
@@ -239,8 +239,7 @@ class Drafting:
                       if context is not None and context.throughput.per_token is not None}
         return {"passes": self._verify.as_dict(), "books": books, "acceptance": {**self._acceptance, **acceptance},
                 "texts": {**self._texts, **texts}, "throughput": throughput,
-                "matches": {**{lookup: {str(key): counts for key, counts in bands.items()}
-                               for lookup, bands in self._matched.items()}, **matches},
+                "matches": matches,
                 "answers": [[n, ended] for n, ended in self._answers]}
 
     def _kept_books(self) -> dict[str, LoopCosts]:
