@@ -177,7 +177,7 @@ def test_cross_family_pair_greedy_text_equals_target_alone(gemma3: Path, gemma3_
     with load_pair(target, draft, n_threads=threads) as pair:
         for prompt in CROSS_PROMPTS:
             assert_greedy_identity(pair.target, pair.prompt_tokens(prompt, True),
-                                   against_alone(pair, totals, draft_max=3), 24)
+                                   against_alone(pair, totals, draft_max=3, draft_mode="model"), 24)
     assert totals.accepted > 0 and totals.rejected_rounds > 0
 
 
