@@ -64,9 +64,9 @@ class MatchAcceptance:
         if key not in self.bands:
             acceptance = PositionAcceptance(self.decay)
             acceptance.pooled = self.pools.of(key)
-            start = acceptance.pooled.every if acceptance.pooled.every.measured else every
-            if start.measured:
-                acceptance.seed(start.as_counts(), FIRST_ROUNDS)
+            acceptance.new_text(FIRST_ROUNDS)
+            if not acceptance.measured and every.measured:
+                acceptance.seed(every.as_counts(), FIRST_ROUNDS)
             self.bands[key] = acceptance
         return self.bands[key]
 
