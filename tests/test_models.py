@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -81,6 +82,27 @@ def test_derive_into_the_cache_by_default(target_path: Path, user_dirs: Path) ->
     result = spec("models", "derive", str(target_path), "--type", "f16")
     assert result.exit_code == 0, result.output
     assert Path(result.stdout.strip()).parent == user_dirs / "cache" / "derived"
+
+
+def test_the_same_model_elsewhere_reuses_its_derived_file_and_other_bytes_do_not(target_path: Path, user_dirs: Path,
+                                                                                  tmp_path: Path) -> None:
+    """A derived model is named by what its source holds: the same file in another folder with another modification
+    time (a new virtual environment's copy of a wheel's model) reuses it, made once; the same file with its last byte
+    changed is another model."""
+    first = spec("models", "derive", str(target_path), "--type", "f16")
+    assert first.exit_code == 0, first.output
+    copy = tmp_path / "another-env" / target_path.name
+    copy.parent.mkdir()
+    copy.write_bytes(target_path.read_bytes())
+    os.utime(copy, (1_000_000_000, 1_000_000_000))
+    again = spec("models", "derive", str(copy), "--type", "f16")
+    assert again.exit_code == 0 and again.stdout == first.stdout and "making" not in again.stderr
+    data = bytearray(copy.read_bytes())
+    data[-1] ^= 0xFF
+    copy.write_bytes(bytes(data))
+    other = spec("models", "derive", str(copy), "--type", "f16")
+    assert other.exit_code == 0 and other.stdout != first.stdout and "making" in other.stderr
+    assert len(list((user_dirs / "cache" / "derived").iterdir())) == 2
 
 
 def test_doctor_reports_versions_backend_and_locations(user_dirs: Path) -> None:
