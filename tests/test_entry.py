@@ -255,3 +255,28 @@ def test_a_burst_of_lookups_does_not_leave_a_regime_that_costs_more_a_token_to_c
         emitted.extend(emitted[-8:-3])
         rounds += 1
     assert 1 < rounds < 20 and drafter.state.in_use == OUT
+
+
+def test_two_lookup_rounds_in_a_row_do_not_leave_a_regime_for_the_rest_of_the_answer() -> None:
+    """In the model's regime, the model keeping every draft: two rounds in a row of the n-gram's proposals (a phrase a
+    chat answer repeats) lift the rate out of every regime well above the model's, but the saving a token that leaving
+    is weighed on is read off the lasting rates (~20 rounds, `HybridState.lasting`), which a burst hardly moves: the
+    regime is kept through the burst and after it. Weighed on the short rates, the second round left it."""
+    drafter, _model = hybrid(model_accepts=4, ngram_accepts=4, pending=2, in_use="model",
+                             own={"model": catch_up_by_the_batch()})
+    terms, rng = Terms(8, 64, False, 1000), np.random.default_rng(0)
+    emitted = [*NO_MATCH]
+
+    def rounds(n: int, copying: bool) -> None:
+        for _ in range(n):
+            drafter.offer(emitted, terms, GREEDY, rng)
+            drafter.update(4, 4)
+            emitted.extend(emitted[-8:-3] if copying else [20 + len(emitted) + i for i in range(5)])
+            assert drafter.state.in_use == "model"
+
+    rounds(20, copying=False)
+    emitted.extend(MATCH)  # the text repeats what it wrote for two rounds
+    rounds(2, copying=True)
+    regimes = drafter.state.regimes
+    assert regimes[OUT].rate > 1.25 * regimes["model"].rate
+    rounds(10, copying=False)

@@ -17,7 +17,7 @@ from spec_cli.decoding.drafter import CatchUp, Draft, Drafter, DraftSteps, Offer
 from spec_cli.decoding.sampling import SamplingParams
 from spec_cli.drafting.base import CatchUpDrafter
 from spec_cli.drafting.entry import OUT, RegimeEntry
-from spec_cli.drafting.hybrid_state import DecayedRate, HybridState
+from spec_cli.drafting.hybrid_state import LASTING_DECAY, DecayedRate, HybridState
 from spec_cli.llama.context import Context
 from spec_cli.llama.grammar import Grammar
 
@@ -72,6 +72,7 @@ class HybridDrafter(Drafter):
         self.state = state
         for regime in (OUT, *own):
             state.regimes.setdefault(regime, DecayedRate())
+            state.lasting.setdefault(regime, DecayedRate())
         if state.in_use not in state.regimes:
             state.in_use = OUT
         self.chosen: tuple[str, float] | None = None  # the option of the round in flight, and its E[seconds]
@@ -355,6 +356,7 @@ class HybridDrafter(Drafter):
         picks = {regime: self._regime_choice(regime, options) for regime in state.regimes}
         for regime, (name, tokens, seconds) in picks.items():
             state.regimes[regime].add(tokens, seconds, state.decay, rounds)
+            state.lasting[regime].add(tokens, seconds, LASTING_DECAY, rounds)
         rates = {regime: state.regimes[regime].rate or 0.0 for regime in state.regimes}
         best = max(rates, key=lambda regime: rates[regime])
         trying = self.entry.trial(options, pending, ks, rates[OUT], rounds)

@@ -12,6 +12,7 @@ from spec_cli.drafting.entry import OUT
 from spec_cli.drafting.matches import MatchAcceptance, MatchPools
 
 CARRIED = 0.3  # of decayed yields worth ~5 rounds, what a new prompt keeps: about two rounds
+LASTING_DECAY = 0.95  # of the regimes' lasting rates (`HybridState.lasting`): ~20 rounds, most of an answer
 ANSWERS_KEPT = 16  # the lengths of the last answers (and whether each ended on its own): what an answer still emits
 NGRAM = "ngram"
 MEMORY = "memory"  # the lookup where the pair keeps a memory of earlier outputs (`Drafting.hybrid_state`)
@@ -65,6 +66,9 @@ class HybridState:
     # follows the text (a stretch of copied code, then prose) without chasing noise.
     decay: float = 0.8
     regimes: dict[str, DecayedRate] = field(default_factory=dict)
+    # The same rates over ~20 rounds: what leaving a drafter's regime saves a token over the rest of an answer, which
+    # a burst of a few lookups' rounds, lifting the short rate out of every regime, does not last for (`RegimeEntry`).
+    lasting: dict[str, DecayedRate] = field(default_factory=dict)
     answers: deque[tuple[int, bool]] = field(default_factory=lambda: deque(maxlen=ANSWERS_KEPT))  # (length, ended)
     in_use: str = OUT
     regret_s: float = 0.0
@@ -86,6 +90,8 @@ class HybridState:
         self.regret_s = 0.0
         for regime in self.regimes.values():
             regime.scale(CARRIED)
+        for regime in self.lasting.values():  # as many rounds' worth as the short rates keep
+            regime.scale(CARRIED * (1.0 - LASTING_DECAY) / (1.0 - self.decay))
         self.lengths[self.lookup].acceptance.forget(CARRIED)
         self.matches.new_text()
 
