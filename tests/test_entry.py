@@ -280,3 +280,28 @@ def test_two_lookup_rounds_in_a_row_do_not_leave_a_regime_for_the_rest_of_the_an
     regimes = drafter.state.regimes
     assert regimes[OUT].rate > 1.25 * regimes["model"].rate
     rounds(10, copying=False)
+
+
+def test_a_lookup_round_in_a_new_texts_first_rounds_does_not_leave_the_regime_it_began_in() -> None:
+    """A new text that begins in the model's regime (the model lacks little of its prompt), the model keeping every
+    draft: in its first `SETTLE_ROUNDS` rounds the rates, the lasting ones too, are mostly the last text's, and one round
+    of the n-gram's proposal lifts the rate out above the model's by more than the model's catch-up costs a token. The
+    regime is not left on it, as it is not entered for its pay-back in those rounds: left so, a 64-token story ran 11
+    plain rounds before the model's regime was entered again."""
+    drafter, _model = hybrid(model_accepts=4, ngram_accepts=4, pending=2, in_use="model",
+                             own={"model": catch_up_by_the_batch()})
+    terms, rng = Terms(8, 64, False, 1000), np.random.default_rng(0)
+    emitted = [*NO_MATCH]
+    for _ in range(20):  # the last text, drafted with the model
+        drafter.offer(emitted, terms, GREEDY, rng)
+        drafter.update(4, 4)
+        emitted.extend([20 + len(emitted) + i for i in range(5)])
+    drafter.start(emitted)
+    assert drafter.catch_up(emitted, 64) is None and drafter.state.in_use == "model"
+    drafter.offer(emitted, terms, GREEDY, rng)
+    drafter.update(4, 4)
+    emitted.extend(MATCH)  # the text's second round: the n-gram proposes its next 8 tokens
+    [first, *_] = drafter.offer(emitted, terms, GREEDY, rng)
+    regimes = drafter.state.regimes
+    assert first.way == "ngram" and regimes[OUT].rate > 1.25 * regimes["model"].rate
+    assert drafter.state.in_use == "model"

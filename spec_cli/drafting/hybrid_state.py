@@ -66,8 +66,10 @@ class HybridState:
     # follows the text (a stretch of copied code, then prose) without chasing noise.
     decay: float = 0.8
     regimes: dict[str, DecayedRate] = field(default_factory=dict)
-    # The same rates over ~20 rounds: what leaving a drafter's regime saves a token over the rest of an answer, which
-    # a burst of a few lookups' rounds, lifting the short rate out of every regime, does not last for (`RegimeEntry`).
+    # The same rates over ~20 rounds, carried whole into a new text: what leaving a drafter's regime saves a token over
+    # the rest of an answer, which a burst of a few lookups' rounds does not last for (`RegimeEntry`). A text's first
+    # rounds say little of that: scaled at a new text as the short rates are, two of the memory's proposals at a
+    # story's second and third rounds (6 tokens for 36 ms each) left the draft model's regime for 15 plain rounds.
     lasting: dict[str, DecayedRate] = field(default_factory=dict)
     answers: deque[tuple[int, bool]] = field(default_factory=lambda: deque(maxlen=ANSWERS_KEPT))  # (length, ended)
     in_use: str = OUT
@@ -90,8 +92,6 @@ class HybridState:
         self.regret_s = 0.0
         for regime in self.regimes.values():
             regime.scale(CARRIED)
-        for regime in self.lasting.values():  # as many rounds' worth as the short rates keep
-            regime.scale(CARRIED * (1.0 - LASTING_DECAY) / (1.0 - self.decay))
         self.lengths[self.lookup].acceptance.forget(CARRIED)
         self.matches.new_text()
 
