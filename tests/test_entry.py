@@ -221,6 +221,19 @@ def test_a_regime_whose_drafter_the_batch_passes_over_is_left() -> None:
         assert drafter.state.in_use == kept
 
 
+def kept_rounds(drafter: HybridDrafter, emitted: list[int], terms: Terms, rng: np.random.Generator, n: int,
+                copying: bool = False) -> list[str]:
+    """`n` rounds whose 4 drafts are all kept, each adding 5 tokens to `emitted`: new ones, or (`copying`) the text's
+    own repeated, which the n-gram finds; the regime in use after each."""
+    in_use = []
+    for _ in range(n):
+        drafter.offer(emitted, terms, GREEDY, rng)
+        drafter.update(4, 4)
+        emitted.extend(emitted[-8:-3] if copying else [20 + len(emitted) + i for i in range(5)])
+        in_use.append(drafter.state.in_use)
+    return in_use
+
+
 def catch_up_by_the_batch() -> LoopCosts:
     """`machine()`, but a catch-up costs less a token the more it takes in at once (12 + 4 (n − 1) ms to 10 tokens, 3 ms
     a token after), as a batched decode does: a burst of lookups is charged dearer a token than its backlog costs."""
@@ -239,10 +252,7 @@ def test_a_burst_of_lookups_does_not_leave_a_regime_that_costs_more_a_token_to_c
                              own={"model": catch_up_by_the_batch()})
     terms, rng = Terms(8, 64, False, 1000), np.random.default_rng(0)
     emitted = [*NO_MATCH]
-    for _ in range(6):
-        drafter.offer(emitted, terms, GREEDY, rng)
-        drafter.update(4, 4)
-        emitted.extend([20 + len(emitted) + i for i in range(5)])
+    kept_rounds(drafter, emitted, terms, rng, 6)
     assert drafter.state.in_use == "model"
     emitted.extend(MATCH)  # from here the text repeats what it wrote, and the n-gram proposes its next 8 tokens
     rounds = 0
@@ -266,20 +276,12 @@ def test_two_lookup_rounds_in_a_row_do_not_leave_a_regime_for_the_rest_of_the_an
                              own={"model": catch_up_by_the_batch()})
     terms, rng = Terms(8, 64, False, 1000), np.random.default_rng(0)
     emitted = [*NO_MATCH]
-
-    def rounds(n: int, copying: bool) -> None:
-        for _ in range(n):
-            drafter.offer(emitted, terms, GREEDY, rng)
-            drafter.update(4, 4)
-            emitted.extend(emitted[-8:-3] if copying else [20 + len(emitted) + i for i in range(5)])
-            assert drafter.state.in_use == "model"
-
-    rounds(20, copying=False)
+    assert kept_rounds(drafter, emitted, terms, rng, 20) == ["model"] * 20
     emitted.extend(MATCH)  # the text repeats what it wrote for two rounds
-    rounds(2, copying=True)
+    assert kept_rounds(drafter, emitted, terms, rng, 2, copying=True) == ["model"] * 2
     regimes = drafter.state.regimes
     assert regimes[OUT].rate > 1.25 * regimes["model"].rate
-    rounds(10, copying=False)
+    assert kept_rounds(drafter, emitted, terms, rng, 10) == ["model"] * 10
 
 
 def test_a_lookup_round_in_a_new_texts_first_rounds_does_not_leave_the_regime_it_began_in() -> None:
@@ -292,10 +294,7 @@ def test_a_lookup_round_in_a_new_texts_first_rounds_does_not_leave_the_regime_it
                              own={"model": catch_up_by_the_batch()})
     terms, rng = Terms(8, 64, False, 1000), np.random.default_rng(0)
     emitted = [*NO_MATCH]
-    for _ in range(20):  # the last text, drafted with the model
-        drafter.offer(emitted, terms, GREEDY, rng)
-        drafter.update(4, 4)
-        emitted.extend([20 + len(emitted) + i for i in range(5)])
+    kept_rounds(drafter, emitted, terms, rng, 20)  # the last text, drafted with the model
     drafter.start(emitted)
     assert drafter.catch_up(emitted, 64) is None and drafter.state.in_use == "model"
     drafter.offer(emitted, terms, GREEDY, rng)
