@@ -173,9 +173,9 @@ def test_a_probe_that_does_not_pay_yet_is_priced_without_choosing_afresh() -> No
     assert ks == [0] * 82 + [1] and len(asked) == 2  # the first choice, and the probe's
 
 
-def test_a_choice_of_no_drafts_outlasts_a_sequence_that_leaves_but_not_one_that_joins() -> None:
+def test_a_choice_of_no_drafts_outlasts_a_sequence_that_leaves_or_joins_drafting_nothing() -> None:
     """Four answers of a batch end at different steps: each one that leaves keeps the others' quiet streak (choosing
-    afresh at each cost a tiny model 7% of its speed); a newcomer ends it, so that its first round is chosen."""
+    afresh at each cost a tiny model 7% of its speed); a newcomer whose first round, chosen, drafts nothing joins it."""
     costs = LoopCosts(shape=PER_TOKEN)
     costs.draft.record(1, 0.002)
     planner, first = planned(costs)
@@ -191,8 +191,29 @@ def test_a_choice_of_no_drafts_outlasts_a_sequence_that_leaves_but_not_one_that_
     assert planner.ks([], CHUNK, False) == [] and planner._quiet is None  # none generating (a prompt being fed)
     assert planner.ks([second], CHUNK, False) == [0]
     streak = planner._quiet
-    planner.ks([second, third], CHUNK, False)
-    assert planner._quiet is not streak and second.idle == 4  # three choices and the quiet step
+    assert planner.ks([second, third], CHUNK, False) == [0, 0]
+    assert planner._quiet is streak and streak.running == [second, third] and len(streak.candidates) == 2
+    assert second.idle == 4 and third.idle == 1  # three choices and two quiet steps; the newcomer's first round
+    assert streak.left == PROBE_ROUNDS - 4  # ends where the longest-idle drafter's probe may fall due
+
+
+def test_only_a_newcomers_drafter_is_asked_where_it_joins_a_quiet_streak_and_all_are_where_it_drafts() -> None:
+    """A sequence that joins a quiet streak has its first round chosen, the others priced as the streak was (their
+    drafters not asked again); where that round drafts (a lookup whose proposals are all kept), every sequence is
+    chosen afresh."""
+    planner, first, asked_first = ways_planned(0)
+    _, second, asked_second = ways_planned(0)
+    _, third, asked_third = ways_planned(4, kept=4)
+    for rows in range(1, 18):  # each pass measured twice: the first call of a size is cold
+        planner.pass_costs.record(rows, 0.040 + 0.004 * rows)
+    planner._chosen_s.extend([1.0] * planning.CHOICES_KEPT)
+    assert planner.ks([first], CHUNK, False) == [0]
+    streak = planner._quiet
+    assert streak is not None
+    assert planner.ks([first, second], CHUNK, False) == [0, 0]
+    assert planner._quiet is streak and (len(asked_first), len(asked_second)) == (1, 1)
+    assert planner.ks([first, second, third], CHUNK, False) == [0, 0, 4]
+    assert planner._quiet is None and (len(asked_first), len(asked_second), len(asked_third)) == (2, 2, 2)
 
 
 def test_a_cold_first_choice_does_not_stand_for_quiet_steps() -> None:
