@@ -105,6 +105,26 @@ def test_the_same_model_elsewhere_reuses_its_derived_file_and_other_bytes_do_not
     assert len(list((user_dirs / "cache" / "derived").iterdir())) == 2
 
 
+def test_using_a_derived_model_removes_the_copies_its_earlier_names_left(target_path: Path, user_dirs: Path) -> None:
+    """Copies of a derived model that its earlier names left in the cache (one per virtual environment) are removed
+    when it is next used, and said so; a file of the same name and size holding other bytes stays."""
+    first = spec("models", "derive", str(target_path), "--type", "f16")
+    assert first.exit_code == 0, first.output
+    made = Path(first.stdout.strip())
+    old = made.with_name(f"{target_path.stem}-0123456789ab.f16.gguf")
+    old.write_bytes(made.read_bytes())
+    other = made.with_name(f"{target_path.stem}-ba9876543210.f16.gguf")
+    data = bytearray(made.read_bytes())
+    data[-1] ^= 0xFF
+    other.write_bytes(bytes(data))
+    again = spec("models", "derive", str(target_path), "--type", "f16")
+    assert again.exit_code == 0 and again.stdout == first.stdout, again.output
+    assert made.exists() and not old.exists() and other.exists()
+    assert f"removed 1 older copy of {made.name} from the cache" in again.stderr
+    quiet = spec("models", "derive", str(target_path), "--type", "f16")
+    assert quiet.exit_code == 0 and "removed" not in quiet.stderr and other.exists()
+
+
 def test_doctor_reports_versions_backend_and_locations(user_dirs: Path) -> None:
     result = spec("doctor")
     assert result.exit_code == 0, result.output
