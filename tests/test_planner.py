@@ -11,7 +11,8 @@ from spec_cli.decoding import planner as planning
 from spec_cli.decoding.costs import HOST, PER_TOKEN, PROBE_ROUNDS, LoopCosts
 from spec_cli.decoding.draft_length import AdaptiveK, FixedK, PositionAcceptance
 from spec_cli.decoding.drafter import Draft, Drafter, Offer
-from spec_cli.decoding.planner import Planned, Planner
+from spec_cli.decoding.planned import Planned
+from spec_cli.decoding.planner import Planner
 
 CHUNK = 512  # the most a lone sequence's drafter catches up on in a step
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from spec_cli.decoding.batch_costs import BatchCosts
@@ -22,6 +22,7 @@ from spec_cli.decoding.costs import DECAY, LEFT_SHARE, PROBE_ROUNDS, STEADY_BACK
 from spec_cli.decoding.draft_length import AdaptiveK, PositionAcceptance
 from spec_cli.decoding.drafter import Offer
 from spec_cli.decoding.goodput import Candidate, choose
+from spec_cli.decoding.planned import Planned, draft_cap, probes_after
 
 if TYPE_CHECKING:
     from spec_cli.decoding.engine import Generation
@@ -33,33 +34,6 @@ CHOICES_KEPT = 5  # the last choices' seconds the quiet rule reads the middle on
 HOST_KEPT = 8  # the last steps' host seconds, of each kind, whose middle h reads (`Planner.host_s`)
 PLAN_BUDGET = 50e-6  # the seconds choosing may cost a sequence a step, on average (`Planner._watched_steps`)
 WATCHED_MAX = 8  # the most steps a watched choice of no drafts stands for (`_Watched`)
-
-
-@dataclass(eq=False)  # one sequence, equal only to itself: the quiet rule compares lists of them every step
-class Planned:
-    """A generation the planner plans for: how long its drafter has been idle (K = 0) and may stay so before the next
-    probe (`probe_after`, and `priced_after`: the idle rounds its probe's price needs, as last read, so that an idle
-    step does not price it again)."""
-
-    generation: Generation
-    idle: int = 0
-    probe_after: int = PROBE_ROUNDS
-    priced_after: int = 0
-    probing: bool = False
-    offers: list[str] = field(default_factory=list)  # the ways its drafter offered this step, its preferred first
-    moot: bool = False  # whether its drafter's preferred way, when last asked, was no draft: nothing to probe
-    adaptive: bool = field(init=False)  # whether the planner chooses its K (`_chooses_k`), for its whole life
-
-    def __post_init__(self) -> None:
-        self.adaptive = _chooses_k(self.generation)
-
-    @property
-    def probe_may_be_due(self) -> bool:
-        """Whether its drafter has sat out the rounds a probe waits for, and those its price needed when last read. A
-        drafter of several ways whose own choice was no draft has no probe to make: a probe drafts the way it prefers,
-        and each step that chooses asks it afresh (on a tiny model such probes, drafting nothing, cut every streak of
-        quiet steps at `PROBE_ROUNDS` and made a full choice every ~30 steps, 3% of the target alone's speed)."""
-        return self.adaptive and not self.moot and self.idle >= max(self.probe_after, self.priced_after)
 
 
 @dataclass
@@ -108,7 +82,7 @@ class _Quiet:
         for running in generating:
             running.idle += running.adaptive
         self.running, self.ks, self.candidates = list(generating), ks, candidates
-        self.left = min([self.left - 1, *_probes_after(newcomers)])
+        self.left = min([self.left - 1, *probes_after(newcomers)])
 
     def same(self, generating: list[Planned]) -> bool:
         """Whether `generating` are the streak's sequences."""
@@ -147,7 +121,7 @@ class _Watched:
     def goes_on(self, generating: list[Planned]) -> bool:
         """Count this step down where the choice still stands for `generating`."""
         if not self.left or generating != self.running or \
-                not all(running.generation.still_idle(_cap(running.generation)) for running in self.watched):
+                not all(running.generation.still_idle(draft_cap(running.generation)) for running in self.watched):
             return False
         self.left -= 1
         for running in generating:
@@ -317,11 +291,11 @@ class Planner:
         watching = 0 if any(ks) or not all(r.moot and len(r.offers) == 1 for r in generating if r.offers) else \
             self._watched_steps(len(generating))
         if watching > quiet:  # a dear step: a streak that looks each step outlasts one that does not
-            left = min([watching, *_probes_after(generating)])
+            left = min([watching, *probes_after(generating)])
             watched = [running for running in generating if running.offers]
             self._watched = _Watched(left, list(generating), list(ks), watched) if left > 0 else None
             return ks
-        left = min([quiet, *_probes_after(generating)]) if quiet and not any(ks) else 0
+        left = min([quiet, *probes_after(generating)]) if quiet and not any(ks) else 0
         self._quiet = _Quiet(left, list(generating), list(ks), quiet, candidates) if left > 0 else None
         return ks
 
@@ -339,7 +313,7 @@ class Planner:
             if running.probe_may_be_due and self._probe_due(running, candidate, len(generating)):
                 return False
         quiet.budget -= spent
-        left = min([quiet.budget, *_probes_after(generating)])
+        left = min([quiet.budget, *probes_after(generating)])
         if left <= 0:
             return False
         quiet.left, quiet.steps = left - 1, 1  # this step is a quiet one
@@ -431,7 +405,7 @@ class Planner:
         measured (unmeasured: free, so that it gets tried)."""
         generation = running.generation
         length, mode = generation.draft_length, generation.stats.draft_mode
-        cap = _cap(generation)
+        cap = draft_cap(generation)
         if not running.adaptive:
             return Candidate((), fixed=min(length.next_k(), cap) if generation.drafter else 0)
         if not isinstance(length, AdaptiveK):  # a drafter of several ways: each way it offers, priced as it drafts
@@ -495,23 +469,3 @@ class Planner:
             if running.generation.last_draft.tokens:
                 running.probe_after = min(PROBE_MAX, running.probe_after * 2)
             running.probing = False
-
-
-def _probes_after(generating: list[Planned]) -> list[int]:
-    """The steps until each drafter may be due a probe (`Planned.probe_may_be_due`)."""
-    return [max(r.probe_after, r.priced_after) - r.idle for r in generating if r.adaptive and not r.moot]
-
-
-def _cap(generation: Generation) -> int:
-    """The most `generation` may draft next round: its controller's largest K, within the tokens it has room for."""
-    return max(0, min(generation.draft_length.k_max, generation.room() - 1))
-
-
-def _chooses_k(generation: Generation) -> bool:
-    """Whether the planner chooses this generation's K: under `-k auto`, for a drafter of one way (its controller of K
-    only keeps its acceptance) or of several (`Drafter.chooses_ways`: each way it offers is priced here); a fixed K is
-    the request's."""
-    if generation.drafter is None:
-        return False
-    return isinstance(generation.draft_length, AdaptiveK) or (
-        generation.stats.adaptive and generation.drafter.chooses_ways)

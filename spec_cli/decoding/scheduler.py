@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING, Callable, TypeVar
 import numpy as np
 
 from spec_cli.decoding.drafter import Draft, DraftSteps
-from spec_cli.decoding.planner import Planned, Planner
+from spec_cli.decoding.planned import Planned
+from spec_cli.decoding.planner import Planner
 from spec_cli.llama.context import Context, Part, decode_together
 from spec_cli.llama.vision import has_images, whole_images
 
