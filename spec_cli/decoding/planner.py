@@ -195,16 +195,17 @@ class Planner:
         would."""
         started = time.perf_counter()
         newcomers: list[Planned] = []
-        if self._quiet is not None:
-            if self._quiet.goes_on(generating) or self._probes_wait(self._quiet, generating):
+        quiet = self._quiet
+        if quiet is not None:
+            if quiet.goes_on(generating) or self._probes_wait(quiet, generating):
                 share = (time.perf_counter() - started) / len(generating)
                 for running in generating:
                     running.generation.stats.plan_s += share
-                return self._quiet.ks
-            newcomers = self._quiet.newcomers(generating)
-            if not newcomers:
-                self._quiet.end()
-                self._quiet = None
+                return quiet.ks
+            newcomers = quiet.newcomers(generating)
+            if not newcomers:  # the streak ends
+                quiet.end()
+                self._quiet = quiet = None
         if not any(r.adaptive for r in generating):
             return [None] * len(generating)
         drafting = [r.generation.drafter for r in generating if r.generation.drafter is not None]
@@ -216,7 +217,7 @@ class Planner:
             return sum(r.generation.stats.draft_s for r in generating)
 
         chose, proposed = choosing(), proposing()
-        joined = self._joined(newcomers, generating, chunk, shared) if newcomers else None
+        joined = self._joined(quiet, newcomers, generating, chunk, shared) if quiet is not None else None
         watched, self._watched = self._watched, None
         afresh = joined is None and (watched is None or not watched.goes_on(generating))
         if joined is not None:
@@ -235,16 +236,14 @@ class Planner:
             running.generation.stats.plan_s += share
         return ks
 
-    def _joined(self, newcomers: list[Planned], generating: list[Planned], chunk: int,
+    def _joined(self, quiet: _Quiet, newcomers: list[Planned], generating: list[Planned], chunk: int,
                 shared: bool) -> list[int | None] | None:
-        """The Ks of a step where `newcomers` join a quiet streak (`_Quiet.newcomers`): each newcomer's first round
+        """The Ks of a step where `newcomers` join `quiet` (`_Quiet.newcomers`): each newcomer's first round
         is chosen, the others priced with the candidates the streak was chosen with. Where that drafts nothing the
         streak goes on with the newcomers in it; else (None) every sequence is chosen afresh, its newcomers' offers
         made again at the same place (a drafter keeps its offer there). Every answer of a batch that begins
-        otherwise asked every drafter for its offers: ~280 µs a new answer at four sequences on a tiny model, ~2.5%
-        of its steps' time, and ~1.5% of a generated MTP model's (~4 ms steps, answers of 128 tokens)."""
-        quiet = self._quiet
-        assert quiet is not None
+        otherwise asked every drafter for its offers: ~280 µs a new answer at four sequences on a tiny model, ~1% of
+        its steps' time."""
         fresh = {id(running): self._candidate(running, chunk, shared) for running in newcomers}
         kept = {id(running): candidate for running, candidate in zip(quiet.running, quiet.candidates)}
         candidates = [fresh[id(running)] if id(running) in fresh else kept[id(running)] for running in generating]
