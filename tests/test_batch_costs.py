@@ -234,6 +234,17 @@ def test_the_line_never_dips_below_what_smaller_sizes_read() -> None:
     assert 0.010 <= costs.seconds(0) < 0.050  # at least K=4's cost in proportion to K + 1
 
 
+def test_where_more_rows_measured_cheaper_the_line_is_level_at_the_points_mean() -> None:
+    """Noise can make a line through the sizes seen slope down; more rows never cost less, so it is read level, at
+    the points' weighted mean, not at the sloping line's intercept (above every point measured)."""
+    costs = BatchCosts()
+    for _ in range(10):
+        costs.record(2, 0.010)
+        costs.record(6, 0.008)
+    assert costs.seconds(2) == costs.seconds(6) == pytest.approx(0.009)  # pooled by the monotone fit
+    assert costs.seconds(10) == pytest.approx(0.009)  # beyond the sizes seen: the level line, not 0.011
+
+
 def test_interpolated_reads_between_the_sizes_seen_and_in_proportion_beyond() -> None:
     """A catch-up far larger than the draft steps is priced from the large calls seen, not from a line that
     the many one-token steps dominate."""

@@ -336,8 +336,11 @@ class BatchCosts:
         """(slope, intercept) of the line through every size seen at today's level, refitted as `record` says."""
         if self._line is None:
             means = {m: self._today(m, fresh) for m in self._sorted}
-            slope, intercept = weighted_line(means, {m: max(self.calls(m), FLOOR) for m in means})
-            self._line, self._since_fit = (max(slope, 0.0), intercept), 0
+            weights = {m: max(self.calls(m), FLOOR) for m in means}
+            slope, intercept = weighted_line(means, weights)
+            if slope < 0.0:  # more rows never cost less: the level line nearest the points, not this one's intercept
+                slope, intercept = 0.0, sum(weights[m] * means[m] for m in means) / sum(weights.values())
+            self._line, self._since_fit = (slope, intercept), 0
         return self._line
 
     def _fitted(self) -> tuple[list[int], list[float]]:
