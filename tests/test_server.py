@@ -10,6 +10,7 @@ import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import SimpleNamespace
 
 import httpx
 import openai
@@ -20,6 +21,7 @@ from typer.testing import CliRunner
 
 from spec_cli import GenerationRequest, Pair, load_pair
 from spec_cli.cli.app import app
+from spec_cli.cli.common import stop_signals_raise
 from spec_cli.drafting import cost_book
 from spec_cli.server import app as server
 
@@ -173,6 +175,28 @@ def test_spec_serve_answers_logs_each_answer_and_stops_on_ctrl_c_or_sigterm(chat
     assert logged.startswith("spec: chat: ") and "5 tokens" in logged and "finish: length" in logged
     assert process.returncode == 0 and rest.strip().endswith("server stopped")
     assert cost_book.read_all()
+
+
+def test_a_hang_up_while_serving_stops_the_server_and_raises_nothing() -> None:
+    """SIGHUP while the server serves sets its exit flags (no grace) instead of raising a KeyboardInterrupt where the
+    main thread stands (raised inside a request's code, uvicorn took it for that request's error and served on); after
+    serving, a hang-up raises again as for every command; one the process was started ignoring stays ignored."""
+    started_with = signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    try:
+        with stop_signals_raise():
+            http = SimpleNamespace(should_exit=False, force_exit=False)
+            with server.hang_up_stops(http):  # type: ignore[arg-type]
+                signal.raise_signal(signal.SIGHUP)
+                assert http.should_exit and http.force_exit
+            with pytest.raises(KeyboardInterrupt):
+                signal.raise_signal(signal.SIGHUP)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        ignoring = SimpleNamespace(should_exit=False, force_exit=False)
+        with server.hang_up_stops(ignoring):  # type: ignore[arg-type]
+            signal.raise_signal(signal.SIGHUP)
+        assert not ignoring.should_exit and signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGHUP, started_with)
 
 
 def test_one_model_is_described_by_its_id(live: Running) -> None:

@@ -133,7 +133,9 @@ def serve(
             try:
                 with rpc.on_worker_lost(error), stop_signals_raise():
                     app = server.create_app(service, api_key, origins, limits, metrics_route=metrics)
-                    server.http_server(app, limits, log).run(sockets=[sock])
+                    http = server.http_server(app, limits, log)
+                    with server.hang_up_stops(http):
+                        http.run(sockets=[sock])
             except KeyboardInterrupt:
                 pass
             finally:

@@ -9,10 +9,13 @@ checked by `openai_api`, queued on the `Service`, and the text it posts becomes 
 from __future__ import annotations
 
 import hmac
+import signal
 import socket
 import time
 import uuid
-from typing import Any, AsyncIterator, Callable, Sequence
+from contextlib import contextmanager
+from types import FrameType
+from typing import Any, AsyncIterator, Callable, Iterator, Sequence
 
 import uvicorn
 from starlette.applications import Starlette
@@ -247,3 +250,24 @@ def http_server(app: ASGIApp, limits: Limits = Limits(), log: Callable[[str], No
     config = uvicorn.Config(app, http=GuardedH11Protocol.with_limits(limits, log), log_level="warning",
                             access_log=False, lifespan="off", timeout_graceful_shutdown=2)
     return uvicorn.Server(config)
+
+
+@contextmanager
+def hang_up_stops(http: uvicorn.Server) -> Iterator[None]:
+    """While `http` serves, SIGHUP (its terminal closed) stops it at once, its answers in progress with it, as a second
+    Ctrl-C stops uvicorn: set on the server rather than raised where the main thread stands. uvicorn watches SIGINT and
+    SIGTERM only, and a KeyboardInterrupt raised while a request's code ran (the line it logs for its answer) was taken
+    for that request's error: the server went on serving. A hang-up the process was started ignoring (`nohup`) stays
+    ignored."""
+    if not hasattr(signal, "SIGHUP") or signal.getsignal(signal.SIGHUP) is signal.SIG_IGN:
+        yield
+        return
+
+    def stop(_signum: int, _frame: FrameType | None) -> None:
+        http.should_exit = http.force_exit = True
+
+    previous = signal.signal(signal.SIGHUP, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGHUP, previous)
