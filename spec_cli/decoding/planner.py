@@ -78,7 +78,6 @@ class _Quiet:
         and `candidates` in `generating`'s order): this step is a quiet one, and the streak ends by the newcomers'
         first probes too."""
         self.end()
-        self.steps = 0
         for running in generating:
             running.idle += running.adaptive
         self.running, self.ks, self.candidates = list(generating), ks, candidates
@@ -99,9 +98,10 @@ class _Quiet:
         return True
 
     def end(self) -> None:
-        """The sequences' drafters sat out the streak's steps."""
+        """The sequences' drafters sat out the streak's steps: counted once (a streak that goes on counts from 0)."""
         for running in self.running:
             running.idle += running.adaptive * self.steps
+        self.steps = 0
 
 
 @dataclass
@@ -247,8 +247,7 @@ class Planner:
         fresh = {id(running): self._candidate(running, chunk, shared) for running in newcomers}
         kept = {id(running): candidate for running, candidate in zip(quiet.running, quiet.candidates)}
         candidates = [fresh[id(running)] if id(running) in fresh else kept[id(running)] for running in generating]
-        steps = self._quiet_steps(len(generating))
-        choices = choose(candidates, self.pass_costs, self.host_s, self._replan_s * steps / (steps + 1))
+        choices = self._by_goodput(candidates, self._quiet_steps(len(generating)))
         if any(k for (k, _way), running in zip(choices, generating) if running.adaptive):
             quiet.end()
             self._quiet = None
@@ -258,6 +257,11 @@ class Planner:
         self._drafting_steps = 0
         return ks
 
+    def _by_goodput(self, candidates: list[Candidate], quiet: int) -> list[tuple[int, int]]:
+        """(K, way) for each candidate by the pass's goodput (`goodput.choose`), a step that drafts at all paying the
+        choice the next step then makes, where `quiet` steps would otherwise follow without choosing."""
+        return choose(candidates, self.pass_costs, self.host_s, self._replan_s * quiet / (quiet + 1))
+
     def _ks(self, generating: list[Planned], chunk: int, shared: bool) -> list[int | None]:
         """K for each generating sequence: a fixed K as its request asked (None: its own), and for `-k auto` the
         batch's choice by goodput, with a probe (K = 1) for a drafter idle for long enough. A choice of no drafts at
@@ -265,7 +269,7 @@ class Planner:
         # Made once a step: a drafter's offer decides its way.
         candidates = [self._candidate(r, chunk, shared) for r in generating]
         quiet = self._quiet_steps(len(generating))  # what drafting forgoes: the choice not made on quiet steps
-        choices = choose(candidates, self.pass_costs, self.host_s, self._replan_s * quiet / (quiet + 1))
+        choices = self._by_goodput(candidates, quiet)
         for running, (k, way) in zip(generating, choices):
             if k and running.offers:  # its way (its drafter's preferred one, or another that pays best in this pass)
                 running.generation.take(running.offers[way], k)
@@ -306,8 +310,7 @@ class Planner:
         if quiet.steps >= quiet.budget or not quiet.same(generating):
             return False
         spent = quiet.steps
-        quiet.end()  # the idle rounds so far, counted once
-        quiet.steps = 0
+        quiet.end()  # the idle rounds so far
         for running, candidate in zip(quiet.running, quiet.candidates):
             if running.probe_may_be_due and self._probe_due(running, candidate, len(generating)):
                 return False
